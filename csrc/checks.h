@@ -1,0 +1,23 @@
+// Argument checks shared by every device's implementation of the flashattn ops.
+// Each failure raises a c10::Error (a RuntimeError in Python) naming the argument and what was expected.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace flashattn {
+
+struct CheckedShape {
+  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  int64_t causal_offset;  // key j visible to query i iff j <= i + causal_offset
+};
+
+// Checks q [B, Lq, Hq, D], k and v [B, Lk, Hk, D]: ndim, dtype, device, contiguous last dim,
+// matching sizes, Hq a multiple of Hk, 1 <= D <= 256. `op` names the op in messages.
+CheckedShape check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       bool causal_bottom_right);
+
+// Checks the extra backward inputs against the forward's shapes.
+void check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
+                      const at::Tensor& lse, const CheckedShape& shape);
+
+}  // namespace flashattn

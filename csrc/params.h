@@ -1,0 +1,69 @@
+// Plain structs that carry one attention call from the host code (flash_api.cpp) to the kernels.
+// This is the only boundary between them: no torch types cross it.
+//
+// Layout convention of every tensor: [batch, seqlen, heads, head_dim] with arbitrary element strides
+// for the first three dims and a contiguous last dim. A query head h reads key/value head
+// h / (heads_q / heads_kv) (grouped-query attention).
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn {
+
+enum class ElementType : int { kFloat16 = 0, kBFloat16 = 1 };
+
+// Strides in elements of one [batch, seqlen, heads, head_dim] tensor.
+struct TensorStrides {
+  int64_t batch;
+  int64_t row;   // one step along seqlen
+  int64_t head;
+};
+
+struct AttentionShape {
+  int batch;
+  int seqlen_q;
+  int seqlen_k;
+  int heads_q;
+  int heads_kv;
+  int head_dim;      // the real head dim, 1..256; kernels pad it up to their tile width inside
+  float scale;       // multiplies q.k before the softmax
+  float scale_log2;  // scale * log2(e): kernels work in base 2
+  bool is_causal;
+  // With is_causal, key j is visible to query i iff j <= i + causal_offset
+  // (0 = top-left alignment, seqlen_k - seqlen_q = bottom-right alignment).
+  int causal_offset;
+  ElementType element_type;
+  // True when every row start of q/k/v (and do/o in the backward) is 16-byte aligned, so tiles
+  // can be loaded with 16-byte copies; false selects the element-wise load path.
+  bool rows_aligned_16;
+};
+
+struct FwdParams {
+  AttentionShape shape;
+  const void* q;  // [B, Lq, Hq, D]
+  const void* k;  // [B, Lk, Hk, D]
+  const void* v;  // [B, Lk, Hk, D]
+  void* out;      // [B, Lq, Hq, D]
+  float* lse;     // [B, Hq, Lq] contiguous, natural log; -inf for a row that sees no key
+  TensorStrides q_strides, k_strides, v_strides, out_strides;
+};
+
+struct BwdParams {
+  AttentionShape shape;
+  const void* q;     // [B, Lq, Hq, D]
+  const void* k;     // [B, Lk, Hk, D]
+  const void* v;     // [B, Lk, Hk, D]
+  const void* out;   // [B, Lq, Hq, D]
+  const void* dout;  // [B, Lq, Hq, D]
+  const float* lse;  // [B, Hq, Lq] contiguous, as written by the forward
+  void* dq;          // [B, Lq, Hq, D]
+  void* dk;          // [B, Lk, Hk, D]
+  void* dv;          // [B, Lk, Hk, D]
+  float* dq_accum;   // [B, Hq, Lq, dq_accum_dim] contiguous fp32 workspace, zeroed by the host
+  float* delta;      // [B, Hq, Lq] contiguous fp32 workspace: rowsum(dout * out)
+  int dq_accum_dim;  // head dim padded to the kernel's tile width
+  TensorStrides q_strides, k_strides, v_strides, out_strides, dout_strides;
+  TensorStrides dq_strides, dk_strides, dv_strides;
+};
+
+}  // namespace flashattn
