@@ -1,0 +1,33 @@
+"""flashattn: exact attention (FlashAttention) kernels for PyTorch, CPU and CUDA (sm80+).
+
+Two public APIs over the same custom ops (``torch.ops.flashattn.fwd`` / ``bwd``):
+
+* :func:`scaled_dot_product_attention`: drop-in for ``torch.nn.functional.scaled_dot_product_attention``
+  (layout ``(B, H, L, D)``, top-left causal mask); calls the kernels do not cover fall back to torch.
+* :func:`flash_attn_func`, :func:`flash_attn_kvpacked_func`, :func:`flash_attn_qkvpacked_func`: the
+  FlashAttention-2 Python API (layout ``(B, S, H, D)``, bottom-right causal mask).
+
+:func:`attention_reference` is the plain-PyTorch definition both are tested against.
+"""
+from . import ops
+from .functional import (
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    scaled_dot_product_attention,
+)
+from .ops import cuda_kernels_built
+from .reference import attention_reference
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "attention_reference",
+    "cuda_kernels_built",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "ops",
+    "scaled_dot_product_attention",
+]

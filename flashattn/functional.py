@@ -1,0 +1,346 @@
+"""Public attention functions: a drop-in for torch's SDPA and the FlashAttention-2 Python API.
+
+Both call the same custom op, ``torch.ops.flashattn.fwd`` (backward: ``torch.ops.flashattn.bwd``),
+which computes exact attention without materializing the score matrix. They differ in layout,
+in the alignment of the causal mask when the query and key lengths differ, and in what they do
+with arguments the kernels do not implement:
+
+==========================  =====================================  ======================================
+                            :func:`scaled_dot_product_attention`   :func:`flash_attn_func` and friends
+==========================  =====================================  ======================================
+layout                      ``(..., H, L, D)`` like torch          ``(B, S, H, D)`` like flash_attn
+causal mask, Lq != Lk       top-left (torch's convention)          bottom-right (flash_attn's convention)
+default scale               ``1 / sqrt(D)``                        ``D ** -0.5``
+unsupported arguments       fall back to torch SDPA with a         raise ``NotImplementedError``
+                            one-time warning
+==========================  =====================================  ======================================
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Dict, Optional, Set, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from . import ops
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+]
+
+MAX_HEAD_DIM = 256
+_CUDA_DTYPES = (torch.float16, torch.bfloat16)
+_CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+# Read once at import: calling into the extension module from inside torch.compile would break the graph.
+_CUDA_KERNELS_BUILT = ops.cuda_kernels_built()
+
+_warned_reasons: Set[str] = set()
+_capability_cache: Dict[int, Tuple[int, int]] = {}
+
+
+@torch.compiler.assume_constant_result
+def _cuda_capability(device_index: int) -> Tuple[int, int]:
+    # Constant for the life of the process; marked so torch.compile evaluates it once at trace time.
+    if device_index not in _capability_cache:
+        _capability_cache[device_index] = torch.cuda.get_device_capability(device_index)
+    return _capability_cache[device_index]
+
+
+def _warn_fallback_once(reason: str) -> None:
+    if torch.compiler.is_compiling() or reason in _warned_reasons:
+        return
+    _warned_reasons.add(reason)
+    warnings.warn(f"{reason}; falling back to torch SDPA", stacklevel=3)
+
+
+def _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -> Optional[str]:
+    """Why flashattn's kernels cannot serve this SDPA call, or None when they can."""
+    if attn_mask is not None:
+        return "attn_mask is not supported by flashattn yet"
+    if dropout_p > 0.0:
+        return "dropout_p > 0 is not supported by flashattn yet"
+    if query.is_nested or key.is_nested or value.is_nested:
+        return "nested tensors are not supported by flashattn"
+    if query.dim() != key.dim() or query.dim() != value.dim() or query.dim() < 2:
+        return "query/key/value with different numbers of dims (broadcasting) are not supported by flashattn"
+    if query.shape[:-3] != key.shape[:-3] or query.shape[:-3] != value.shape[:-3]:
+        return "query/key/value with different batch dims (broadcasting) are not supported by flashattn"
+    head_dim = query.size(-1)
+    if value.size(-1) != head_dim:
+        return "a value head dim different from the query head dim is not supported by flashattn"
+    if head_dim > MAX_HEAD_DIM or head_dim < 1:
+        return f"head dims outside 1..{MAX_HEAD_DIM} are not supported by flashattn"
+    if not enable_gqa and query.dim() >= 3:
+        heads_q, heads_k, heads_v = query.size(-3), key.size(-3), value.size(-3)
+        if not (heads_q == heads_k == heads_v) and not (heads_k == 1 and heads_v == 1):
+            if 1 not in (heads_q, heads_k, heads_v):
+                raise RuntimeError(
+                    f"scaled_dot_product_attention: query has {heads_q} heads, key {heads_k} and value "
+                    f"{heads_v}; they must match unless enable_gqa=True (grouped-query attention)"
+                )
+            return "broadcasting a size-1 head dim of query/key/value is not supported by flashattn"
+    device_type = query.device.type
+    if device_type == "cuda":
+        if not _CUDA_KERNELS_BUILT:
+            return "flashattn was built without its CUDA kernels"
+        if query.dtype not in _CUDA_DTYPES:
+            return f"{query.dtype} CUDA inputs are not supported by flashattn's CUDA kernels (float16/bfloat16 only)"
+        major, _ = _cuda_capability(query.device.index)
+        if major < 8:
+            return "CUDA GPUs older than sm_80 are not supported by flashattn"
+        return None
+    if device_type == "cpu":
+        if query.dtype not in _CPU_DTYPES:
+            return f"{query.dtype} inputs are not supported by flashattn"
+        return None
+    return f"{device_type} tensors are not supported by flashattn"
+
+
+def _contiguous_last_dim(t: torch.Tensor) -> torch.Tensor:
+    return t if t.size(-1) <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """Drop-in replacement for :func:`torch.nn.functional.scaled_dot_product_attention`.
+
+    Same signature, layout and semantics as torch's function:
+
+    * ``query`` ``(..., Hq, L, E)``, ``key``/``value`` ``(..., Hk, S, E)``; 4-dim ``(B, H, L, E)`` is
+      the usual case, 3-dim ``(H, L, E)`` and 2-dim ``(L, E)`` work, more than 4 dims are flattened
+      into one batch dim (a view when the leading dims allow it, else a copy).
+    * ``is_causal`` masks key j from query i unless ``j <= i`` (top-left alignment, also when
+      ``L != S``, as in torch).
+    * ``scale`` defaults to ``1 / sqrt(E)``.
+    * Different head counts need ``enable_gqa=True`` (Hq a multiple of Hk) and raise otherwise, except
+      that key/value with a single head broadcast over the query heads, as they do in torch.
+    * Returns ``(..., Hq, L, E)`` in the query's dtype; for 4-dim inputs it is a transposed view of a
+      contiguous ``(B, L, H, E)`` buffer, as torch's flash backend returns.
+
+    The 4-dim inputs are passed to the kernels as transposed views (no copy); the kernels accept any
+    strides except in the last dim, so an input whose last dim is not contiguous is copied first.
+
+    Served by flashattn's kernels: CPU tensors of float16, bfloat16, float32 or float64, and CUDA
+    float16/bfloat16 tensors on GPUs of compute capability 8.0 or newer, with head dims 1..256.
+    Every other call is passed unchanged to ``torch.nn.functional.scaled_dot_product_attention``, with
+    a warning naming the reason (once per reason, and only outside ``torch.compile``): ``attn_mask``
+    given, ``dropout_p > 0``, float32/float64 CUDA tensors, a head dim above 256, a value head dim
+    different from the query's, a GPU older than sm_80, an extension built without CUDA kernels,
+    broadcasting between batch dims (or of a size-1 query head dim), nested tensors, other devices.
+
+    Autograd, ``torch.compile(fullgraph=True)`` and CUDA graph capture work on the flashattn path.
+    """
+    reason = _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa)
+    if reason is not None:
+        _warn_fallback_once(reason)
+        kwargs = {"scale": scale}
+        if enable_gqa:
+            kwargs["enable_gqa"] = True
+        return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, **kwargs)
+
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.size(-1))
+
+    ndim = query.dim()
+    if ndim == 2:  # (L, E): one head
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+    lead_shape = tuple(query.shape[:-3])
+    batch = 1
+    for size in lead_shape:
+        batch *= size
+    q, k, v = (t.reshape((batch,) + tuple(t.shape[-3:])) for t in (query, key, value))  # (N, H, L, E)
+    q, k, v = (_contiguous_last_dim(t.transpose(1, 2)) for t in (q, k, v))  # (N, L, H, E) views
+    out, _ = ops.fwd(q, k, v, float(scale), bool(is_causal), False)  # (N, L, Hq, E)
+    out = out.transpose(1, 2)  # (N, Hq, L, E)
+    out = out.reshape(lead_shape + tuple(out.shape[1:]))
+    if ndim == 2:
+        out = out.squeeze(0)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# FlashAttention-2 compatible API
+# ----------------------------------------------------------------------------------------------------
+
+
+def _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, deterministic) -> None:
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"flashattn: dropout_p={dropout_p} is not implemented yet (only dropout_p=0.0)")
+    if tuple(window_size) != (-1, -1):
+        raise NotImplementedError(
+            f"flashattn: window_size={tuple(window_size)} (sliding-window attention) is not implemented yet "
+            "(only window_size=(-1, -1))"
+        )
+    if softcap != 0.0:
+        raise NotImplementedError(f"flashattn: softcap={softcap} is not implemented yet (only softcap=0.0)")
+    if alibi_slopes is not None:
+        raise NotImplementedError("flashattn: alibi_slopes is not implemented yet (only alibi_slopes=None)")
+    if deterministic:
+        raise NotImplementedError(
+            "flashattn: deterministic=True is not implemented yet: the backward accumulates dq with atomics, "
+            "so its result can differ in the last bits between runs (only deterministic=False)"
+        )
+
+
+def _check_tensor(name: str, t, ndim: int, layout: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"flashattn: {name} must have {ndim} dims {layout}, got shape {tuple(t.shape)}")
+    if t.size(-1) > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"flashattn: {name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}; "
+            "call .contiguous() first"
+        )
+
+
+def _flash_attn(q, k, v, softmax_scale, causal, return_attn_probs):
+    if q.device.type == "cuda" and not _CUDA_KERNELS_BUILT:
+        raise RuntimeError(
+            "flashattn: q is a CUDA tensor but this build of flashattn has no CUDA kernels "
+            "(reinstall with a CUDA toolkit present, or FLASHATTN_BUILD_CUDA=1)"
+        )
+    if softmax_scale is None:
+        softmax_scale = q.size(-1) ** -0.5
+    out, softmax_lse = ops.fwd(q, k, v, float(softmax_scale), bool(causal), True)
+    if return_attn_probs:
+        return out, softmax_lse, None
+    return out
+
+
+_FA2_ARGS_DOC = """
+    Args (after the tensors), as in flash_attn 2:
+        dropout_p: must be 0.0 (dropout is not implemented yet; other values raise NotImplementedError).
+        softmax_scale: multiplies q k^T before the softmax; defaults to ``1 / sqrt(headdim)``.
+        causal: causal mask aligned to the bottom-right corner: key j is visible to query i iff
+            ``j <= i + seqlen_k - seqlen_q``. When ``seqlen_q > seqlen_k`` the first
+            ``seqlen_q - seqlen_k`` query rows see no key; their output is 0.
+        window_size: must be ``(-1, -1)`` (no sliding window yet; other values raise NotImplementedError).
+        softcap: must be 0.0 (no score soft-capping yet; other values raise NotImplementedError).
+        alibi_slopes: must be None (no ALiBi yet; other values raise NotImplementedError).
+        deterministic: must be False (the backward accumulates dq with atomics; True raises
+            NotImplementedError).
+        return_attn_probs: also return ``softmax_lse`` ``(batch, nheads, seqlen_q)`` float32, the
+            natural-log log-sum-exp of each row of scaled scores (-inf for a row that sees no key,
+            where flash_attn reports +inf), and ``None`` where flash_attn returns its debugging
+            ``S_dmask`` (attention probabilities are never materialized here).
+
+    Returns:
+        out ``(batch, seqlen_q, nheads, headdim)`` contiguous, in the inputs' dtype;
+        or ``(out, softmax_lse, None)`` with ``return_attn_probs=True``.
+
+    Supported: float16/bfloat16 CUDA tensors on GPUs of compute capability 8.0 or newer, and
+    float16/bfloat16/float32/float64 CPU tensors; head dims 1..256; any strides except that the last
+    dim must be contiguous (raises ValueError otherwise). Invalid shapes, dtypes or devices raise with
+    a message naming the argument. Autograd flows to every input tensor; ``softmax_lse`` is not
+    differentiable.
+"""
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+):
+    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, deterministic)
+    _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
+    _check_tensor("k", k, 4, "(batch, seqlen_k, nheads_k, headdim)")
+    _check_tensor("v", v, 4, "(batch, seqlen_k, nheads_k, headdim)")
+    return _flash_attn(q, k, v, softmax_scale, causal, return_attn_probs)
+
+
+flash_attn_func.__doc__ = (
+    """Exact attention in the FlashAttention-2 layout: ``flash_attn.flash_attn_func`` compatible.
+
+    q ``(batch, seqlen_q, nheads, headdim)``, k and v ``(batch, seqlen_k, nheads_k, headdim)``;
+    nheads must be a multiple of nheads_k (multi-query / grouped-query attention: query head h
+    reads key/value head ``h // (nheads // nheads_k)``).
+"""
+    + _FA2_ARGS_DOC
+)
+
+
+def flash_attn_kvpacked_func(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+):
+    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, deterministic)
+    _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
+    _check_tensor("kv", kv, 5, "(batch, seqlen_k, 2, nheads_k, headdim)")
+    if kv.size(2) != 2:
+        raise ValueError(f"flashattn: kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got {tuple(kv.shape)}")
+    k, v = kv.unbind(dim=2)  # strided views into kv; autograd stacks dk, dv back into one dkv
+    return _flash_attn(q, k, v, softmax_scale, causal, return_attn_probs)
+
+
+flash_attn_kvpacked_func.__doc__ = (
+    """:func:`flash_attn_func` with k and v packed in one tensor: ``flash_attn.flash_attn_kvpacked_func`` compatible.
+
+    q ``(batch, seqlen_q, nheads, headdim)``, kv ``(batch, seqlen_k, 2, nheads_k, headdim)``
+    (k = ``kv[:, :, 0]``, v = ``kv[:, :, 1]``). k and v are read in place as strided views (no
+    copy); the gradient reaches kv as one ``(batch, seqlen_k, 2, nheads_k, headdim)`` tensor.
+"""
+    + _FA2_ARGS_DOC
+)
+
+
+def flash_attn_qkvpacked_func(
+    qkv: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+):
+    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, deterministic)
+    _check_tensor("qkv", qkv, 5, "(batch, seqlen, 3, nheads, headdim)")
+    if qkv.size(2) != 3:
+        raise ValueError(f"flashattn: qkv must have shape (batch, seqlen, 3, nheads, headdim), got {tuple(qkv.shape)}")
+    q, k, v = qkv.unbind(dim=2)  # strided views into qkv; autograd stacks dq, dk, dv back into one dqkv
+    return _flash_attn(q, k, v, softmax_scale, causal, return_attn_probs)
+
+
+flash_attn_qkvpacked_func.__doc__ = (
+    """Self-attention on packed q, k, v: ``flash_attn.flash_attn_qkvpacked_func`` compatible.
+
+    qkv ``(batch, seqlen, 3, nheads, headdim)`` (q = ``qkv[:, :, 0]``, k = ``qkv[:, :, 1]``,
+    v = ``qkv[:, :, 2]``). q, k and v are read in place as strided views (no copy); the gradient
+    reaches qkv as one ``(batch, seqlen, 3, nheads, headdim)`` tensor. With ``causal=True`` the mask is
+    the usual lower triangle (seqlen_q == seqlen_k).
+"""
+    + _FA2_ARGS_DOC
+)

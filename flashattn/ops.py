@@ -1,0 +1,132 @@
+"""The flashattn custom ops as PyTorch sees them.
+
+Importing this module loads the compiled extension ``flashattn._C``, whose C++ code registers two ops
+in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/flash_api.cpp``):
+
+``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right) -> (out, lse)``
+    q ``[B, Lq, Hq, D]``, k and v ``[B, Lk, Hk, D]`` (any strides, contiguous last dim, Hq a multiple
+    of Hk, 1 <= D <= 256). out ``[B, Lq, Hq, D]`` contiguous in q's dtype; lse ``[B, Hq, Lq]``, the
+    natural-log log-sum-exp of each row's scaled scores, float32 (float64 for float64 inputs), -inf
+    for a row that sees no key (whose out row is 0). With ``is_causal``, key j is visible to query i
+    iff ``j <= i + offset`` where offset is 0 (top-left) or ``Lk - Lq`` (``causal_bottom_right``).
+
+``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right) -> (dq, dk, dv)``
+    Gradients of fwd's out; dq like q, dk/dv like k (summed over each group of query heads).
+
+This module adds what the Python side of the dispatcher needs: fake (meta) kernels so the ops can be
+traced by ``torch.compile`` and ``torch.export``, and an autograd formula for ``fwd`` that calls ``bwd``.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _C  # noqa: F401  (loading the library registers torch.ops.flashattn.*)
+
+__all__ = ["fwd", "bwd", "cuda_kernels_built"]
+
+fwd = torch.ops.flashattn.fwd.default
+bwd = torch.ops.flashattn.bwd.default
+
+_MAX_HEAD_DIM = 256
+
+
+def cuda_kernels_built() -> bool:
+    """True when the extension was compiled with its CUDA kernels."""
+    return bool(_C.compiled_with_cuda())
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_qkv_meta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    # The same checks as csrc/checks.cpp, expressed on metadata only, so tracing fails where running would.
+    torch._check(q.dim() == 4, lambda: f"flashattn.fwd: q must have 4 dims [batch, seqlen_q, heads_q, head_dim], got {tuple(q.shape)}")
+    torch._check(k.dim() == 4, lambda: f"flashattn.fwd: k must have 4 dims [batch, seqlen_k, heads_kv, head_dim], got {tuple(k.shape)}")
+    torch._check(v.dim() == 4, lambda: f"flashattn.fwd: v must have 4 dims [batch, seqlen_k, heads_kv, head_dim], got {tuple(v.shape)}")
+    torch._check(
+        k.dtype == q.dtype and v.dtype == q.dtype,
+        lambda: f"flashattn.fwd: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}",
+    )
+    torch._check(
+        k.device == q.device and v.device == q.device,
+        lambda: f"flashattn.fwd: q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}",
+    )
+    if q.device.type == "cuda":
+        torch._check(
+            q.dtype in (torch.float16, torch.bfloat16),
+            lambda: f"flashattn.fwd: CUDA inputs must be float16 or bfloat16, got {q.dtype}",
+        )
+    batch, _, heads_q, head_dim = q.shape
+    _, seqlen_k, heads_kv, _ = k.shape
+    torch._check(k.size(0) == batch and v.size(0) == batch, lambda: "flashattn.fwd: q, k and v must have the same batch size")
+    torch._check(v.size(1) == seqlen_k, lambda: "flashattn.fwd: k and v must have the same seqlen")
+    torch._check(v.size(2) == heads_kv, lambda: "flashattn.fwd: k and v must have the same number of heads")
+    torch._check(
+        k.size(3) == head_dim and v.size(3) == head_dim,
+        lambda: "flashattn.fwd: q, k and v must have the same head dim",
+    )
+    torch._check(
+        1 <= head_dim <= _MAX_HEAD_DIM,
+        lambda: f"flashattn.fwd: head dim must be in [1, {_MAX_HEAD_DIM}], got {head_dim}",
+    )
+    torch._check(heads_kv >= 1 or heads_q == 0, lambda: "flashattn.fwd: k and v must have at least one head")
+    torch._check(
+        heads_q % heads_kv == 0 if heads_kv >= 1 else True,
+        lambda: f"flashattn.fwd: heads_q={heads_q} must be a multiple of heads_kv={heads_kv}",
+    )
+
+
+@torch.library.register_fake("flashattn::fwd")
+def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right):
+    _check_qkv_meta(q, k, v)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
+    lse = q.new_empty((batch, heads_q, seqlen_q), dtype=_lse_dtype(q.dtype))
+    return out, lse
+
+
+@torch.library.register_fake("flashattn::bwd")
+def _bwd_fake(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right):
+    _check_qkv_meta(q, k, v)
+    torch._check(dout.shape == q.shape, lambda: f"flashattn.bwd: dout must have q's shape {tuple(q.shape)}, got {tuple(dout.shape)}")
+    torch._check(out.shape == q.shape, lambda: f"flashattn.bwd: out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
+    torch._check(
+        dout.dtype == q.dtype and out.dtype == q.dtype,
+        lambda: f"flashattn.bwd: dout and out must have q's dtype {q.dtype}, got {dout.dtype} and {out.dtype}",
+    )
+    torch._check(
+        lse.dim() == 3 and tuple(lse.shape) == (q.size(0), q.size(2), q.size(1)),
+        lambda: f"flashattn.bwd: lse must have shape [batch, heads_q, seqlen_q], got {tuple(lse.shape)}",
+    )
+    torch._check(
+        lse.dtype in (torch.float32, torch.float64),
+        lambda: f"flashattn.bwd: lse must be float32 (float64 for float64 inputs), got {lse.dtype}",
+    )
+    dq = q.new_empty(q.shape)
+    dk = k.new_empty(k.shape)
+    dv = v.new_empty(v.shape)
+    return dq, dk, dv
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, scale, is_causal, causal_bottom_right = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.scale = scale
+    ctx.is_causal = is_causal
+    ctx.causal_bottom_right = causal_bottom_right
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_backward(ctx, grad_out, grad_lse):
+    # grad_lse is ignored: lse is marked non-differentiable.
+    q, k, v, out, lse = ctx.saved_tensors
+    if grad_out.size(-1) > 1 and grad_out.stride(-1) != 1:
+        # The kernels take any strides but need a contiguous last dim (e.g. an expanded grad of sum()).
+        grad_out = grad_out.contiguous()
+    dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.scale, ctx.is_causal, ctx.causal_bottom_right)
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd("flashattn::fwd", _fwd_backward, setup_context=_fwd_setup_context)

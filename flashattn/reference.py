@@ -1,0 +1,90 @@
+"""Plain-PyTorch attention with exactly the semantics of the flashattn ops.
+
+It materializes the full ``[B, H, Lq, Lk]`` score matrix, so it is for tests and documentation, not
+for speed or long sequences. Autograd works through it, which makes it the gradient reference too.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = ["attention_reference", "causal_visibility"]
+
+
+def causal_visibility(seqlen_q: int, seqlen_k: int, bottom_right: bool, device=None) -> torch.Tensor:
+    """Boolean ``[Lq, Lk]`` mask, True where key j is visible to query i under causal masking.
+
+    Key j is visible to query i iff ``j <= i + offset``, offset 0 for top-left alignment (the
+    convention of ``torch.nn.functional.scaled_dot_product_attention``) or ``Lk - Lq`` for
+    bottom-right alignment (the FlashAttention-2 convention, where the last query sees every key).
+    """
+    offset = seqlen_k - seqlen_q if bottom_right else 0
+    rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    return cols <= rows + offset
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: Optional[float] = None,
+    is_causal: bool = False,
+    causal_bottom_right: bool = False,
+    upcast: bool = True,
+    return_lse: bool = False,
+):
+    """softmax(q k^T * scale) v in the ``(B, S, H, D)`` layout of the flashattn ops.
+
+    Args:
+        q: ``[B, Lq, Hq, D]``.
+        k, v: ``[B, Lk, Hk, D]``; Hq must be a multiple of Hk (grouped-query attention: query head h
+            reads key/value head ``h // (Hq // Hk)``).
+        scale: multiplies the scores; defaults to ``1 / sqrt(D)``.
+        is_causal: mask key j from query i unless ``j <= i + offset``.
+        causal_bottom_right: offset ``Lk - Lq`` instead of 0 (see :func:`causal_visibility`).
+        upcast: compute in float32 (float64 stays float64) and return the result in that precision;
+            ``False`` runs the same math in the inputs' dtype (the "baseline" of the test oracle).
+        return_lse: also return the natural-log log-sum-exp of each row's scaled scores,
+            ``[B, Hq, Lq]`` in the compute dtype.
+
+    A query row that sees no key (bottom-right causal with Lq > Lk, or Lk == 0) gets a zero output
+    row and an lse of -inf, with zero gradients; no NaN is produced.
+
+    Returns:
+        out ``[B, Lq, Hq, D]`` contiguous, or ``(out, lse)`` with ``return_lse``.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"expected 4-dim [B, S, H, D] tensors, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    if heads_kv == 0 or heads_q % heads_kv != 0:
+        raise ValueError(f"heads_q={heads_q} must be a multiple of heads_kv={heads_kv}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+
+    compute_dtype = q.dtype
+    if upcast and q.dtype != torch.float64:
+        compute_dtype = torch.float32
+    q_, k_, v_ = (t.to(compute_dtype) for t in (q, k, v))
+    group = heads_q // heads_kv
+    if group > 1:
+        k_ = k_.repeat_interleave(group, dim=2)
+        v_ = v_.repeat_interleave(group, dim=2)
+
+    scores = torch.einsum("bqhd,bkhd->bhqk", q_, k_) * scale  # [B, Hq, Lq, Lk]
+    if is_causal:
+        visible = causal_visibility(seqlen_q, seqlen_k, causal_bottom_right, device=q.device)
+    else:
+        visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
+    row_empty = ~visible.any(dim=1, keepdim=True)  # [Lq, 1]
+    # Leave empty rows unmasked so softmax stays finite (no NaN in values or gradients), then zero them.
+    scores = scores.masked_fill(~(visible | row_empty), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).masked_fill(row_empty, 0.0)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, v_).contiguous()
+    if not return_lse:
+        return out
+    lse = torch.logsumexp(scores.detach(), dim=-1).masked_fill(row_empty.squeeze(1), float("-inf"))
+    return out, lse
