@@ -104,7 +104,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   p.k_strides = strides_of(k);
   p.v_strides = strides_of(v);
   p.out_strides = strides_of(out);
-  sm80::run_fwd(p, at::cuda::getCurrentCUDAStream());
+  C10_CUDA_CHECK(sm80::run_fwd(p, at::cuda::getCurrentCUDAStream()));
   return {out, lse};
 }
 
@@ -156,7 +156,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dout, 
   p.dq_strides = strides_of(dq);
   p.dk_strides = strides_of(dk);
   p.dv_strides = strides_of(dv);
-  sm80::run_bwd(p, at::cuda::getCurrentCUDAStream());
+  C10_CUDA_CHECK(sm80::run_bwd(p, at::cuda::getCurrentCUDAStream()));
   return {dq, dk, dv};
 }
 

@@ -1,0 +1,41 @@
+// Picks the compiled kernel for (element type, padded head dim).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "sm80/api.h"
+#include "sm80/head_dims.h"
+#include "sm80/launch.h"
+
+namespace flashattn {
+namespace sm80 {
+
+int padded_head_dim(int head_dim) {
+#define FLASHATTN_PICK_SMALLEST(D) \
+  if (head_dim <= D) return D;
+  FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_PICK_SMALLEST)
+#undef FLASHATTN_PICK_SMALLEST
+  return 0;
+}
+
+cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
+  const int padded = padded_head_dim(p.shape.head_dim);
+  const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
+#define FLASHATTN_LAUNCH(D) \
+  if (padded == D) return bf16 ? launch_fwd<__nv_bfloat16, D>(p, stream) : launch_fwd<__half, D>(p, stream);
+  FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
+#undef FLASHATTN_LAUNCH
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
+  const int padded = padded_head_dim(p.shape.head_dim);
+  const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
+#define FLASHATTN_LAUNCH(D) \
+  if (padded == D) return bf16 ? launch_bwd<__nv_bfloat16, D>(p, stream) : launch_bwd<__half, D>(p, stream);
+  FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
+#undef FLASHATTN_LAUNCH
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace sm80
+}  // namespace flashattn

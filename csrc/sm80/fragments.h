@@ -1,0 +1,77 @@
+// Loading mma.m16n8k16 operand fragments from padded shared tiles, and reusing an fp32 accumulator as
+// the next GEMM's A operand. See ptx.h for the fragment layouts.
+#pragma once
+
+#include <cstdint>
+
+#include "sm80/ptx.h"
+
+namespace flashattn {
+namespace sm80 {
+
+// A fragment (16x16) of a row-major shared tile: rows [row0, row0 + 16), cols [col0, col0 + 16).
+template <int kStride, typename T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int row0, int col0, int lane) {
+  const int row = row0 + (lane % 8) + ((lane / 8) % 2) * 8;
+  const int col = col0 + (lane / 16) * 8;
+  ldmatrix_x4(a, tile + row * kStride + col);
+}
+
+// A fragment of A = X^T where X is a row-major shared tile: A rows are X columns [a_row0, +16), A columns
+// are X rows [a_col0, +16).
+template <int kStride, typename T>
+__device__ __forceinline__ void load_a_transposed(uint32_t (&a)[4], const T* x_tile, int a_row0, int a_col0,
+                                                  int lane) {
+  const int x_row = a_col0 + (lane % 8) + (lane / 16) * 8;
+  const int x_col = a_row0 + ((lane / 8) % 2) * 8;
+  ldmatrix_x4_trans(a, x_tile + x_row * kStride + x_col);
+}
+
+// B fragments for two adjacent n8 tiles of B = X^T where X is a row-major shared tile [n][k]
+// (e.g. K for S = Q K^T): n in [n0, n0 + 16), k in [k0, k0 + 16). b[0], b[1]: tile n0; b[2], b[3]: n0 + 8.
+template <int kStride, typename T>
+__device__ __forceinline__ void load_b_from_rows_nk(uint32_t (&b)[4], const T* tile, int n0, int k0, int lane) {
+  const int row = n0 + (lane % 8) + (lane / 16) * 8;
+  const int col = k0 + ((lane / 8) % 2) * 8;
+  ldmatrix_x4(b, tile + row * kStride + col);
+}
+
+// B fragments for two adjacent n8 tiles of B = X where X is a row-major shared tile [k][n]
+// (e.g. V for O = P V): k in [k0, k0 + 16), n in [n0, n0 + 16). b[0], b[1]: tile n0; b[2], b[3]: n0 + 8.
+template <int kStride, typename T>
+__device__ __forceinline__ void load_b_from_rows_kn(uint32_t (&b)[4], const T* tile, int k0, int n0, int lane) {
+  const int row = k0 + (lane % 8) + ((lane / 8) % 2) * 8;
+  const int col = n0 + (lane / 16) * 8;
+  ldmatrix_x4_trans(b, tile + row * kStride + col);
+}
+
+// The fp32 accumulators of n8 tiles 2j and 2j+1 (a 16x16 block of C) as the A fragment of k-step j.
+template <typename T>
+__device__ __forceinline__ void accumulator_to_a(uint32_t (&a)[4], const float (&c_lo)[4], const float (&c_hi)[4]) {
+  a[0] = ElementOps<T>::pack(c_lo[0], c_lo[1]);
+  a[1] = ElementOps<T>::pack(c_lo[2], c_lo[3]);
+  a[2] = ElementOps<T>::pack(c_hi[0], c_hi[1]);
+  a[3] = ElementOps<T>::pack(c_hi[2], c_hi[3]);
+}
+
+template <int kTiles>
+__device__ __forceinline__ void zero_accumulators(float (&c)[kTiles][4]) {
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) c[i][j] = 0.f;
+  }
+}
+
+// Max / sum over the 4 lanes of a quad: the lanes that hold one accumulator row.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+}  // namespace sm80
+}  // namespace flashattn

@@ -1,0 +1,19 @@
+// Declarations of the per-(element type, head dim) launchers; each is instantiated in its own file
+// under csrc/instantiations/ so the build parallelizes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "params.h"
+
+namespace flashattn {
+namespace sm80 {
+
+template <typename T, int kHeadDim>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream);
+
+template <typename T, int kHeadDim>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);
+
+}  // namespace sm80
+}  // namespace flashattn
