@@ -210,6 +210,8 @@ def _check_tensor(name: str, t, ndim: int, layout: str) -> None:
 
 
 def _flash_attn(q, k, v, softmax_scale, causal, return_attn_probs):
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"flashattn: q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}")
     if q.device.type == "cuda" and not _CUDA_KERNELS_BUILT:
         raise RuntimeError(
             "flashattn: q is a CUDA tensor but this build of flashattn has no CUDA kernels "
