@@ -4,6 +4,7 @@
 #   scripts/device_run.sh test       build + the full pytest suite
 #   scripts/device_run.sh bench      build + benchmarks/bench.py
 #   scripts/device_run.sh all        build + smoke + test + bench
+#   scripts/device_run.sh smoke+tune build + smoke + benchmarks/tuning/tune.py (kernel configurations)
 set -uo pipefail
 OUT=${OUT:-/tmp/flashattn_out}
 mkdir -p "$OUT"
@@ -15,8 +16,11 @@ FLASHATTN_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inp
   || { tail -50 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 status=0
-if [[ $steps == smoke || $steps == all ]]; then
-  python3 scripts/gpu_smoke.py ${SMOKE_ARGS:---bench} 2>&1 | tee "$OUT/smoke.log" | grep -v "^ok " || status=1
+if [[ $steps == *smoke* || $steps == all ]]; then
+  python3 scripts/gpu_smoke.py ${SMOKE_ARGS---bench} 2>&1 | tee "$OUT/smoke.log" | grep -v "^ok " || status=1
+fi
+if [[ $steps == *tune* ]]; then
+  python3 benchmarks/tuning/tune.py ${TUNE_WHICH:-both} 2>&1 | tee "$OUT/tune.log" || status=1
 fi
 if [[ $steps == test || $steps == all ]]; then
   python3 -m pytest tests -q --timeout=900 2>&1 | tee "$OUT/tests.log" | tail -30 || status=1

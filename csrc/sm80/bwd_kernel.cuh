@@ -2,8 +2,9 @@
 //   1. bwd_delta_kernel:   delta = rowsum(dout * out), one warp per row
 //   2. bwd_kernel:         one CTA per (key block, kv head, batch); loops over every query head of the
 //                          group and every query block that sees its keys, recomputing S^T = K Q^T and
-//                          P^T from the saved LSE (P is never stored). dK and dV stay in registers for
-//                          the whole loop; dQ partials are added into an fp32 workspace with atomics.
+//                          P^T from the saved LSE (P is never written to global memory). dK and dV stay
+//                          in registers for the whole loop; dQ partials are added into an fp32
+//                          workspace with atomics. Q/dO blocks are double-buffered with cp.async.
 //   3. bwd_convert_dq_kernel: dq = scale * dq_accum, cast and laid out as [B, Lq, Hq, D].
 #pragma once
 
@@ -20,50 +21,68 @@
 namespace flashattn {
 namespace sm80 {
 
-template <int kHeadDim>
-struct BwdTraits {
-  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dim tiles are multiples of 32 up to 256");
-  // Above 128 columns, dK and dV of 16 keys no longer fit one warp's registers: two warps share each
-  // key group, both computing its S^T and dP^T, each keeping half of the dK/dV columns.
-  static constexpr int kSplitD = kHeadDim > 128 ? 2 : 1;
-  static constexpr int kKeyWarps = kHeadDim > 128 ? 4 : 8;  // warps along the key dim, 16 keys each
-  static constexpr int kWarps = kKeyWarps * kSplitD;
+// A backward tile configuration. Each of the three GEMM stages splits the CTA's warps in its own
+// 2-D grid, so every warp tile spans several m16 and n8 tiles and reuses its fragments:
+//   S^T, dP^T [kBlockN keys, kBlockM queries]: kSKeyWarps along keys, the rest along queries
+//   dK, dV    [kBlockN keys, head dim]:         kKVKeyWarps along keys, the rest along columns
+//   dQ        [kBlockM queries, head dim]:      kQQueryWarps along queries, the rest along columns
+// P^T and dS^T pass from the first stage to the others through shared memory.
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kSKeyWarps, int kKVKeyWarps, int kQQueryWarps>
+struct BwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // queries per step
+  static constexpr int kBlockN = kBlockN_;  // keys per CTA
+  static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockN = kKeyWarps * 16;  // keys per CTA
-  static constexpr int kBlockM = 64;              // queries per step
-  static constexpr int kDSlice = kHeadDim / kSplitD;  // dK/dV columns per warp
-  // The dQ GEMM ([kBlockM, D] = dS [kBlockM, kBlockN] K) splits rows by 16 and columns by what is left.
-  static constexpr int kQueryWarps = kBlockM / 16;
-  static constexpr int kDQSplit = kWarps / kQueryWarps;
-  static constexpr int kDQSlice = kHeadDim / kDQSplit;
-  static_assert(kDSlice % 16 == 0 && kDQSlice % 16 == 0, "column slices are whole k16/n16 steps");
+
+  static constexpr int kSKeys = kBlockN / kSKeyWarps;                  // warp tile of S^T / dP^T
+  static constexpr int kSQueries = kBlockM / (kWarps / kSKeyWarps);
+  static constexpr int kKVKeys = kBlockN / kKVKeyWarps;                // warp tile of dK / dV
+  static constexpr int kKVCols = kHeadDim / (kWarps / kKVKeyWarps);
+  static constexpr int kQQueries = kBlockM / kQQueryWarps;             // warp tile of dQ
+  static constexpr int kQCols = kHeadDim / (kWarps / kQQueryWarps);
+  static_assert(kSKeys % 16 == 0 && kSQueries % 16 == 0, "S^T warp tile: m16 rows, n16 column pairs");
+  static_assert(kKVKeys % 16 == 0 && kKVCols % 16 == 0, "dK/dV warp tile: m16 rows, n16 column pairs");
+  static_assert(kQQueries % 16 == 0 && kQCols % 16 == 0, "dQ warp tile: m16 rows, n16 column pairs");
+
   static constexpr int kStride = PaddedTile<kHeadDim>::kStride;
-  static constexpr int kDSStride = PaddedTile<kBlockM>::kStride;
+  static constexpr int kPStride = PaddedTile<kBlockM>::kStride;
   static constexpr int kKVTileElems = kBlockN * kStride;
   static constexpr int kQTileElems = kBlockM * kStride;
-  // K, V, Q, dO tiles, then dS^T [kBlockN][kBlockM] (elements), then LSE and delta (floats).
-  static constexpr int kSmemElems = 2 * kKVTileElems + 2 * kQTileElems + kBlockN * kDSStride;
-  static constexpr int kSmemBytes = kSmemElems * 2 + 2 * kBlockM * 4;
+  static constexpr int kPTileElems = kBlockN * kPStride;
+  static constexpr int kQStages = 2;  // Q, dO, LSE, delta double buffer
+  // K, V, then per stage Q and dO, then P^T and dS^T (elements); then per stage LSE and delta (floats).
+  static constexpr int kSmemElems = 2 * kKVTileElems + 2 * kQStages * kQTileElems + 2 * kPTileElems;
+  static constexpr int kSmemBytes = kSmemElems * 2 + 2 * kQStages * kBlockM * 4;
 };
 
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1) bwd_kernel(const BwdParams p) {
-  using Tr = BwdTraits<kHeadDim>;
+template <int kHeadDim>
+struct DefaultBwdConfig;
+template <> struct DefaultBwdConfig<32> { using type = BwdConfig<32, 64, 128, 8, 4, 4, 4>; };
+template <> struct DefaultBwdConfig<64> { using type = BwdConfig<64, 64, 128, 8, 4, 4, 2>; };
+template <> struct DefaultBwdConfig<96> { using type = BwdConfig<96, 64, 128, 8, 4, 4, 4>; };
+template <> struct DefaultBwdConfig<128> { using type = BwdConfig<128, 64, 128, 8, 4, 4, 2>; };
+template <> struct DefaultBwdConfig<192> { using type = BwdConfig<192, 64, 64, 8, 2, 2, 4>; };
+template <> struct DefaultBwdConfig<256> { using type = BwdConfig<256, 64, 64, 8, 2, 2, 4>; };
+
+template <typename T, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p) {
   using Ops = ElementOps<T>;
-  constexpr int kStride = Tr::kStride;
-  constexpr int kDSStride = Tr::kDSStride;
-  constexpr int kBlockM = Tr::kBlockM;
-  constexpr int kBlockN = Tr::kBlockN;
-  constexpr int kSTiles = kBlockM / 8;  // n8 tiles of S^T (queries) per warp
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kStride = Cfg::kStride;
+  constexpr int kPStride = Cfg::kPStride;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* k_smem = reinterpret_cast<T*>(smem_raw);    // [kBlockN][kStride]
-  T* v_smem = k_smem + Tr::kKVTileElems;         // [kBlockN][kStride]
-  T* q_smem = v_smem + Tr::kKVTileElems;         // [kBlockM][kStride]
-  T* do_smem = q_smem + Tr::kQTileElems;         // [kBlockM][kStride]
-  T* ds_smem = do_smem + Tr::kQTileElems;        // [kBlockN][kDSStride]: dS^T of one step
-  float* lse_smem = reinterpret_cast<float*>(ds_smem + kBlockN * kDSStride);  // [kBlockM]
-  float* delta_smem = lse_smem + kBlockM;                                     // [kBlockM]
+  T* k_smem = reinterpret_cast<T*>(smem_raw);               // [kBlockN][kStride]
+  T* v_smem = k_smem + Cfg::kKVTileElems;                   // [kBlockN][kStride]
+  T* q_smem = v_smem + Cfg::kKVTileElems;                   // [kQStages][kBlockM][kStride]
+  T* do_smem = q_smem + Cfg::kQStages * Cfg::kQTileElems;   // [kQStages][kBlockM][kStride]
+  T* p_smem = do_smem + Cfg::kQStages * Cfg::kQTileElems;   // [kBlockN][kPStride]: P^T of one step
+  T* ds_smem = p_smem + Cfg::kPTileElems;                   // [kBlockN][kPStride]: dS^T of one step
+  float* lse_smem = reinterpret_cast<float*>(ds_smem + Cfg::kPTileElems);  // [kQStages][kBlockM]
+  float* delta_smem = lse_smem + Cfg::kQStages * kBlockM;                  // [kQStages][kBlockM]
 
   const AttentionShape& s = p.shape;
   const int lane = threadIdx.x % 32;
@@ -79,10 +98,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1) bwd_kernel(c
                n0 * p.k_strides.row;  // [Lk - n0, D]
   const T* v = static_cast<const T*>(p.v) + batch * p.v_strides.batch + kv_head * p.v_strides.head +
                n0 * p.v_strides.row;  // [Lk - n0, D]
-  load_tile<kBlockN, kHeadDim, Tr::kThreads>(k_smem, k, p.k_strides.row, s.seqlen_k - n0, s.head_dim,
-                                             s.rows_aligned_16);
-  load_tile<kBlockN, kHeadDim, Tr::kThreads>(v_smem, v, p.v_strides.row, s.seqlen_k - n0, s.head_dim,
-                                             s.rows_aligned_16);
+  load_tile<kBlockN, kHeadDim, Cfg::kThreads>(k_smem, k, p.k_strides.row, s.seqlen_k - n0, s.head_dim,
+                                              s.rows_aligned_16);
+  load_tile<kBlockN, kHeadDim, Cfg::kThreads>(v_smem, v, p.v_strides.row, s.seqlen_k - n0, s.head_dim,
+                                              s.rows_aligned_16);
 
   // Query blocks that see at least one of these keys.
   const int first_query = first_query_seeing(n0, s.is_causal, s.causal_offset);
@@ -95,144 +114,137 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1) bwd_kernel(c
   auto load_step = [&](int step) {
     const int head = kv_head * group + step / num_m;
     const int m0 = (m_begin + step % num_m) * kBlockM;
+    const int stage = step % Cfg::kQStages;
     const T* q = static_cast<const T*>(p.q) + batch * p.q_strides.batch + head * p.q_strides.head +
                  m0 * p.q_strides.row;
     const T* dout = static_cast<const T*>(p.dout) + batch * p.dout_strides.batch +
                     head * p.dout_strides.head + m0 * p.dout_strides.row;
-    load_tile<kBlockM, kHeadDim, Tr::kThreads>(q_smem, q, p.q_strides.row, s.seqlen_q - m0, s.head_dim,
-                                               s.rows_aligned_16);
-    load_tile<kBlockM, kHeadDim, Tr::kThreads>(do_smem, dout, p.dout_strides.row, s.seqlen_q - m0, s.head_dim,
-                                               s.rows_aligned_16);
+    load_tile<kBlockM, kHeadDim, Cfg::kThreads>(q_smem + stage * Cfg::kQTileElems, q, p.q_strides.row,
+                                                s.seqlen_q - m0, s.head_dim, s.rows_aligned_16);
+    load_tile<kBlockM, kHeadDim, Cfg::kThreads>(do_smem + stage * Cfg::kQTileElems, dout, p.dout_strides.row,
+                                                s.seqlen_q - m0, s.head_dim, s.rows_aligned_16);
     const int64_t row_offset = (static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + m0;
-    load_row_floats<kBlockM, Tr::kThreads>(lse_smem, p.lse + row_offset, s.seqlen_q - m0);
-    load_row_floats<kBlockM, Tr::kThreads>(delta_smem, p.delta + row_offset, s.seqlen_q - m0);
+    load_row_floats<kBlockM, Cfg::kThreads>(lse_smem + stage * kBlockM, p.lse + row_offset, s.seqlen_q - m0);
+    load_row_floats<kBlockM, Cfg::kThreads>(delta_smem + stage * kBlockM, p.delta + row_offset, s.seqlen_q - m0);
   };
   if (num_steps > 0) load_step(0);
   cp_async_commit();
 
-  const int key_warp = warp % Tr::kKeyWarps;  // this warp's 16 keys in phase A
-  const int d_part = warp / Tr::kKeyWarps;    // which dK/dV column slice it keeps
-  const int key_row0 = key_warp * 16;
-  float dk_acc[Tr::kDSlice / 8][4];
-  float dv_acc[Tr::kDSlice / 8][4];
+  // Warp tiles of the three stages.
+  constexpr int kSQueryWarps = Cfg::kWarps / (kBlockN / Cfg::kSKeys);
+  const int s_key0 = (warp / kSQueryWarps) * Cfg::kSKeys;        // S^T rows (keys) of this warp
+  const int s_query0 = (warp % kSQueryWarps) * Cfg::kSQueries;   // S^T columns (queries)
+  constexpr int kKVColWarps = kHeadDim / Cfg::kKVCols;
+  const int kv_key0 = (warp / kKVColWarps) * Cfg::kKVKeys;       // dK/dV rows (keys)
+  const int kv_col0 = (warp % kKVColWarps) * Cfg::kKVCols;       // dK/dV columns
+  constexpr int kQColWarps = kHeadDim / Cfg::kQCols;
+  const int dq_query0 = (warp / kQColWarps) * Cfg::kQQueries;    // dQ rows (queries)
+  const int dq_col0 = (warp % kQColWarps) * Cfg::kQCols;         // dQ columns
+
+  constexpr int kSMTiles = Cfg::kSKeys / 16, kSNTiles = Cfg::kSQueries / 8;
+  constexpr int kKVMTiles = Cfg::kKVKeys / 16, kKVNTiles = Cfg::kKVCols / 8;
+  constexpr int kQMTiles = Cfg::kQQueries / 16, kQNTiles = Cfg::kQCols / 8;
+  float dk_acc[kKVMTiles][kKVNTiles][4];
+  float dv_acc[kKVMTiles][kKVNTiles][4];
   zero_accumulators(dk_acc);
   zero_accumulators(dv_acc);
 
   for (int step = 0; step < num_steps; ++step) {
     cp_async_wait<0>();
-    __syncthreads();  // this step's Q, dO, LSE, delta have landed; last step's dQ GEMM is done
+    __syncthreads();  // this step's Q, dO, LSE, delta have landed; the previous step is done everywhere
+    if (step + 1 < num_steps) load_step(step + 1);  // lands during this step
+    cp_async_commit();
     const int head = kv_head * group + step / num_m;
     const int m0 = (m_begin + step % num_m) * kBlockM;
+    const int stage = step % Cfg::kQStages;
+    const T* q_tile = q_smem + stage * Cfg::kQTileElems;    // [kBlockM][kStride]
+    const T* do_tile = do_smem + stage * Cfg::kQTileElems;  // [kBlockM][kStride]
+    const float* lse_tile = lse_smem + stage * kBlockM;
+    const float* delta_tile = delta_smem + stage * kBlockM;
 
-    // Phase A: S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys and all kBlockM queries.
-    float s_acc[kSTiles][4];
-    float dp_acc[kSTiles][4];
-    zero_accumulators(s_acc);
-    zero_accumulators(dp_acc);
-#pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      uint32_t k_frag[4], v_frag[4];
-      load_a<kStride>(k_frag, k_smem, key_row0, ks * 16, lane);
-      load_a<kStride>(v_frag, v_smem, key_row0, ks * 16, lane);
-#pragma unroll
-      for (int nn = 0; nn < kBlockM / 16; ++nn) {
-        uint32_t b[4];
-        load_b_from_rows_nk<kStride>(b, q_smem, nn * 16, ks * 16, lane);
-        Ops::mma(s_acc[2 * nn], k_frag, b[0], b[1]);
-        Ops::mma(s_acc[2 * nn + 1], k_frag, b[2], b[3]);
-        load_b_from_rows_nk<kStride>(b, do_smem, nn * 16, ks * 16, lane);
-        Ops::mma(dp_acc[2 * nn], v_frag, b[0], b[1]);
-        Ops::mma(dp_acc[2 * nn + 1], v_frag, b[2], b[3]);
-      }
-    }
-
-    // P^T = exp2(S^T * scale_log2 - LSE_log2) and dS^T = P^T (dP^T - delta), masked entries zero.
-    const bool needs_mask = m0 + kBlockM > s.seqlen_q || n0 + kBlockN > s.seqlen_k ||
-                            (s.is_causal && n0 + key_row0 + 15 > m0 + s.causal_offset);
-#pragma unroll
-    for (int j = 0; j < kSTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int q_local = j * 8 + (lane % 4) * 2 + (e % 2);
-        const float lse = lse_smem[q_local];
-        // A row that saw no key has LSE -inf and P = 0 everywhere.
-        const float lse_log2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
-        float prob = exp2f(s_acc[j][e] * s.scale_log2 - lse_log2);
-        if (needs_mask) {
-          const int key = n0 + key_row0 + lane / 4 + (e / 2) * 8;
-          const int query = m0 + q_local;
-          if (query >= s.seqlen_q || !key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset)) prob = 0.f;
-        }
-        s_acc[j][e] = prob;
-        dp_acc[j][e] = prob * (dp_acc[j][e] - delta_smem[q_local]);
-      }
-    }
-
-    // dV += P^T dO and dK += dS^T Q over this warp's column slice.
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      uint32_t p_frag[4], ds_frag[4];
-      accumulator_to_a<T>(p_frag, s_acc[2 * kk], s_acc[2 * kk + 1]);
-      accumulator_to_a<T>(ds_frag, dp_acc[2 * kk], dp_acc[2 * kk + 1]);
-#pragma unroll
-      for (int dd = 0; dd < Tr::kDSlice / 16; ++dd) {
-        const int col0 = d_part * Tr::kDSlice + dd * 16;
-        uint32_t b[4];
-        load_b_from_rows_kn<kStride>(b, do_smem, kk * 16, col0, lane);
-        Ops::mma(dv_acc[2 * dd], p_frag, b[0], b[1]);
-        Ops::mma(dv_acc[2 * dd + 1], p_frag, b[2], b[3]);
-        load_b_from_rows_kn<kStride>(b, q_smem, kk * 16, col0, lane);
-        Ops::mma(dk_acc[2 * dd], ds_frag, b[0], b[1]);
-        Ops::mma(dk_acc[2 * dd + 1], ds_frag, b[2], b[3]);
-      }
-    }
-
-    // dS^T to shared memory for the dQ GEMM (one copy per key group).
-    if (d_part == 0) {
-#pragma unroll
-      for (int j = 0; j < kSTiles; ++j) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = key_row0 + lane / 4 + half * 8;
-          const int col = j * 8 + (lane % 4) * 2;
-          *reinterpret_cast<uint32_t*>(ds_smem + row * kDSStride + col) =
-              Ops::pack(dp_acc[j][2 * half], dp_acc[j][2 * half + 1]);
-        }
-      }
-    }
-    __syncthreads();  // dS^T complete; Q, dO, LSE, delta no longer read this step
-
-    if (step + 1 < num_steps) load_step(step + 1);  // lands while the dQ GEMM runs
-    cp_async_commit();
-
-    // Phase B: dQ[m0 + 16 rows, column slice] += dS K, added into the fp32 workspace.
+    // Stage 1: S^T = K Q^T and dP^T = V dO^T, then P^T and dS^T = P^T (dP^T - delta) into shared memory.
     {
-      const int query_warp = warp % Tr::kQueryWarps;
-      const int dq_part = warp / Tr::kQueryWarps;
-      float dq_acc[Tr::kDQSlice / 8][4];
-      zero_accumulators(dq_acc);
+      float s_acc[kSMTiles][kSNTiles][4];
+      float dp_acc[kSMTiles][kSNTiles][4];
+      zero_accumulators(s_acc);
+      zero_accumulators(dp_acc);
+      warp_gemm<T, kSMTiles, kSNTiles, kHeadDim / 16>(
+          s_acc, [&](uint32_t(&a)[4], int mt, int ks) { load_a<kStride>(a, k_smem, s_key0 + mt * 16, ks * 16, lane); },
+          [&](uint32_t(&b)[4], int np, int ks) {
+            load_b_from_rows_nk<kStride>(b, q_tile, s_query0 + np * 16, ks * 16, lane);
+          });
+      warp_gemm<T, kSMTiles, kSNTiles, kHeadDim / 16>(
+          dp_acc, [&](uint32_t(&a)[4], int mt, int ks) { load_a<kStride>(a, v_smem, s_key0 + mt * 16, ks * 16, lane); },
+          [&](uint32_t(&b)[4], int np, int ks) {
+            load_b_from_rows_nk<kStride>(b, do_tile, s_query0 + np * 16, ks * 16, lane);
+          });
+      const bool needs_mask = m0 + kBlockM > s.seqlen_q || n0 + kBlockN > s.seqlen_k ||
+                              (s.is_causal && n0 + s_key0 + Cfg::kSKeys - 1 > m0 + s_query0 + s.causal_offset);
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        uint32_t a[4];
-        load_a_transposed<kDSStride>(a, ds_smem, query_warp * 16, kk * 16, lane);
+      for (int mt = 0; mt < kSMTiles; ++mt) {
 #pragma unroll
-        for (int dd = 0; dd < Tr::kDQSlice / 16; ++dd) {
-          uint32_t b[4];
-          load_b_from_rows_kn<kStride>(b, k_smem, kk * 16, dq_part * Tr::kDQSlice + dd * 16, lane);
-          Ops::mma(dq_acc[2 * dd], a, b[0], b[1]);
-          Ops::mma(dq_acc[2 * dd + 1], a, b[2], b[3]);
+        for (int j = 0; j < kSNTiles; ++j) {
+          float prob[4], dscore[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int q_local = s_query0 + j * 8 + (lane % 4) * 2 + (e % 2);
+            const float lse = lse_tile[q_local];
+            // A row that saw no key has LSE -inf and P = 0 everywhere.
+            const float lse_log2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+            prob[e] = exp2f(s_acc[mt][j][e] * s.scale_log2 - lse_log2);
+            if (needs_mask) {
+              const int key = n0 + s_key0 + mt * 16 + lane / 4 + (e / 2) * 8;
+              const int query = m0 + q_local;
+              if (query >= s.seqlen_q || !key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset)) {
+                prob[e] = 0.f;
+              }
+            }
+            dscore[e] = prob[e] * (dp_acc[mt][j][e] - delta_tile[q_local]);
+          }
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = s_key0 + mt * 16 + lane / 4 + half * 8;
+            const int col = s_query0 + j * 8 + (lane % 4) * 2;
+            *reinterpret_cast<uint32_t*>(p_smem + row * kPStride + col) = Ops::pack(prob[2 * half], prob[2 * half + 1]);
+            *reinterpret_cast<uint32_t*>(ds_smem + row * kPStride + col) =
+                Ops::pack(dscore[2 * half], dscore[2 * half + 1]);
+          }
         }
       }
+    }
+    __syncthreads();  // P^T and dS^T complete
+
+    // Stage 2: dV += P^T dO and dK += dS^T Q (unscaled; scale applied at the end).
+    warp_gemm<T, kKVMTiles, kKVNTiles, kBlockM / 16>(
+        dv_acc, [&](uint32_t(&a)[4], int mt, int kk) { load_a<kPStride>(a, p_smem, kv_key0 + mt * 16, kk * 16, lane); },
+        [&](uint32_t(&b)[4], int np, int kk) { load_b_from_rows_kn<kStride>(b, do_tile, kk * 16, kv_col0 + np * 16, lane); });
+    warp_gemm<T, kKVMTiles, kKVNTiles, kBlockM / 16>(
+        dk_acc, [&](uint32_t(&a)[4], int mt, int kk) { load_a<kPStride>(a, ds_smem, kv_key0 + mt * 16, kk * 16, lane); },
+        [&](uint32_t(&b)[4], int np, int kk) { load_b_from_rows_kn<kStride>(b, q_tile, kk * 16, kv_col0 + np * 16, lane); });
+
+    // Stage 3: dQ[m0 + rows, cols] += dS K, added into the fp32 workspace.
+    {
+      float dq_acc[kQMTiles][kQNTiles][4];
+      zero_accumulators(dq_acc);
+      warp_gemm<T, kQMTiles, kQNTiles, kBlockN / 16>(
+          dq_acc,
+          [&](uint32_t(&a)[4], int mt, int kk) {
+            load_a_transposed<kPStride>(a, ds_smem, dq_query0 + mt * 16, kk * 16, lane);
+          },
+          [&](uint32_t(&b)[4], int np, int kk) { load_b_from_rows_kn<kStride>(b, k_smem, kk * 16, dq_col0 + np * 16, lane); });
       float* dq_accum = p.dq_accum + ((static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + m0) *
                                          p.dq_accum_dim;  // [Lq - m0, dq_accum_dim]
 #pragma unroll
-      for (int j = 0; j < Tr::kDQSlice / 8; ++j) {
+      for (int mt = 0; mt < kQMTiles; ++mt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = query_warp * 16 + lane / 4 + (e / 2) * 8;
-          const int col = dq_part * Tr::kDQSlice + j * 8 + (lane % 4) * 2 + (e % 2);
-          if (m0 + row < s.seqlen_q && col < s.head_dim) {
-            atomicAdd(dq_accum + static_cast<int64_t>(row) * p.dq_accum_dim + col, dq_acc[j][e]);
+        for (int j = 0; j < kQNTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = dq_query0 + mt * 16 + lane / 4 + (e / 2) * 8;
+            const int col = dq_col0 + j * 8 + (lane % 4) * 2 + (e % 2);
+            if (m0 + row < s.seqlen_q && col < s.head_dim) {
+              atomicAdd(dq_accum + static_cast<int64_t>(row) * p.dq_accum_dim + col, dq_acc[mt][j][e]);
+            }
           }
         }
       }
@@ -245,25 +257,28 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1) bwd_kernel(c
   T* dv = static_cast<T*>(p.dv) + batch * p.dv_strides.batch + kv_head * p.dv_strides.head;  // [Lk, D]
   const bool pair_stores = s.head_dim % 2 == 0;
 #pragma unroll
-  for (int j = 0; j < Tr::kDSlice / 8; ++j) {
+  for (int mt = 0; mt < kKVMTiles; ++mt) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = n0 + key_row0 + lane / 4 + half * 8;
-      const int col = d_part * Tr::kDSlice + j * 8 + (lane % 4) * 2;
-      if (key >= s.seqlen_k || col >= s.head_dim) continue;
-      const float dk0 = dk_acc[j][2 * half] * s.scale, dk1 = dk_acc[j][2 * half + 1] * s.scale;
-      const float dv0 = dv_acc[j][2 * half], dv1 = dv_acc[j][2 * half + 1];
-      T* dk_row = dk + key * p.dk_strides.row;
-      T* dv_row = dv + key * p.dv_strides.row;
-      if (pair_stores) {
-        *reinterpret_cast<uint32_t*>(dk_row + col) = Ops::pack(dk0, dk1);
-        *reinterpret_cast<uint32_t*>(dv_row + col) = Ops::pack(dv0, dv1);
-      } else {
-        dk_row[col] = Ops::from_float(dk0);
-        dv_row[col] = Ops::from_float(dv0);
-        if (col + 1 < s.head_dim) {
-          dk_row[col + 1] = Ops::from_float(dk1);
-          dv_row[col + 1] = Ops::from_float(dv1);
+    for (int j = 0; j < kKVNTiles; ++j) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int key = n0 + kv_key0 + mt * 16 + lane / 4 + half * 8;
+        const int col = kv_col0 + j * 8 + (lane % 4) * 2;
+        if (key >= s.seqlen_k || col >= s.head_dim) continue;
+        const float dk0 = dk_acc[mt][j][2 * half] * s.scale, dk1 = dk_acc[mt][j][2 * half + 1] * s.scale;
+        const float dv0 = dv_acc[mt][j][2 * half], dv1 = dv_acc[mt][j][2 * half + 1];
+        T* dk_row = dk + key * p.dk_strides.row;
+        T* dv_row = dv + key * p.dv_strides.row;
+        if (pair_stores) {
+          *reinterpret_cast<uint32_t*>(dk_row + col) = Ops::pack(dk0, dk1);
+          *reinterpret_cast<uint32_t*>(dv_row + col) = Ops::pack(dv0, dv1);
+        } else {
+          dk_row[col] = Ops::from_float(dk0);
+          dv_row[col] = Ops::from_float(dv0);
+          if (col + 1 < s.head_dim) {
+            dk_row[col + 1] = Ops::from_float(dk1);
+            dv_row[col + 1] = Ops::from_float(dv1);
+          }
         }
       }
     }
@@ -325,15 +340,14 @@ __global__ void bwd_convert_dq_kernel(const BwdParams p) {
   }
 }
 
-template <typename T, int kHeadDim>
-cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  using Tr = BwdTraits<kHeadDim>;
+template <typename T, typename Cfg>
+cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   const AttentionShape& s = p.shape;
 
   constexpr int kDeltaWarps = 8;
   const int64_t rows = static_cast<int64_t>(s.batch) * s.seqlen_q * s.heads_q;
   const int64_t delta_blocks = (rows + kDeltaWarps - 1) / kDeltaWarps;
-  const int64_t num_n_blocks = (s.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  const int64_t num_n_blocks = (s.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const int64_t grid = num_n_blocks * s.heads_kv * s.batch;
   if (delta_blocks > 0x7fffffff || grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
 
@@ -341,10 +355,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
-  auto kernel = bwd_kernel<T, kHeadDim>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  auto kernel = bwd_kernel<T, Cfg>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(grid), Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
@@ -353,6 +367,11 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   const int64_t convert_blocks = std::min<int64_t>((elems + kConvertThreads - 1) / kConvertThreads, 65536);
   bwd_convert_dq_kernel<T><<<static_cast<unsigned>(convert_blocks), kConvertThreads, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  return launch_bwd_with_config<T, typename DefaultBwdConfig<kHeadDim>::type>(p, stream);
 }
 
 }  // namespace sm80

@@ -54,12 +54,40 @@ __device__ __forceinline__ void accumulator_to_a(uint32_t (&a)[4], const float (
   a[3] = ElementOps<T>::pack(c_hi[2], c_hi[3]);
 }
 
-template <int kTiles>
-__device__ __forceinline__ void zero_accumulators(float (&c)[kTiles][4]) {
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void zero_accumulators(float (&c)[kMTiles][kNTiles][4]) {
 #pragma unroll
-  for (int i = 0; i < kTiles; ++i) {
+  for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) c[i][j] = 0.f;
+    for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c[m][n][j] = 0.f;
+    }
+  }
+}
+
+// One warp's GEMM: acc[m][n] += sum over kKSteps x 16 of A * B, for kMTiles x 16 rows and kNTiles x 8
+// columns. load_a(frag, m_tile, k_step) fills an A fragment; load_b(frag, n_pair, k_step) fills the B
+// fragments of n8 tiles 2 * n_pair and 2 * n_pair + 1. Each B fragment serves every m tile, each A
+// fragment every n tile, so shared-memory traffic per mma falls as the warp tile grows.
+template <typename T, int kMTiles, int kNTiles, int kKSteps, typename LoadA, typename LoadB>
+__device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], LoadA&& load_a, LoadB&& load_b) {
+  static_assert(kNTiles % 2 == 0, "B fragments come in pairs of n8 tiles");
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    uint32_t a[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) load_a(a[mt], mt, ks);
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      uint32_t b[4];
+      load_b(b, np, ks);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        ElementOps<T>::mma(acc[mt][2 * np], a[mt], b[0], b[1]);
+        ElementOps<T>::mma(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
   }
 }
 

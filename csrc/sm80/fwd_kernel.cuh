@@ -1,8 +1,9 @@
 // Forward attention on the sm80 path (mma.sync), one CTA per (query block, head, batch).
 //
-// Design: each warp owns 16 query rows. K/V blocks stream through a two-stage cp.async ring in shared
-// memory; S = Q K^T stays in registers, the online softmax (running max and sum, base 2) rescales the
-// output accumulator, and P goes straight from the S accumulators into the A operand of O += P V.
+// Design: each warp owns kMTiles x 16 query rows. K and V blocks stream through a two-stage cp.async
+// ring in shared memory, K and V in separate groups so S = Q K^T of block n starts while V(n) lands.
+// S stays in registers; the online softmax (running max and sum, base 2) rescales the output
+// accumulator, and P goes straight from the S accumulators into the A operand of O += P V.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,37 +18,52 @@
 namespace flashattn {
 namespace sm80 {
 
-template <int kHeadDim>
-struct FwdTraits {
+// A forward tile configuration. kMTiles = 2 lets each K/V fragment read from shared memory feed two
+// mma (halving shared-memory traffic) at the cost of twice the accumulator registers.
+template <int kHeadDim_, int kWarps_, int kMTiles_, int kBlockN_, bool kQInRegisters_, int kMinBlocksPerSM_>
+struct FwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim tiles are multiples of 16 up to 256");
-  static constexpr int kWarps = 8;
+  static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockM = kWarps * 16;                 // query rows per CTA, 16 per warp
-  static constexpr int kBlockN = kHeadDim <= 192 ? 64 : 32;   // keys per step; 32 keeps D=256 in registers
-  static constexpr bool kQInRegisters = kHeadDim <= 128;      // larger Q fragments would spill
+  static constexpr int kMTiles = kMTiles_;
+  static constexpr int kBlockM = kWarps * kMTiles * 16;  // query rows per CTA
+  static constexpr int kBlockN = kBlockN_;               // keys per step
+  static_assert(kBlockN % 16 == 0, "keys come in k16 steps");
+  static constexpr bool kQInRegisters = kQInRegisters_;
+  static constexpr int kMinBlocksPerSM = kMinBlocksPerSM_;
   static constexpr int kStride = PaddedTile<kHeadDim>::kStride;
   static constexpr int kQTileElems = kBlockM * kStride;
   static constexpr int kKVTileElems = kBlockN * kStride;
-  static constexpr int kStages = 2;                           // K/V double buffer
-  static constexpr int kSmemElems = kQTileElems + 2 * kStages * kKVTileElems;
-  static constexpr int kMinBlocksPerSM = kHeadDim <= 64 ? 2 : 1;
+  static constexpr int kStages = 2;  // K/V double buffer
+  static constexpr int kSmemBytes = (kQTileElems + 2 * kStages * kKVTileElems) * 2;
 };
 
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, FwdTraits<kHeadDim>::kMinBlocksPerSM)
-    fwd_kernel(const FwdParams p) {
-  using Tr = FwdTraits<kHeadDim>;
+// The configuration each head dim runs with (see benchmarks/NOTES.md for how they were chosen).
+template <int kHeadDim>
+struct DefaultFwdConfig;
+template <> struct DefaultFwdConfig<32> { using type = FwdConfig<32, 4, 2, 64, true, 2>; };
+template <> struct DefaultFwdConfig<64> { using type = FwdConfig<64, 4, 2, 64, true, 2>; };
+template <> struct DefaultFwdConfig<96> { using type = FwdConfig<96, 4, 2, 64, false, 2>; };
+template <> struct DefaultFwdConfig<128> { using type = FwdConfig<128, 4, 2, 64, false, 2>; };
+template <> struct DefaultFwdConfig<192> { using type = FwdConfig<192, 8, 1, 64, false, 1>; };
+template <> struct DefaultFwdConfig<256> { using type = FwdConfig<256, 8, 1, 32, false, 1>; };
+
+template <typename T, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kernel(const FwdParams p) {
   using Ops = ElementOps<T>;
-  constexpr int kStride = Tr::kStride;
-  constexpr int kBlockM = Tr::kBlockM;
-  constexpr int kBlockN = Tr::kBlockN;
-  constexpr int kSTiles = kBlockN / 8;   // n8 tiles of S per warp
-  constexpr int kOTiles = kHeadDim / 8;  // n8 tiles of O per warp
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kStride = Cfg::kStride;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kMTiles = Cfg::kMTiles;
+  constexpr int kSTiles = kBlockN / 8;   // n8 tiles of S per m tile
+  constexpr int kOTiles = kHeadDim / 8;  // n8 tiles of O per m tile
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* q_smem = reinterpret_cast<T*>(smem_raw);  // [kBlockM][kStride]; reused for O in the epilogue
-  T* k_smem = q_smem + Tr::kQTileElems;        // [kStages][kBlockN][kStride]
-  T* v_smem = k_smem + Tr::kStages * Tr::kKVTileElems;
+  T* k_smem = q_smem + Cfg::kQTileElems;       // [kStages][kBlockN][kStride]
+  T* v_smem = k_smem + Cfg::kStages * Cfg::kKVTileElems;
 
   const AttentionShape& s = p.shape;
   const int lane = threadIdx.x % 32;
@@ -69,123 +85,130 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, FwdTraits<kHead
   const int key_end = visible_key_end(min(m0 + kBlockM, s.seqlen_q), s.seqlen_k, s.is_causal, s.causal_offset);
   const int num_n_blocks = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
 
-  auto load_kv = [&](int n_block, int stage) {
+  auto load_kv_block = [&](T* smem, const T* gmem, int64_t row_stride, int n_block) {
     const int n0 = n_block * kBlockN;
-    load_tile<kBlockN, kHeadDim, Tr::kThreads>(k_smem + stage * Tr::kKVTileElems, k + n0 * p.k_strides.row,
-                                               p.k_strides.row, s.seqlen_k - n0, s.head_dim, s.rows_aligned_16);
-    load_tile<kBlockN, kHeadDim, Tr::kThreads>(v_smem + stage * Tr::kKVTileElems, v + n0 * p.v_strides.row,
-                                               p.v_strides.row, s.seqlen_k - n0, s.head_dim, s.rows_aligned_16);
+    load_tile<kBlockN, kHeadDim, Cfg::kThreads>(smem + (n_block % Cfg::kStages) * Cfg::kKVTileElems,
+                                                gmem + n0 * row_stride, row_stride, s.seqlen_k - n0, s.head_dim,
+                                                s.rows_aligned_16);
   };
 
-  load_tile<kBlockM, kHeadDim, Tr::kThreads>(q_smem, q, p.q_strides.row, s.seqlen_q - m0, s.head_dim,
-                                             s.rows_aligned_16);
-  if (num_n_blocks > 0) load_kv(0, 0);
+  // cp.async groups, in order: [Q, K0] [V0] [K1] [V1] ... so "all but the newest group" is always
+  // the block about to be used.
+  load_tile<kBlockM, kHeadDim, Cfg::kThreads>(q_smem, q, p.q_strides.row, s.seqlen_q - m0, s.head_dim,
+                                              s.rows_aligned_16);
+  if (num_n_blocks > 0) load_kv_block(k_smem, k, p.k_strides.row, 0);
+  cp_async_commit();
+  if (num_n_blocks > 0) load_kv_block(v_smem, v, p.v_strides.row, 0);
   cp_async_commit();
 
-  const int warp_row0 = warp * 16;               // first row of this warp inside the block
-  const int row_in_block[2] = {warp_row0 + lane / 4, warp_row0 + lane / 4 + 8};  // rows this lane holds
-  float o_acc[kOTiles][4];
+  const int warp_row0 = warp * kMTiles * 16;  // first row of this warp inside the block
+  float o_acc[kMTiles][kOTiles][4];
   zero_accumulators(o_acc);
-  float row_max[2] = {-INFINITY, -INFINITY};     // in units of scale * log2(e) * q.k
-  float row_sum[2] = {0.f, 0.f};                 // this lane's partial sums; quad-reduced at the end
-  uint32_t q_frag[Tr::kQInRegisters ? kHeadDim / 16 : 1][4];
+  float row_max[kMTiles][2];  // in units of scale * log2(e) * q.k
+  float row_sum[kMTiles][2];  // this lane's partial sums; quad-reduced at the end
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    row_max[mt][0] = row_max[mt][1] = -INFINITY;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+  uint32_t q_frag[Cfg::kQInRegisters ? kMTiles : 1][Cfg::kQInRegisters ? kHeadDim / 16 : 1][4];
 
   for (int n_block = 0; n_block < num_n_blocks; ++n_block) {
-    cp_async_wait<0>();
-    __syncthreads();  // block n_block has landed, and every warp is done with the other stage
-    if (n_block + 1 < num_n_blocks) load_kv(n_block + 1, (n_block + 1) % Tr::kStages);
+    cp_async_wait<1>();
+    __syncthreads();  // K(n) has landed; every warp is done with block n - 1
+    if (n_block + 1 < num_n_blocks) load_kv_block(k_smem, k, p.k_strides.row, n_block + 1);
     cp_async_commit();
-    if constexpr (Tr::kQInRegisters) {
+    if constexpr (Cfg::kQInRegisters) {
       if (n_block == 0) {
 #pragma unroll
-        for (int ks = 0; ks < kHeadDim / 16; ++ks) load_a<kStride>(q_frag[ks], q_smem, warp_row0, ks * 16, lane);
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+          for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+            load_a<kStride>(q_frag[mt][ks], q_smem, warp_row0 + mt * 16, ks * 16, lane);
+          }
+        }
       }
     }
-    const T* k_tile = k_smem + (n_block % Tr::kStages) * Tr::kKVTileElems;  // [kBlockN][kStride]
-    const T* v_tile = v_smem + (n_block % Tr::kStages) * Tr::kKVTileElems;  // [kBlockN][kStride]
+    const T* k_tile = k_smem + (n_block % Cfg::kStages) * Cfg::kKVTileElems;  // [kBlockN][kStride]
+    const T* v_tile = v_smem + (n_block % Cfg::kStages) * Cfg::kKVTileElems;  // [kBlockN][kStride]
     const int n0 = n_block * kBlockN;
 
-    // S = Q K^T for this warp's 16 rows and kBlockN keys.
-    float s_acc[kSTiles][4];
+    // S = Q K^T for this warp's rows and kBlockN keys.
+    float s_acc[kMTiles][kSTiles][4];
     zero_accumulators(s_acc);
+    warp_gemm<T, kMTiles, kSTiles, kHeadDim / 16>(
+        s_acc,
+        [&](uint32_t(&a)[4], int mt, int ks) {
+          if constexpr (Cfg::kQInRegisters) {
 #pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      uint32_t a[4];
-      if constexpr (Tr::kQInRegisters) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = q_frag[ks][i];
-      } else {
-        load_a<kStride>(a, q_smem, warp_row0, ks * 16, lane);
-      }
-#pragma unroll
-      for (int nn = 0; nn < kBlockN / 16; ++nn) {
-        uint32_t b[4];
-        load_b_from_rows_nk<kStride>(b, k_tile, nn * 16, ks * 16, lane);
-        Ops::mma(s_acc[2 * nn], a, b[0], b[1]);
-        Ops::mma(s_acc[2 * nn + 1], a, b[2], b[3]);
-      }
-    }
+            for (int i = 0; i < 4; ++i) a[i] = q_frag[mt][ks][i];
+          } else {
+            load_a<kStride>(a, q_smem, warp_row0 + mt * 16, ks * 16, lane);
+          }
+        },
+        [&](uint32_t(&b)[4], int np, int ks) { load_b_from_rows_nk<kStride>(b, k_tile, np * 16, ks * 16, lane); });
 
     // Scale into base-2 units, then mask keys past the end or beyond the causal diagonal.
-#pragma unroll
-    for (int j = 0; j < kSTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s_acc[j][e] *= s.scale_log2;
-    }
     const bool block_needs_mask = n0 + kBlockN > s.seqlen_k ||
                                   (s.is_causal && n0 + kBlockN - 1 > m0 + warp_row0 + s.causal_offset);
-    if (block_needs_mask) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int j = 0; j < kSTiles; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key = n0 + j * 8 + (lane % 4) * 2 + (e % 2);
-          const int query = m0 + row_in_block[e / 2];
-          if (!key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset)) s_acc[j][e] = -INFINITY;
+          s_acc[mt][j][e] *= s.scale_log2;
+          if (block_needs_mask) {
+            const int key = n0 + j * 8 + (lane % 4) * 2 + (e % 2);
+            const int query = m0 + warp_row0 + mt * 16 + lane / 4 + (e / 2) * 8;
+            if (!key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset)) s_acc[mt][j][e] = -INFINITY;
+          }
         }
       }
     }
 
     // Online softmax: new running max, rescale what was accumulated, P = exp2(S - max).
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float block_max = row_max[half];
+    for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int j = 0; j < kSTiles; ++j) block_max = fmaxf(block_max, fmaxf(s_acc[j][2 * half], s_acc[j][2 * half + 1]));
-      block_max = quad_max(block_max);
-      const float base = block_max == -INFINITY ? 0.f : block_max;  // a row with nothing visible yet
-      const float correction = exp2f(row_max[half] - base);
-      row_max[half] = block_max;
-      float sum = 0.f;
+      for (int half = 0; half < 2; ++half) {
+        float block_max = row_max[mt][half];
 #pragma unroll
-      for (int j = 0; j < kSTiles; ++j) {
-#pragma unroll
-        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          s_acc[j][e] = exp2f(s_acc[j][e] - base);
-          sum += s_acc[j][e];
+        for (int j = 0; j < kSTiles; ++j) {
+          block_max = fmaxf(block_max, fmaxf(s_acc[mt][j][2 * half], s_acc[mt][j][2 * half + 1]));
         }
-      }
-      row_sum[half] = row_sum[half] * correction + sum;
+        block_max = quad_max(block_max);
+        const float base = block_max == -INFINITY ? 0.f : block_max;  // a row with nothing visible yet
+        const float correction = exp2f(row_max[mt][half] - base);
+        row_max[mt][half] = block_max;
+        float sum = 0.f;
 #pragma unroll
-      for (int d = 0; d < kOTiles; ++d) {
-        o_acc[d][2 * half] *= correction;
-        o_acc[d][2 * half + 1] *= correction;
+        for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+          for (int e = 2 * half; e < 2 * half + 2; ++e) {
+            s_acc[mt][j][e] = exp2f(s_acc[mt][j][e] - base);
+            sum += s_acc[mt][j][e];
+          }
+        }
+        row_sum[mt][half] = row_sum[mt][half] * correction + sum;
+#pragma unroll
+        for (int d = 0; d < kOTiles; ++d) {
+          o_acc[mt][d][2 * half] *= correction;
+          o_acc[mt][d][2 * half + 1] *= correction;
+        }
       }
     }
 
+    cp_async_wait<1>();
+    __syncthreads();  // V(n) has landed; every warp is done reading V(n - 1)'s stage
+    if (n_block + 1 < num_n_blocks) load_kv_block(v_smem, v, p.v_strides.row, n_block + 1);
+    cp_async_commit();
+
     // O += P V, with P taken from the S accumulators.
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      uint32_t a[4];
-      accumulator_to_a<T>(a, s_acc[2 * kk], s_acc[2 * kk + 1]);
-#pragma unroll
-      for (int dd = 0; dd < kHeadDim / 16; ++dd) {
-        uint32_t b[4];
-        load_b_from_rows_kn<kStride>(b, v_tile, kk * 16, dd * 16, lane);
-        Ops::mma(o_acc[2 * dd], a, b[0], b[1]);
-        Ops::mma(o_acc[2 * dd + 1], a, b[2], b[3]);
-      }
-    }
+    warp_gemm<T, kMTiles, kOTiles, kBlockN / 16>(
+        o_acc,
+        [&](uint32_t(&a)[4], int mt, int kk) { accumulator_to_a<T>(a, s_acc[mt][2 * kk], s_acc[mt][2 * kk + 1]); },
+        [&](uint32_t(&b)[4], int np, int kk) { load_b_from_rows_kn<kStride>(b, v_tile, kk * 16, np * 16, lane); });
   }
 
   cp_async_wait<0>();
@@ -194,38 +217,48 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, FwdTraits<kHead
   // Epilogue: O / rowsum into this warp's rows of q_smem, then out; LSE = ln 2 * (max + log2(sum)).
   float* lse = p.lse + (static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + m0;  // [Lq - m0]
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const float sum = quad_sum(row_sum[half]);
-    const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
-    const int row = row_in_block[half];
-    if (lane % 4 == 0 && m0 + row < s.seqlen_q) {
-      lse[row] = sum > 0.f ? (row_max[half] + log2f(sum)) * 0.6931471805599453f : -INFINITY;
-    }
+  for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-    for (int d = 0; d < kOTiles; ++d) {
-      const uint32_t packed = Ops::pack(o_acc[d][2 * half] * inv_sum, o_acc[d][2 * half + 1] * inv_sum);
-      *reinterpret_cast<uint32_t*>(q_smem + row * kStride + d * 8 + (lane % 4) * 2) = packed;
+    for (int half = 0; half < 2; ++half) {
+      const float sum = quad_sum(row_sum[mt][half]);
+      const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+      const int row = warp_row0 + mt * 16 + lane / 4 + half * 8;
+      if (lane % 4 == 0 && m0 + row < s.seqlen_q) {
+        lse[row] = sum > 0.f ? (row_max[mt][half] + log2f(sum)) * 0.6931471805599453f : -INFINITY;
+      }
+#pragma unroll
+      for (int d = 0; d < kOTiles; ++d) {
+        const uint32_t packed = Ops::pack(o_acc[mt][d][2 * half] * inv_sum, o_acc[mt][d][2 * half + 1] * inv_sum);
+        *reinterpret_cast<uint32_t*>(q_smem + row * kStride + d * 8 + (lane % 4) * 2) = packed;
+      }
     }
   }
   __syncwarp();
-  T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head +
-           (m0 + warp_row0) * p.out_strides.row;  // [16, D] rows of this warp
-  store_warp_rows<kHeadDim>(out, p.out_strides.row, q_smem + warp_row0 * kStride, s.seqlen_q - m0 - warp_row0,
-                            s.head_dim, s.head_dim % 8 == 0, lane);
+  T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head;  // [Lq, D]
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    const int row0 = m0 + warp_row0 + mt * 16;
+    store_warp_rows<kHeadDim>(out + row0 * p.out_strides.row, p.out_strides.row,
+                              q_smem + (warp_row0 + mt * 16) * kStride, s.seqlen_q - row0, s.head_dim,
+                              s.head_dim % 8 == 0, lane);
+  }
+}
+
+template <typename T, typename Cfg>
+cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
+  const int64_t num_m_blocks = (p.shape.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t grid = num_m_blocks * p.shape.heads_q * p.shape.batch;
+  if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  auto kernel = fwd_kernel<T, Cfg>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
 }
 
 template <typename T, int kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  using Tr = FwdTraits<kHeadDim>;
-  constexpr int kSmemBytes = Tr::kSmemElems * sizeof(T);
-  const int64_t num_m_blocks = (p.shape.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-  const int64_t grid = num_m_blocks * p.shape.heads_q * p.shape.batch;
-  if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  auto kernel = fwd_kernel<T, kHeadDim>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(grid), Tr::kThreads, kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_fwd_with_config<T, typename DefaultFwdConfig<kHeadDim>::type>(p, stream);
 }
 
 }  // namespace sm80

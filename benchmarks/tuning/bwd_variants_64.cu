@@ -1,0 +1,10 @@
+#include "sm80/bwd_kernel.cuh"
+#include "variants.h"
+using flashattn::sm80::BwdConfig;
+void add_bwd_variants_64(std::vector<BwdVariant>& out) {
+  FLASHATTN_BWD_VARIANT(64, BwdConfig<64, 64, 128, 8, 4, 4, 2>)
+  FLASHATTN_BWD_VARIANT(64, BwdConfig<64, 64, 128, 8, 4, 8, 2>)
+  FLASHATTN_BWD_VARIANT(64, BwdConfig<64, 64, 128, 8, 2, 4, 4>)
+  FLASHATTN_BWD_VARIANT(64, BwdConfig<64, 128, 128, 8, 4, 4, 4>)
+  FLASHATTN_BWD_VARIANT(64, BwdConfig<64, 64, 64, 4, 2, 2, 2>)
+}
