@@ -1,0 +1,216 @@
+// CPU backward: recomputes the probabilities tile by tile from q, k and the saved lse, as the GPU
+// kernels do, instead of storing P.
+//
+// Design: one task = one (batch, key/value head). Its query heads are exactly the group that reads
+// that kv head, so the task alone writes its dk/dv rows (no cross-thread sums, deterministic) and the
+// dq rows of its group. Within a task the outer loop walks key blocks, keeping the block's dk/dv in
+// small accumulators, and the inner loop streams every query row of the group that sees the block:
+//   P_ij  = exp(scale * q_i.k_j - lse_i)        dV_j += P_ij dO_i
+//   dP_ij = dO_i.v_j                             dS_ij = P_ij (dP_ij - delta_i),  delta_i = dO_i.O_i
+//   dQ_i += scale * dS_ij k_j                    dK_j += scale * dS_ij q_i
+// q, dO and the dq accumulator of the group are converted/held in the accumulation type once per
+// task (O(group * Lq * D) memory), since every key block revisits them.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpu/attention_cpu.h"
+#include "cpu/attention_cpu_tiles.h"
+
+namespace flashattn {
+namespace cpu {
+namespace {
+
+using namespace detail;
+
+template <typename scalar_t>
+struct BwdProblem {
+  using acc_t = acc_type<scalar_t>;
+  RowsView<const scalar_t> dout;  // [B, Lq, Hq, D]
+  RowsView<const scalar_t> q;     // [B, Lq, Hq, D]
+  RowsView<const scalar_t> k;     // [B, Lk, Hk, D]
+  RowsView<const scalar_t> v;     // [B, Lk, Hk, D]
+  RowsView<const scalar_t> out;   // [B, Lq, Hq, D]
+  const acc_t* lse;               // [B, Hq, Lq] contiguous
+  RowsView<scalar_t> dq;          // [B, Lq, Hq, D]
+  RowsView<scalar_t> dk;          // [B, Lk, Hk, D]
+  RowsView<scalar_t> dv;          // [B, Lk, Hk, D]
+  int64_t seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  int64_t group;  // query heads per key/value head
+  acc_t scale;
+  KeyLimit keys;
+};
+
+// Working memory of one (batch, kv head) task, allocated once per thread and reused.
+template <typename acc_t>
+struct BwdScratch {
+  // The whole query-head group; row (g, i) lives at (g * Lq + i) * D.
+  std::vector<acc_t> q_rows;     // [group, Lq, D]
+  std::vector<acc_t> dout_rows;  // [group, Lq, D]
+  std::vector<acc_t> dq_acc;     // [group, Lq, D]  sum_j dS_ij k_j (scale applied on store)
+  std::vector<acc_t> lse;        // [group, Lq]
+  std::vector<acc_t> delta;      // [group, Lq]     dO_i . O_i
+  // One key block.
+  std::vector<acc_t> k_tile;   // [kBlockK, D]
+  std::vector<acc_t> kT_tile;  // [D, kBlockK]
+  std::vector<acc_t> vT_tile;  // [D, kBlockK]
+  std::vector<acc_t> dk_acc;   // [kBlockK, D]  sum_i dS_ij q_i (scale applied on store)
+  std::vector<acc_t> dv_acc;   // [kBlockK, D]
+  std::vector<acc_t> probs;    // [kBlockK]     P_ij of one query row
+  std::vector<acc_t> dscores;  // [kBlockK]     dP_ij, then dS_ij, of one query row
+
+  BwdScratch(int64_t group, int64_t seqlen_q, int64_t head_dim)
+      : q_rows(group * seqlen_q * head_dim),
+        dout_rows(group * seqlen_q * head_dim),
+        dq_acc(group * seqlen_q * head_dim),
+        lse(group * seqlen_q),
+        delta(group * seqlen_q),
+        k_tile(kBlockK * head_dim),
+        kT_tile(head_dim * kBlockK),
+        vT_tile(head_dim * kBlockK),
+        dk_acc(kBlockK * head_dim),
+        dv_acc(kBlockK * head_dim),
+        probs(kBlockK),
+        dscores(kBlockK) {}
+};
+
+// Loads the group's q, dout and lse, computes delta, and clears the dq accumulator.
+template <typename scalar_t>
+void load_query_group(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_t>>& s, int64_t b, int64_t kv_head) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t D = p.head_dim, Lq = p.seqlen_q;
+  for (int64_t g = 0; g < p.group; ++g) {
+    const int64_t h = kv_head * p.group + g;
+    load_rows(s.q_rows.data() + g * Lq * D, p.q, b, 0, h, Lq, D);
+    load_rows(s.dout_rows.data() + g * Lq * D, p.dout, b, 0, h, Lq, D);
+    const acc_t* lse_row = p.lse + (b * p.heads_q + h) * Lq;  // [Lq]
+    for (int64_t i = 0; i < Lq; ++i) {
+      s.lse[g * Lq + i] = lse_row[i];
+      const acc_t* dout_row = s.dout_rows.data() + (g * Lq + i) * D;
+      const scalar_t* out_row = p.out.row(b, i, h);  // [D]
+      acc_t dot = 0;
+      for (int64_t d = 0; d < D; ++d) dot += dout_row[d] * static_cast<acc_t>(out_row[d]);
+      s.delta[g * Lq + i] = dot;
+    }
+  }
+  std::fill(s.dq_acc.begin(), s.dq_acc.end(), acc_t(0));
+}
+
+// One query row against the first n keys of the current key block: recomputes P and dS for the row
+// and adds the row's share to dv_acc, dk_acc and its own dq accumulator.
+template <typename acc_t>
+void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim, acc_t scale) {
+  const acc_t* q_row = s.q_rows.data() + row * head_dim;        // [D]
+  const acc_t* dout_row = s.dout_rows.data() + row * head_dim;  // [D]
+  acc_t* dq_row = s.dq_acc.data() + row * head_dim;             // [D]
+  const acc_t lse = s.lse[row], delta = s.delta[row];
+  acc_t* probs = s.probs.data();
+  acc_t* dscores = s.dscores.data();
+
+  row_times_tile_transposed(probs, q_row, s.kT_tile.data(), n, head_dim);
+  for (int64_t j = 0; j < n; ++j) probs[j] = std::exp(probs[j] * scale - lse);
+  row_times_tile_transposed(dscores, dout_row, s.vT_tile.data(), n, head_dim);
+  for (int64_t j = 0; j < n; ++j) dscores[j] = probs[j] * (dscores[j] - delta);
+
+  add_outer(s.dv_acc.data(), probs, dout_row, n, head_dim);
+  add_outer(s.dk_acc.data(), dscores, q_row, n, head_dim);
+  add_weighted_rows(dq_row, dscores, s.k_tile.data(), n, head_dim);
+}
+
+// Accumulates and writes dk/dv of keys [k0, k0 + cols) from every query row of the group.
+template <typename scalar_t>
+void bwd_key_block(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_t>>& s, int64_t b, int64_t kv_head,
+                   int64_t k0) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t D = p.head_dim, Lq = p.seqlen_q;
+  const int64_t cols = std::min(kBlockK, p.seqlen_k - k0);
+  load_rows(s.k_tile.data(), p.k, b, k0, kv_head, cols, D);
+  load_rows_transposed(s.kT_tile.data(), p.k, b, k0, kv_head, cols, D);
+  load_rows_transposed(s.vT_tile.data(), p.v, b, k0, kv_head, cols, D);
+  std::fill(s.dk_acc.begin(), s.dk_acc.end(), acc_t(0));
+  std::fill(s.dv_acc.begin(), s.dv_acc.end(), acc_t(0));
+
+  const int64_t first_query = p.keys.first_query_seeing(k0, Lq);
+  for (int64_t g = 0; g < p.group; ++g) {
+    for (int64_t i = first_query; i < Lq; ++i) {
+      // A row that saw no key in the forward (lse = -inf) has no probabilities to differentiate.
+      if (s.lse[g * Lq + i] == -std::numeric_limits<acc_t>::infinity()) continue;
+      const int64_t n = p.keys.visible_in_tile(i, k0, cols);
+      if (n > 0) backprop_row(s, g * Lq + i, n, D, p.scale);
+    }
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    store_row(p.dk, b, k0 + j, kv_head, s.dk_acc.data() + j * D, p.scale, D);
+    store_row(p.dv, b, k0 + j, kv_head, s.dv_acc.data() + j * D, acc_t(1), D);
+  }
+}
+
+template <typename scalar_t>
+void bwd_kv_head(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_t>>& s, int64_t b, int64_t kv_head) {
+  const int64_t D = p.head_dim, Lq = p.seqlen_q;
+  load_query_group(p, s, b, kv_head);
+  for (int64_t k0 = 0; k0 < p.seqlen_k; k0 += kBlockK) bwd_key_block(p, s, b, kv_head, k0);
+  // Every dq row is written, so rows that see no key (or Lk == 0) come out as zeros.
+  for (int64_t g = 0; g < p.group; ++g) {
+    for (int64_t i = 0; i < Lq; ++i) {
+      store_row(p.dq, b, i, kv_head * p.group + g, s.dq_acc.data() + (g * Lq + i) * D, p.scale, D);
+    }
+  }
+}
+
+template <typename scalar_t>
+void run_bwd(const BwdProblem<scalar_t>& p, int64_t batch) {
+  at::parallel_for(0, batch * p.heads_kv, 1, [&](int64_t begin, int64_t end) {
+    BwdScratch<acc_type<scalar_t>> scratch(p.group, p.seqlen_q, p.head_dim);
+    for (int64_t t = begin; t < end; ++t) bwd_kv_head(p, scratch, t / p.heads_kv, t % p.heads_kv);
+  });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                                   double scale, bool is_causal, int64_t causal_offset) {
+  const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2), head_dim = q.size(3);
+  const int64_t seqlen_k = k.size(1), heads_kv = k.size(2);
+  at::Tensor dq = at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
+  at::Tensor dk = at::empty({batch, seqlen_k, heads_kv, head_dim}, k.options());
+  at::Tensor dv = at::empty({batch, seqlen_k, heads_kv, head_dim}, v.options());
+  if (heads_q == 0) {
+    // No query head reads any key: the gradients of k and v (if they have heads) are zero.
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "flashattn_bwd_cpu", [&] {
+    using acc_t = acc_type<scalar_t>;
+    // The forward's lse already has this dtype; a float32 lse for float64 inputs is accepted too.
+    const at::Tensor lse_acc = lse.to(c10::CppTypeToScalarType<acc_t>::value).contiguous();
+    BwdProblem<scalar_t> p{rows_view<const scalar_t>(dout),
+                           rows_view<const scalar_t>(q),
+                           rows_view<const scalar_t>(k),
+                           rows_view<const scalar_t>(v),
+                           rows_view<const scalar_t>(out),
+                           lse_acc.data_ptr<acc_t>(),
+                           rows_view<scalar_t>(dq),
+                           rows_view<scalar_t>(dk),
+                           rows_view<scalar_t>(dv),
+                           seqlen_q,
+                           seqlen_k,
+                           heads_q,
+                           heads_kv,
+                           head_dim,
+                           heads_q / heads_kv,
+                           static_cast<acc_t>(scale),
+                           KeyLimit{is_causal, causal_offset, seqlen_k}};
+    run_bwd(p, batch);
+  });
+  return {dq, dk, dv};
+}
+
+}  // namespace cpu
+}  // namespace flashattn

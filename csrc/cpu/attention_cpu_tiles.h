@@ -1,0 +1,131 @@
+// Building blocks shared by the CPU forward and backward: tile sizes, strided row access, the causal
+// mask as a per-row key limit, and the small dense loops (tile loads, tile matmuls, row updates) that
+// the kernels are written in. Internal to csrc/cpu/.
+//
+// Every matmul loop here keeps its innermost loop element-wise over a contiguous tile row (no
+// reduction in the inner loop), so the compiler vectorizes it without reassociating floating-point
+// sums: the result is the same bit for bit however the work is split across threads. Their pointers
+// are __restrict (the buffers never overlap): without it the compiler re-checks for overlap on every
+// short inner loop and keeps the accumulators in memory, about 2x slower.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace flashattn {
+namespace cpu {
+namespace detail {
+
+// A 64 x 64 score tile (16 KiB in float) and 64-row Q/K/V tiles of up to 256 dims (64 KiB each)
+// together fit in a core's L2 cache, and 64 matches the GPU kernels' key block.
+constexpr int64_t kBlockQ = 64;  // query rows per tile
+constexpr int64_t kBlockK = 64;  // key rows per tile
+
+// Accumulation type: float for float16/bfloat16/float32 inputs, double for float64.
+template <typename scalar_t>
+using acc_type = at::opmath_type<scalar_t>;
+
+// Rows of a [B, L, H, D] tensor with arbitrary element strides on the first three dims and a
+// contiguous last dim (checked by the caller).
+template <typename T>
+struct RowsView {
+  T* data;
+  int64_t batch_stride, seq_stride, head_stride;
+
+  T* row(int64_t b, int64_t i, int64_t h) const { return data + b * batch_stride + i * seq_stride + h * head_stride; }
+};
+
+template <typename T>
+RowsView<T> rows_view(const at::Tensor& t) {
+  return {static_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+// The causal mask reduced to what the loops need: query i sees exactly the keys [0, key_end(i)).
+struct KeyLimit {
+  bool is_causal;
+  int64_t causal_offset;  // key j visible to query i iff j <= i + causal_offset
+  int64_t seqlen_k;
+
+  int64_t key_end(int64_t i) const {
+    return is_causal ? std::clamp<int64_t>(i + causal_offset + 1, 0, seqlen_k) : seqlen_k;
+  }
+  // How many of the `cols` keys of the tile starting at key k0 query i sees (a prefix of the tile).
+  int64_t visible_in_tile(int64_t i, int64_t k0, int64_t cols) const {
+    return std::clamp<int64_t>(key_end(i) - k0, 0, cols);
+  }
+  // The first query that sees key k0 (queries before it see none of the keys >= k0).
+  int64_t first_query_seeing(int64_t k0, int64_t seqlen_q) const {
+    return is_causal ? std::clamp<int64_t>(k0 - causal_offset, 0, seqlen_q) : 0;
+  }
+};
+
+// dst[r, :] = src row (b, i0 + r, h) converted to acc_t, for r < rows.  dst: [rows, D]
+template <typename acc_t, typename scalar_t>
+void load_rows(acc_t* dst, const RowsView<const scalar_t>& src, int64_t b, int64_t i0, int64_t h, int64_t rows,
+               int64_t head_dim) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const scalar_t* x = src.row(b, i0 + r, h);  // [D]
+    acc_t* y = dst + r * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) y[d] = static_cast<acc_t>(x[d]);
+  }
+}
+
+// dst[d, r] = src row (b, i0 + r, h)[d], for r < rows.  dst: [D, kBlockK], so that a score row
+// q . K^T can be accumulated with an element-wise inner loop over keys.
+template <typename acc_t, typename scalar_t>
+void load_rows_transposed(acc_t* dst, const RowsView<const scalar_t>& src, int64_t b, int64_t i0, int64_t h,
+                          int64_t rows, int64_t head_dim) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const scalar_t* x = src.row(b, i0 + r, h);  // [D]
+    for (int64_t d = 0; d < head_dim; ++d) dst[d * kBlockK + r] = static_cast<acc_t>(x[d]);
+  }
+}
+
+// out[0:n] = a . bT[:, 0:n], with a: [D] and bT: [D, kBlockK] (a transposed tile).  out: [n]
+template <typename acc_t>
+void row_times_tile_transposed(acc_t* __restrict out, const acc_t* __restrict a, const acc_t* __restrict bT,
+                               int64_t n, int64_t head_dim) {
+  std::fill(out, out + n, acc_t(0));
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const acc_t ad = a[d];
+    const acc_t* bT_row = bT + d * kBlockK;
+    for (int64_t j = 0; j < n; ++j) out[j] += ad * bT_row[j];
+  }
+}
+
+// y[0:D] += sum_{j < n} w[j] * tile[j, :], with tile: [n, D].
+template <typename acc_t>
+void add_weighted_rows(acc_t* __restrict y, const acc_t* __restrict w, const acc_t* __restrict tile, int64_t n,
+                       int64_t head_dim) {
+  for (int64_t j = 0; j < n; ++j) {
+    const acc_t wj = w[j];
+    const acc_t* t = tile + j * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) y[d] += wj * t[d];
+  }
+}
+
+// tile[j, :] += w[j] * x[0:D] for j < n, with tile: [n, D] (a rank-1 update).
+template <typename acc_t>
+void add_outer(acc_t* __restrict tile, const acc_t* __restrict w, const acc_t* __restrict x, int64_t n,
+               int64_t head_dim) {
+  for (int64_t j = 0; j < n; ++j) {
+    const acc_t wj = w[j];
+    acc_t* t = tile + j * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) t[d] += wj * x[d];
+  }
+}
+
+// dst row (b, i, h)[d] = factor * src[d], converted to the output dtype.
+template <typename scalar_t, typename acc_t>
+void store_row(const RowsView<scalar_t>& dst, int64_t b, int64_t i, int64_t h, const acc_t* src, acc_t factor,
+               int64_t head_dim) {
+  scalar_t* y = dst.row(b, i, h);  // [D]
+  for (int64_t d = 0; d < head_dim; ++d) y[d] = static_cast<scalar_t>(src[d] * factor);
+}
+
+}  // namespace detail
+}  // namespace cpu
+}  // namespace flashattn
