@@ -131,6 +131,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dout, 
   const int accum_dim = sm80::padded_head_dim(static_cast<int>(s.head_dim));
   at::Tensor dq_accum = at::zeros({s.batch, s.heads_q, s.seqlen_q, accum_dim}, q.options().dtype(at::kFloat));
   at::Tensor delta = at::empty({s.batch, s.heads_q, s.seqlen_q}, q.options().dtype(at::kFloat));
+  at::Tensor lse_log2 = at::empty_like(delta);
 
   BwdParams p;
   p.shape = make_shape(s, q, scale, is_causal);
@@ -147,6 +148,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dout, 
   p.dv = dv.data_ptr();
   p.dq_accum = dq_accum.data_ptr<float>();
   p.delta = delta.data_ptr<float>();
+  p.lse_log2 = lse_log2.data_ptr<float>();
   p.dq_accum_dim = accum_dim;
   p.q_strides = strides_of(q);
   p.k_strides = strides_of(k);

@@ -61,7 +61,8 @@ struct BwdParams {
   void* dv;          // [B, Lk, Hk, D]
   float* dq_accum;   // [B, Hq, Lq, dq_accum_dim] contiguous fp32 workspace, zeroed by the host
   float* delta;      // [B, Hq, Lq] contiguous fp32 workspace: rowsum(dout * out)
-  int dq_accum_dim;  // head dim padded to the kernel's tile width
+  float* lse_log2;   // [B, Hq, Lq] contiguous fp32 workspace: lse * log2(e), +inf where lse is -inf
+  int dq_accum_dim;  // head dim padded to the kernel's tile width (sm80::padded_head_dim)
   TensorStrides q_strides, k_strides, v_strides, out_strides, dout_strides;
   TensorStrides dq_strides, dk_strides, dv_strides;
 };

@@ -12,7 +12,8 @@ namespace flashattn {
 // Key `key` is visible to query `query` iff it exists and, with causal masking, lies on or left of
 // the diagonal shifted by causal_offset (0: top-left alignment, seqlen_k - seqlen_q: bottom-right).
 FLASHATTN_HOST_DEVICE bool key_visible(int query, int key, int seqlen_k, bool is_causal, int causal_offset) {
-  return key < seqlen_k && (!is_causal || key <= query + causal_offset);
+  // Bitwise operators: a select, not a branch, inside unrolled kernel loops.
+  return (key < seqlen_k) & (!is_causal | (key <= query + causal_offset));
 }
 
 // One past the last key any query in [query_begin, query_end) can see (may be <= 0: none).

@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/mask.h"
+
 namespace flashattn {
 namespace cpu {
 namespace detail {
@@ -43,14 +45,18 @@ RowsView<T> rows_view(const at::Tensor& t) {
   return {static_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1), t.stride(2)};
 }
 
-// The causal mask reduced to what the loops need: query i sees exactly the keys [0, key_end(i)).
+// The causal mask (common/mask.h, shared with the GPU kernels) reduced to what the loops need:
+// query i sees exactly the keys [0, key_end(i)).
 struct KeyLimit {
   bool is_causal;
   int64_t causal_offset;  // key j visible to query i iff j <= i + causal_offset
   int64_t seqlen_k;
 
   int64_t key_end(int64_t i) const {
-    return is_causal ? std::clamp<int64_t>(i + causal_offset + 1, 0, seqlen_k) : seqlen_k;
+    // Sizes are below 2^31 (checked by the caller), so the int predicates apply.
+    const int end = visible_key_end(static_cast<int>(i + 1), static_cast<int>(seqlen_k), is_causal,
+                                    static_cast<int>(causal_offset));
+    return std::clamp<int64_t>(end, 0, seqlen_k);
   }
   // How many of the `cols` keys of the tile starting at key k0 query i sees (a prefix of the tile).
   int64_t visible_in_tile(int64_t i, int64_t k0, int64_t cols) const {
@@ -58,7 +64,8 @@ struct KeyLimit {
   }
   // The first query that sees key k0 (queries before it see none of the keys >= k0).
   int64_t first_query_seeing(int64_t k0, int64_t seqlen_q) const {
-    return is_causal ? std::clamp<int64_t>(k0 - causal_offset, 0, seqlen_q) : 0;
+    const int first = ::flashattn::first_query_seeing(static_cast<int>(k0), is_causal, static_cast<int>(causal_offset));
+    return std::min<int64_t>(first, seqlen_q);
   }
 };
 

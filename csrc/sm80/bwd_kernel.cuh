@@ -1,5 +1,5 @@
 // Backward attention on the sm80 path (mma.sync), in three launches:
-//   1. bwd_delta_kernel:   delta = rowsum(dout * out), one warp per row
+//   1. bwd_preprocess_kernel: delta = rowsum(dout * out) and the LSE in base 2, one warp per row
 //   2. bwd_kernel:         one CTA per (key block, kv head, batch); loops over every query head of the
 //                          group and every query block that sees its keys, recomputing S^T = K Q^T and
 //                          P^T from the saved LSE (P is never written to global memory). dK and dV stay
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
   T* do_smem = q_smem + Cfg::kQStages * Cfg::kQTileElems;   // [kQStages][kBlockM][kStride]
   T* p_smem = do_smem + Cfg::kQStages * Cfg::kQTileElems;   // [kBlockN][kPStride]: P^T of one step
   T* ds_smem = p_smem + Cfg::kPTileElems;                   // [kBlockN][kPStride]: dS^T of one step
-  float* lse_smem = reinterpret_cast<float*>(ds_smem + Cfg::kPTileElems);  // [kQStages][kBlockM]
+  float* lse_smem = reinterpret_cast<float*>(ds_smem + Cfg::kPTileElems);  // [kQStages][kBlockM], base 2
   float* delta_smem = lse_smem + Cfg::kQStages * kBlockM;                  // [kQStages][kBlockM]
 
   const AttentionShape& s = p.shape;
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
     load_tile<kBlockM, kHeadDim, Cfg::kThreads>(do_smem + stage * Cfg::kQTileElems, dout, p.dout_strides.row,
                                                 s.seqlen_q - m0, s.head_dim, s.rows_aligned_16);
     const int64_t row_offset = (static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + m0;
-    load_row_floats<kBlockM, Cfg::kThreads>(lse_smem + stage * kBlockM, p.lse + row_offset, s.seqlen_q - m0);
+    load_row_floats<kBlockM, Cfg::kThreads>(lse_smem + stage * kBlockM, p.lse_log2 + row_offset, s.seqlen_q - m0);
     load_row_floats<kBlockM, Cfg::kThreads>(delta_smem + stage * kBlockM, p.delta + row_offset, s.seqlen_q - m0);
   };
   if (num_steps > 0) load_step(0);
@@ -178,36 +178,56 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
           [&](uint32_t(&b)[4], int np, int ks) {
             load_b_from_rows_nk<kStride>(b, do_tile, s_query0 + np * 16, ks * 16, lane);
           });
-      const bool needs_mask = m0 + kBlockM > s.seqlen_q || n0 + kBlockN > s.seqlen_k ||
-                              (s.is_causal && n0 + s_key0 + Cfg::kSKeys - 1 > m0 + s_query0 + s.causal_offset);
+      // This lane's query columns: LSE (base 2) and delta, read once per step.
+      float lse_log2[kSNTiles][2], delta[kSNTiles][2];
+#pragma unroll
+      for (int j = 0; j < kSNTiles; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int q_local = s_query0 + j * 8 + (lane % 4) * 2 + c;
+          lse_log2[j][c] = lse_tile[q_local];
+          delta[j][c] = delta_tile[q_local];
+        }
+      }
 #pragma unroll
       for (int mt = 0; mt < kSMTiles; ++mt) {
 #pragma unroll
         for (int j = 0; j < kSNTiles; ++j) {
-          float prob[4], dscore[4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int q_local = s_query0 + j * 8 + (lane % 4) * 2 + (e % 2);
-            const float lse = lse_tile[q_local];
-            // A row that saw no key has LSE -inf and P = 0 everywhere.
-            const float lse_log2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
-            prob[e] = exp2f(s_acc[mt][j][e] * s.scale_log2 - lse_log2);
-            if (needs_mask) {
+          for (int e = 0; e < 4; ++e) s_acc[mt][j][e] = exp2f(s_acc[mt][j][e] * s.scale_log2 - lse_log2[j][e % 2]);
+        }
+      }
+      // Only blocks on the causal diagonal or past either sequence end pay for the mask.
+      if (m0 + kBlockM > s.seqlen_q || n0 + kBlockN > s.seqlen_k ||
+          (s.is_causal && n0 + s_key0 + Cfg::kSKeys - 1 > m0 + s_query0 + s.causal_offset)) {
+#pragma unroll
+        for (int mt = 0; mt < kSMTiles; ++mt) {
+#pragma unroll
+          for (int j = 0; j < kSNTiles; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
               const int key = n0 + s_key0 + mt * 16 + lane / 4 + (e / 2) * 8;
-              const int query = m0 + q_local;
-              if (query >= s.seqlen_q || !key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset)) {
-                prob[e] = 0.f;
-              }
+              const int query = m0 + s_query0 + j * 8 + (lane % 4) * 2 + (e % 2);
+              const bool visible =
+                  (query < s.seqlen_q) & key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset);
+              s_acc[mt][j][e] = visible ? s_acc[mt][j][e] : 0.f;
             }
-            dscore[e] = prob[e] * (dp_acc[mt][j][e] - delta_tile[q_local]);
           }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kSMTiles; ++mt) {
+#pragma unroll
+        for (int j = 0; j < kSNTiles; ++j) {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int row = s_key0 + mt * 16 + lane / 4 + half * 8;
             const int col = s_query0 + j * 8 + (lane % 4) * 2;
-            *reinterpret_cast<uint32_t*>(p_smem + row * kPStride + col) = Ops::pack(prob[2 * half], prob[2 * half + 1]);
-            *reinterpret_cast<uint32_t*>(ds_smem + row * kPStride + col) =
-                Ops::pack(dscore[2 * half], dscore[2 * half + 1]);
+            const float p0 = s_acc[mt][j][2 * half], p1 = s_acc[mt][j][2 * half + 1];
+            const float ds0 = p0 * (dp_acc[mt][j][2 * half] - delta[j][0]);
+            const float ds1 = p1 * (dp_acc[mt][j][2 * half + 1] - delta[j][1]);
+            *reinterpret_cast<uint32_t*>(p_smem + row * kPStride + col) = Ops::pack(p0, p1);
+            *reinterpret_cast<uint32_t*>(ds_smem + row * kPStride + col) = Ops::pack(ds0, ds1);
           }
         }
       }
@@ -232,18 +252,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
             load_a_transposed<kPStride>(a, ds_smem, dq_query0 + mt * 16, kk * 16, lane);
           },
           [&](uint32_t(&b)[4], int np, int kk) { load_b_from_rows_kn<kStride>(b, k_smem, kk * 16, dq_col0 + np * 16, lane); });
-      float* dq_accum = p.dq_accum + ((static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + m0) *
-                                         p.dq_accum_dim;  // [Lq - m0, dq_accum_dim]
+      // The workspace rows are kHeadDim wide (the host sizes them with padded_head_dim), so every
+      // element's offset from this lane's first one is a compile-time constant.
+      float* dq_accum = p.dq_accum +
+                        ((static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + m0 + dq_query0 + lane / 4) *
+                            kHeadDim +
+                        dq_col0 + (lane % 4) * 2;  // [rows of this lane, kHeadDim]
+      if (m0 + kBlockM <= s.seqlen_q && s.head_dim == kHeadDim) {
 #pragma unroll
-      for (int mt = 0; mt < kQMTiles; ++mt) {
+        for (int mt = 0; mt < kQMTiles; ++mt) {
 #pragma unroll
-        for (int j = 0; j < kQNTiles; ++j) {
+          for (int j = 0; j < kQNTiles; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = dq_query0 + mt * 16 + lane / 4 + (e / 2) * 8;
-            const int col = dq_col0 + j * 8 + (lane % 4) * 2 + (e % 2);
-            if (m0 + row < s.seqlen_q && col < s.head_dim) {
-              atomicAdd(dq_accum + static_cast<int64_t>(row) * p.dq_accum_dim + col, dq_acc[mt][j][e]);
+            for (int e = 0; e < 4; ++e) {
+              atomicAdd(dq_accum + (mt * 16 + (e / 2) * 8) * kHeadDim + j * 8 + (e % 2), dq_acc[mt][j][e]);
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < kQMTiles; ++mt) {
+#pragma unroll
+          for (int j = 0; j < kQNTiles; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int row = m0 + dq_query0 + mt * 16 + lane / 4 + (e / 2) * 8;
+              const int col = dq_col0 + j * 8 + (lane % 4) * 2 + (e % 2);
+              if (row < s.seqlen_q && col < s.head_dim) {
+                atomicAdd(dq_accum + (mt * 16 + (e / 2) * 8) * kHeadDim + j * 8 + (e % 2), dq_acc[mt][j][e]);
+              }
             }
           }
         }
@@ -285,9 +322,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
   }
 }
 
-// delta[b, h, i] = sum_d dout[b, i, h, d] * out[b, i, h, d]; one warp per row, 8 columns per lane.
+// delta[b, h, i] = sum_d dout[b, i, h, d] * out[b, i, h, d] and lse_log2 = lse * log2(e) (+inf for a
+// row that saw no key, so its P = exp2(s - lse_log2) is 0); one warp per row, 8 columns per lane.
 template <typename T>
-__global__ void bwd_delta_kernel(const BwdParams p) {
+__global__ void bwd_preprocess_kernel(const BwdParams p) {
   using Ops = ElementOps<T>;
   const AttentionShape& s = p.shape;
   const int lane = threadIdx.x % 32;
@@ -317,7 +355,12 @@ __global__ void bwd_delta_kernel(const BwdParams p) {
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
-  if (lane == 0) p.delta[(static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + query] = sum;
+  if (lane == 0) {
+    const int64_t index = (static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + query;
+    p.delta[index] = sum;
+    const float lse = p.lse[index];
+    p.lse_log2[index] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+  }
 }
 
 // dq[b, i, h, d] = scale * dq_accum[b, h, i, d], one thread per element.
@@ -351,7 +394,7 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   const int64_t grid = num_n_blocks * s.heads_kv * s.batch;
   if (delta_blocks > 0x7fffffff || grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
 
-  bwd_delta_kernel<T><<<static_cast<unsigned>(delta_blocks), kDeltaWarps * 32, 0, stream>>>(p);
+  bwd_preprocess_kernel<T><<<static_cast<unsigned>(delta_blocks), kDeltaWarps * 32, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 

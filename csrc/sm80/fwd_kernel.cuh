@@ -148,20 +148,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
         },
         [&](uint32_t(&b)[4], int np, int ks) { load_b_from_rows_nk<kStride>(b, k_tile, np * 16, ks * 16, lane); });
 
-    // Scale into base-2 units, then mask keys past the end or beyond the causal diagonal.
-    const bool block_needs_mask = n0 + kBlockN > s.seqlen_k ||
-                                  (s.is_causal && n0 + kBlockN - 1 > m0 + warp_row0 + s.causal_offset);
+    // Scale into base-2 units, then mask keys past the end or beyond the causal diagonal (only the
+    // blocks that need it pay for the test).
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int j = 0; j < kSTiles; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s_acc[mt][j][e] *= s.scale_log2;
-          if (block_needs_mask) {
+        for (int e = 0; e < 4; ++e) s_acc[mt][j][e] *= s.scale_log2;
+      }
+    }
+    if (n0 + kBlockN > s.seqlen_k || (s.is_causal && n0 + kBlockN - 1 > m0 + warp_row0 + s.causal_offset)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
             const int key = n0 + j * 8 + (lane % 4) * 2 + (e % 2);
             const int query = m0 + warp_row0 + mt * 16 + lane / 4 + (e / 2) * 8;
-            if (!key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset)) s_acc[mt][j][e] = -INFINITY;
+            s_acc[mt][j][e] = key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset) ? s_acc[mt][j][e]
+                                                                                                : -INFINITY;
           }
         }
       }
