@@ -10,6 +10,10 @@ from flashattn.reference import attention_reference
 OUT_FACTOR = 2.0
 GRAD_FACTOR = 3.0
 ABS_SLACK = 1e-5
+# Where the exact answer is identically zero (e.g. dk when there is a single key: the softmax is constant),
+# the baseline's autograd cancels exactly while a kernel's dS = P * (dP - delta) leaves float32 rounding
+# noise (~1e-6 per row, summed over the rows); such a tensor must stay below this instead.
+ZERO_REF_SLACK = 1e-4
 
 # (causal flag, bottom-right flag) per causal mode name.
 CAUSAL_MODES = {"none": (False, False), "top_left": (True, False), "bottom_right": (True, True)}
@@ -28,6 +32,8 @@ def assert_oracle(name: str, result: torch.Tensor, ref: torch.Tensor, baseline: 
     err = max_abs_diff(result, ref)
     base_err = max_abs_diff(baseline, ref)
     bound = factor * base_err + ABS_SLACK
+    if ref.numel() and ref.abs().max().item() == 0.0:
+        bound = max(bound, ZERO_REF_SLACK)
     assert err <= bound, (
         f"{name}: max|out - ref| = {err:.3e} exceeds {factor:g} * max|baseline - ref| + {ABS_SLACK:g} = {bound:.3e}"
     )
