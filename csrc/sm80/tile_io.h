@@ -27,22 +27,38 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
                                           int head_dim, bool aligned16) {
   constexpr int kStride = PaddedTile<kCols>::kStride;
   const int tid = threadIdx.x;
-  if (aligned16) {
-    // Each thread copies the same 16-byte column chunk of rows row0, row0 + kRowStep, ...
-    constexpr int kChunksPerRow = kCols / 8;
-    static_assert(kThreads % kChunksPerRow == 0, "a thread keeps one column chunk");
-    constexpr int kRowStep = kThreads / kChunksPerRow;
-    const int row0 = tid / kChunksPerRow;
-    const int col = (tid % kChunksPerRow) * 8;
-    const bool col_valid = col < head_dim;
-    const T* src = gmem + row0 * row_stride + col;
-    T* dst = smem + row0 * kStride + col;
+  if constexpr (kThreads % (kCols / 8) == 0) {
+    if (aligned16) {
+      // Each thread copies the same 16-byte column chunk of rows row0, row0 + kRowStep, ...
+      constexpr int kChunksPerRow = kCols / 8;
+      constexpr int kRowStep = kThreads / kChunksPerRow;
+      const int row0 = tid / kChunksPerRow;
+      const int col = (tid % kChunksPerRow) * 8;
+      const bool col_valid = col < head_dim;
+      const T* src = gmem + row0 * row_stride + col;
+      T* dst = smem + row0 * kStride + col;
 #pragma unroll
-    for (int i = 0; i < (kRows + kRowStep - 1) / kRowStep; ++i) {
-      const int row = row0 + i * kRowStep;
-      if (kRows % kRowStep == 0 || row < kRows) {
-        const bool valid = col_valid && row < valid_rows;
-        cp_async_16(dst + i * kRowStep * kStride, valid ? src + i * kRowStep * row_stride : gmem, valid);
+      for (int i = 0; i < (kRows + kRowStep - 1) / kRowStep; ++i) {
+        const int row = row0 + i * kRowStep;
+        if (kRows % kRowStep == 0 || row < kRows) {
+          const bool valid = col_valid && row < valid_rows;
+          cp_async_16(dst + i * kRowStep * kStride, valid ? src + i * kRowStep * row_stride : gmem, valid);
+        }
+      }
+      return;
+    }
+  }
+  if (aligned16) {
+    constexpr int kChunksPerRow = kCols / 8;
+    constexpr int kChunks = kRows * kChunksPerRow;
+#pragma unroll
+    for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
+      const int c = i * kThreads + tid;
+      if (kChunks % kThreads == 0 || c < kChunks) {
+        const int row = c / kChunksPerRow;
+        const int col = (c % kChunksPerRow) * 8;
+        const bool valid = row < valid_rows && col < head_dim;
+        cp_async_16(smem + row * kStride + col, valid ? gmem + row * row_stride + col : gmem, valid);
       }
     }
   } else {
