@@ -99,15 +99,16 @@ def _sdpa_forward(backend_name, causal):
     return forward
 
 
-_flex_compiled = None
-
-
 def _flex_forward(causal, seqlen):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    global _flex_compiled
-    if _flex_compiled is None:
-        _flex_compiled = torch.compile(flex_attention)
+    # A fresh compilation per config: every shape, mask and grad mode is a recompile, and past dynamo's
+    # recompile limit flex_attention silently runs unfused (materializing the scores), which is not the anchor.
+    torch._dynamo.reset()
+    for limit in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, 64)
+    compiled = torch.compile(flex_attention, dynamic=False)
     block_mask = None
     if causal:
         def causal_mask(b, h, q_idx, kv_idx):
@@ -116,7 +117,7 @@ def _flex_forward(causal, seqlen):
         block_mask = create_block_mask(causal_mask, B=None, H=None, Q_LEN=seqlen, KV_LEN=seqlen, device="cuda")
 
     def forward(q, k, v):
-        out = _flex_compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask)
+        out = compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask)
         return out.transpose(1, 2)
 
     return forward
