@@ -14,6 +14,8 @@ FLOPs: forward 4 * B * H * N^2 * D, halved for causal; backward 2.5x the forward
 
     python benchmarks/bench.py --quick --out benchmarks/results/<name>
     python benchmarks/bench.py --dtype bf16 --headdim 128 --seqlen 4096 16384 --causal true --mode fwd bwd
+
+The commit recorded with the results comes from git; in a copy without .git set FLASHATTN_GIT_COMMIT.
 """
 from __future__ import annotations
 
