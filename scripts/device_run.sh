@@ -5,6 +5,8 @@
 #   scripts/device_run.sh bench      build + benchmarks/bench.py
 #   scripts/device_run.sh all        build + smoke + test + bench
 #   scripts/device_run.sh smoke+tune build + smoke + benchmarks/tuning/tune.py (kernel configurations)
+# The copy on the GPU machine has no .git: pass the commit as FLASHATTN_GIT_COMMIT=<hash> so the
+# benchmark records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/flashattn_out}
 mkdir -p "$OUT"
