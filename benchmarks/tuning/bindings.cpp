@@ -11,6 +11,7 @@ std::vector<FwdVariant>& fwd_variants() {
     std::vector<FwdVariant> out;
     add_fwd_variants_64(out);
     add_fwd_variants_128(out);
+    add_fwd_variants_sm90(out);
     return out;
   }();
   return v;

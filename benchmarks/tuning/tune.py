@@ -16,7 +16,7 @@ import flashattn._C  # noqa: F401
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-arch = os.environ.get("TUNE_ARCH", "90")
+arch = os.environ.get("TUNE_ARCH", "90a")  # 90a: wgmma and setmaxnreg
 mod = load(name="flashattn_tuning",
            sources=[str(p) for p in [HERE / "bindings.cpp", *sorted(HERE.glob("*_variants_*.cu"))]],
            extra_include_paths=[str(ROOT / "csrc"), str(HERE)],

@@ -21,6 +21,7 @@ struct BwdVariant {
 
 void add_fwd_variants_64(std::vector<FwdVariant>& out);
 void add_fwd_variants_128(std::vector<FwdVariant>& out);
+void add_fwd_variants_sm90(std::vector<FwdVariant>& out);
 void add_bwd_variants_64(std::vector<BwdVariant>& out);
 void add_bwd_variants_128(std::vector<BwdVariant>& out);
 
