@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Times every kernel configuration listed in *_variants_*.cu (bf16, B*N = 16k tokens, H*D = 2048)
 beside SDPA's flash backend, after checking each against the package's own kernels. Development tool:
-  python3 benchmarks/tuning/tune.py [fwd|bwd|both]"""
+  python3 benchmarks/tuning/tune.py [fwd|bwd|both|draft]   (wrap "draft" in `timeout`)"""
 import os
 import pathlib
 import sys
@@ -24,6 +24,9 @@ mod = load(name="flashattn_tuning",
            extra_cuda_cflags=["-O3", "-std=c++17", "--use_fast_math", "--expt-relaxed-constexpr",
                               f"-gencode=arch=compute_{arch},code=sm_{arch}"])
 which = sys.argv[1] if len(sys.argv) > 1 else "both"
+# Drafts (names starting with "sm90 draft") may hang if their pipeline is wrong: they run only in the
+# "draft" mode, which the caller wraps in `timeout`.
+is_draft = lambda name: name.startswith("sm90 draft")  # noqa: E731
 bench = lambda fn: do_bench(fn, warmup=30, rep=150, return_mode="median")  # noqa: E731
 
 
@@ -49,10 +52,10 @@ for n in (1024, 4096, 16384):
             ref_grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, causal, False)
             tf, tb = sdpa_times(q, k, v, causal)
             head = f"n={n:5d} causal={int(causal)} d={d:3d}"
-            if which in ("fwd", "both"):
+            if which in ("fwd", "both", "draft"):
                 line = [f"{head} fwd FA2 {flops / tf / 1e9:6.1f} |"]
-                for i, (vd, _) in enumerate(mod.fwd_variants()):
-                    if vd != d:
+                for i, (vd, name) in enumerate(mod.fwd_variants()):
+                    if vd != d or is_draft(name) != (which == "draft"):
                         continue
                     o, _ = mod.fwd(i, q, k, v, scale, causal)
                     err = (o.float() - out.float()).abs().max().item()
