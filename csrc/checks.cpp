@@ -3,14 +3,23 @@
 #include <c10/util/Exception.h>
 
 namespace flashattn {
+
+std::string to_text(int64_t value) { return std::to_string(value); }
+
+std::string to_text(at::IntArrayRef values) {
+  std::string text = "[";
+  for (size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + std::to_string(values[i]);
+  return text + "]";
+}
+
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
 
 void check_layout(const char* op, const char* name, const at::Tensor& t, const char* expected) {
-  TORCH_CHECK(t.dim() == 4, op, ": ", name, " must have 4 dims ", expected, ", got shape ", t.sizes());
+  TORCH_CHECK(t.dim() == 4, op, ": ", name, " must have 4 dims ", expected, ", got shape ", to_text(t.sizes()));
   TORCH_CHECK(t.size(3) <= 1 || t.stride(3) == 1, op, ": ", name,
-              " must have a contiguous last dim (stride 1), got strides ", t.strides());
+              " must have a contiguous last dim (stride 1), got strides ", to_text(t.strides()));
 }
 
 }  // namespace
@@ -24,7 +33,8 @@ CheckedShape check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k,
               ": q, k and v must have the same dtype, got ", q.scalar_type(), ", ", k.scalar_type(), ", ",
               v.scalar_type());
   TORCH_CHECK(k.device() == q.device() && v.device() == q.device(), op,
-              ": q, k and v must be on the same device, got ", q.device(), ", ", k.device(), ", ", v.device());
+              ": q, k and v must be on the same device, got ", q.device().str(), ", ", k.device().str(), ", ",
+              v.device().str());
   if (q.is_cuda()) {
     TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, op,
                 ": CUDA inputs must be float16 or bfloat16, got ", q.scalar_type());
@@ -41,22 +51,23 @@ CheckedShape check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k,
   s.seqlen_k = k.size(1);
   s.heads_kv = k.size(2);
   TORCH_CHECK(k.size(0) == s.batch && v.size(0) == s.batch, op, ": q, k and v must have the same batch size, got ",
-              s.batch, ", ", k.size(0), ", ", v.size(0));
-  TORCH_CHECK(v.size(1) == s.seqlen_k, op, ": k and v must have the same seqlen, got ", s.seqlen_k, " and ",
-              v.size(1));
-  TORCH_CHECK(v.size(2) == s.heads_kv, op, ": k and v must have the same number of heads, got ", s.heads_kv,
-              " and ", v.size(2));
+              to_text(s.batch), ", ", to_text(k.size(0)), ", ", to_text(v.size(0)));
+  TORCH_CHECK(v.size(1) == s.seqlen_k, op, ": k and v must have the same seqlen, got ", to_text(s.seqlen_k), " and ",
+              to_text(v.size(1)));
+  TORCH_CHECK(v.size(2) == s.heads_kv, op, ": k and v must have the same number of heads, got ", to_text(s.heads_kv),
+              " and ", to_text(v.size(2)));
   TORCH_CHECK(k.size(3) == s.head_dim && v.size(3) == s.head_dim, op,
-              ": q, k and v must have the same head dim, got ", s.head_dim, ", ", k.size(3), ", ", v.size(3));
-  TORCH_CHECK(s.head_dim >= 1 && s.head_dim <= kMaxHeadDim, op, ": head dim must be in [1, ", kMaxHeadDim,
-              "], got ", s.head_dim);
+              ": q, k and v must have the same head dim, got ", to_text(s.head_dim), ", ", to_text(k.size(3)),
+              ", ", to_text(v.size(3)));
+  TORCH_CHECK(s.head_dim >= 1 && s.head_dim <= kMaxHeadDim, op, ": head dim must be in [1, ", to_text(kMaxHeadDim),
+              "], got ", to_text(s.head_dim));
   TORCH_CHECK(s.heads_kv >= 1 || s.heads_q == 0, op, ": k and v must have at least one head");
   TORCH_CHECK(s.heads_kv == 0 || s.heads_q % s.heads_kv == 0, op,
               ": the number of query heads must be a multiple of the number of key/value heads, got heads_q=",
-              s.heads_q, " and heads_kv=", s.heads_kv);
+              to_text(s.heads_q), " and heads_kv=", to_text(s.heads_kv));
   const int64_t int_max = std::numeric_limits<int>::max();
   TORCH_CHECK(s.seqlen_q < int_max && s.seqlen_k < int_max && s.batch < int_max && s.heads_q < int_max, op,
-              ": sizes must be below 2^31, got q ", q.sizes(), " and k ", k.sizes());
+              ": sizes must be below 2^31, got q ", to_text(q.sizes()), " and k ", to_text(k.sizes()));
   s.causal_offset = causal_bottom_right ? s.seqlen_k - s.seqlen_q : 0;
   return s;
 }
@@ -64,20 +75,22 @@ CheckedShape check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k,
 void check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
                       const at::Tensor& lse, const CheckedShape& s) {
   const char* op = "flashattn.bwd";
-  TORCH_CHECK(dout.sizes() == q.sizes(), op, ": dout must have q's shape ", q.sizes(), ", got ", dout.sizes());
-  TORCH_CHECK(out.sizes() == q.sizes(), op, ": out must have q's shape ", q.sizes(), ", got ", out.sizes());
+  TORCH_CHECK(dout.sizes() == q.sizes(), op, ": dout must have q's shape ", to_text(q.sizes()), ", got ",
+              to_text(dout.sizes()));
+  TORCH_CHECK(out.sizes() == q.sizes(), op, ": out must have q's shape ", to_text(q.sizes()), ", got ",
+              to_text(out.sizes()));
   TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(), op,
               ": dout and out must have q's dtype ", q.scalar_type(), ", got ", dout.scalar_type(), " and ",
               out.scalar_type());
   TORCH_CHECK(dout.device() == q.device() && out.device() == q.device() && lse.device() == q.device(), op,
-              ": dout, out and lse must be on q's device ", q.device());
+              ": dout, out and lse must be on q's device ", q.device().str());
   TORCH_CHECK(dout.size(3) <= 1 || dout.stride(3) == 1, op, ": dout must have a contiguous last dim, got strides ",
-              dout.strides());
+              to_text(dout.strides()));
   TORCH_CHECK(out.size(3) <= 1 || out.stride(3) == 1, op, ": out must have a contiguous last dim, got strides ",
-              out.strides());
+              to_text(out.strides()));
   TORCH_CHECK(lse.dim() == 3 && lse.size(0) == s.batch && lse.size(1) == s.heads_q && lse.size(2) == s.seqlen_q,
-              op, ": lse must have shape [batch, heads_q, seqlen_q] = [", s.batch, ", ", s.heads_q, ", ",
-              s.seqlen_q, "], got ", lse.sizes());
+              op, ": lse must have shape [batch, heads_q, seqlen_q] = [", to_text(s.batch), ", ",
+              to_text(s.heads_q), ", ", to_text(s.seqlen_q), "], got ", to_text(lse.sizes()));
   TORCH_CHECK(lse.scalar_type() == at::kFloat || lse.scalar_type() == at::kDouble, op,
               ": lse must be float32 (float64 for float64 inputs), got ", lse.scalar_type());
 }

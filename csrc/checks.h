@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
 namespace flashattn {
 
 struct CheckedShape {
@@ -15,6 +17,12 @@ struct CheckedShape {
 // matching sizes, Hq a multiple of Hk, 1 <= D <= 256. `op` names the op in messages.
 CheckedShape check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        bool causal_bottom_right);
+
+// Numbers and shapes as text for error messages. Messages are built from strings only: formatting
+// integers through a C++ stream inside this library crashed one torch build (two C++ runtimes loaded
+// into one process), while string insertion works everywhere.
+std::string to_text(int64_t value);
+std::string to_text(at::IntArrayRef values);
 
 // Checks the extra backward inputs against the forward's shapes.
 void check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,

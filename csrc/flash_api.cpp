@@ -54,7 +54,7 @@ bool rows_aligned_16(const at::Tensor& t) {
 void check_cuda_device(const char* op, const at::Tensor& q) {
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
   TORCH_CHECK(prop->major >= 8, op, ": flashattn's CUDA kernels need a GPU of compute capability 8.0 or newer, ",
-              q.device(), " is ", prop->major, ".", prop->minor,
+              q.device().str(), " is ", to_text(prop->major), ".", to_text(prop->minor),
               " (flashattn.scaled_dot_product_attention falls back to torch there)");
 }
 
