@@ -18,9 +18,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import flashattn
 from flashattn import functional as fa_functional
 from flashattn.reference import attention_reference, causal_visibility
+from flashattn.testing import GRAD_FACTOR, OUT_FACTOR, assert_oracle, make_qkv, reference_and_baseline
 
 from conftest import CUDA_SKIP_REASON
-from attention_utils import GRAD_FACTOR, OUT_FACTOR, assert_oracle, make_qkv, reference_and_baseline
 
 
 def _rand(*shape, dtype=torch.float64, requires_grad=False):

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from attention_utils import (
+from flashattn.testing import (
     CAUSAL_MODES,
     GRAD_FACTOR,
     OUT_FACTOR,
@@ -21,6 +21,7 @@ from attention_utils import (
     make_qkv,
     reference_and_baseline,
 )
+
 from conftest import requires_cuda
 
 pytestmark = requires_cuda

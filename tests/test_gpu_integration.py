@@ -11,8 +11,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import flashattn
 from flashattn import functional as fa_functional
 from flashattn.reference import attention_reference, causal_visibility
+from flashattn.testing import GRAD_FACTOR, OUT_FACTOR, assert_oracle
 
-from attention_utils import GRAD_FACTOR, OUT_FACTOR, assert_oracle
 from conftest import requires_cuda
 
 pytestmark = requires_cuda
