@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import flashattn  # noqa: E402
-from bench import _short_error, metadata  # noqa: E402
+from flashattn.benchmark import metadata, short_error  # noqa: E402
 
 MIB = 2**20
 IMPLS = ["flashattn", "sdpa_flash", "sdpa_cudnn"]
@@ -94,7 +94,7 @@ def main(argv=None):
             try:
                 row[name] = measure(name, seqlen, args.heads, args.headdim, dtype, causal, mode == "bwd")
             except Exception as exc:  # noqa: BLE001  (an anchor that fails is reported, never fatal)
-                row[name] = {"error": _short_error(exc)}
+                row[name] = {"error": short_error(exc)}
             torch.cuda.empty_cache()
         rows.append(row)
         cells = [f"{name} {row[name]['extra_mib']:.0f} MiB" if "extra_mib" in row[name] else f"{name} n/a"

@@ -1,0 +1,167 @@
+"""PNG charts of benchmark results (matplotlib, an optional dependency).
+
+Input: the result rows of :mod:`flashattn.benchmark` (the ``results`` list of its bench.json), each a
+dict with dtype, head_dim, seqlen, causal, mode, ``tflops`` {method: TFLOP/s} and, when memory was
+measured, ``peak_mib`` {method: MiB}.
+
+* ``tflops_<dtype>_<mode>.png``: one panel per (head dim, causal); in each, grouped bars per seqlen
+  with one bar per method.
+* ``memory_<dtype>_<mode>.png``: one panel per (head dim, causal); peak extra memory against seqlen,
+  one line per method (log scales), torch's math backend included where it was measured.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Dict, Iterable, List, Tuple
+
+__all__ = ["MatplotlibMissing", "write_charts"]
+
+# Fixed colors so a method looks the same in every chart.
+_COLORS = {
+    "flashattn": "#d62728",
+    "sdpa_flash": "#1f77b4",
+    "sdpa_cudnn": "#2ca02c",
+    "sdpa_efficient": "#9467bd",
+    "flex": "#ff7f0e",
+    "sdpa_math": "#7f7f7f",
+}
+
+
+class MatplotlibMissing(ImportError):
+    """Raised by :func:`write_charts` when matplotlib cannot be imported."""
+
+
+def _figure_class():
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise MatplotlibMissing("matplotlib is not installed") from exc
+    return Figure
+
+
+def _ordered_methods(rows: Iterable[dict], key: str) -> List[str]:
+    methods: List[str] = []
+    for row in rows:
+        for name in row.get(key, {}) or {}:
+            if name not in methods:
+                methods.append(name)
+    # flashattn first, then the anchors in the order they first appear.
+    return sorted(methods, key=lambda n: (n != "flashattn", methods.index(n)))
+
+
+def _panels(rows: List[dict]) -> List[Tuple[int, bool]]:
+    return sorted({(r["head_dim"], bool(r["causal"])) for r in rows})
+
+
+def _grid(count: int) -> Tuple[int, int]:
+    cols = 2 if count == 4 else min(count, 3)
+    return math.ceil(count / cols), cols
+
+
+def _groups(rows: List[dict]) -> Dict[Tuple[str, str], List[dict]]:
+    groups: Dict[Tuple[str, str], List[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["dtype"], row["mode"]), []).append(row)
+    return groups
+
+
+def _color(name: str, index: int) -> str:
+    fallback = ["#8c564b", "#e377c2", "#bcbd22", "#17becf"]
+    return _COLORS.get(name, fallback[index % len(fallback)])
+
+
+def _throughput_chart(Figure, dtype: str, mode: str, rows: List[dict], path: str) -> None:
+    methods = _ordered_methods(rows, "tflops")
+    panels = _panels(rows)
+    nrows, ncols = _grid(len(panels))
+    fig = Figure(figsize=(5.5 * ncols, 3.8 * nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    width = 0.8 / max(1, len(methods))
+    for index, (head_dim, causal) in enumerate(panels):
+        ax = axes[index // ncols][index % ncols]
+        panel_rows = sorted((r for r in rows if r["head_dim"] == head_dim and bool(r["causal"]) == causal),
+                            key=lambda r: r["seqlen"])
+        seqlens = [r["seqlen"] for r in panel_rows]
+        for m_index, method in enumerate(methods):
+            xs, heights = [], []
+            for s_index, row in enumerate(panel_rows):
+                value = (row.get("tflops") or {}).get(method)
+                if value is not None:
+                    xs.append(s_index + (m_index - (len(methods) - 1) / 2) * width)
+                    heights.append(value)
+            ax.bar(xs, heights, width=width, label=method, color=_color(method, m_index))
+        ax.set_xticks(range(len(seqlens)))
+        ax.set_xticklabels([str(s) for s in seqlens])
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"D={head_dim}, {'causal' if causal else 'not causal'}")
+        ax.grid(axis="y", alpha=0.3)
+    for index in range(len(panels), nrows * ncols):
+        axes[index // ncols][index % ncols].set_visible(False)
+    axes[0][0].legend(fontsize="small")
+    fig.suptitle(f"attention throughput, {dtype}, {mode}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _memory_chart(Figure, dtype: str, mode: str, rows: List[dict], path: str) -> None:
+    methods = _ordered_methods(rows, "peak_mib")
+    panels = _panels(rows)
+    nrows, ncols = _grid(len(panels))
+    fig = Figure(figsize=(5.5 * ncols, 3.8 * nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for index, (head_dim, causal) in enumerate(panels):
+        ax = axes[index // ncols][index % ncols]
+        panel_rows = sorted((r for r in rows if r["head_dim"] == head_dim and bool(r["causal"]) == causal),
+                            key=lambda r: r["seqlen"])
+        for m_index, method in enumerate(methods):
+            points = [(r["seqlen"], (r.get("peak_mib") or {}).get(method)) for r in panel_rows]
+            points = [(n, mib) for n, mib in points if mib is not None and mib > 0]
+            if points:
+                ax.plot([n for n, _ in points], [mib for _, mib in points], marker="o", label=method,
+                        color=_color(method, m_index))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ticks = sorted({r["seqlen"] for r in panel_rows})
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([str(t) for t in ticks])
+        ax.set_xticks([], minor=True)
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel("peak extra memory (MiB)")
+        ax.set_title(f"D={head_dim}, {'causal' if causal else 'not causal'}")
+        ax.grid(alpha=0.3)
+    for index in range(len(panels), nrows * ncols):
+        axes[index // ncols][index % ncols].set_visible(False)
+    handles, labels = [], []
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    if handles:
+        axes[0][0].legend(handles, labels, fontsize="small")
+    fig.suptitle(f"peak extra memory of one call, {dtype}, {mode}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_charts(rows: List[dict], out_dir: str) -> List[str]:
+    """Writes the throughput and memory PNGs for ``rows`` into out_dir; returns their paths.
+
+    Raises :class:`MatplotlibMissing` when matplotlib is not installed. Rows without any TFLOP/s (or
+    memory) figure produce no throughput (or memory) chart.
+    """
+    Figure = _figure_class()
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for (dtype, mode), group in sorted(_groups(rows).items()):
+        if any(r.get("tflops") for r in group):
+            path = os.path.join(out_dir, f"tflops_{dtype}_{mode}.png")
+            _throughput_chart(Figure, dtype, mode, group, path)
+            written.append(path)
+        if any(r.get("peak_mib") for r in group):
+            path = os.path.join(out_dir, f"memory_{dtype}_{mode}.png")
+            _memory_chart(Figure, dtype, mode, group, path)
+            written.append(path)
+    return written
