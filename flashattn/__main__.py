@@ -1,10 +1,23 @@
-"""Command line: ``python -m flashattn info`` and ``python -m flashattn demo``."""
+"""Command line: ``python -m flashattn info | check | bench | demo``.
+
+* ``info``: versions, how the extension was built, the GPUs, which code paths are active, the support
+  matrix. Meant to be pasted into a bug report.
+* ``check``: a quick forward + backward correctness pass on the available device (CUDA when flashattn's
+  kernels can run there, else the CPU) against the reference; non-zero exit status on any failure.
+* ``bench``: throughput and memory beside torch's SDPA backends and FlexAttention (see
+  :mod:`flashattn.benchmark`; ``python -m flashattn bench --help``). Needs a CUDA GPU.
+* ``demo``: one causal attention call, its error against a float32 reference, time and memory beside SDPA.
+"""
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
+import struct
 import sys
 import time
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -12,26 +25,279 @@ import torch.nn.functional as F
 import flashattn
 from flashattn.reference import attention_reference
 
+# Compute capability of the GPUs flashattn's CUDA kernels run on (the sm80 path: mma.sync, ldmatrix, cp.async).
+MIN_CAPABILITY = (8, 0)
+
 
 def _gpu_usable() -> bool:
     return (
         torch.cuda.is_available()
         and flashattn.cuda_kernels_built()
-        and torch.cuda.get_device_capability()[0] >= 8
+        and torch.cuda.get_device_capability() >= MIN_CAPABILITY
     )
 
 
+# --------------------------------------------------------------------------------------------------
+# info
+# --------------------------------------------------------------------------------------------------
+
+_FATBIN_MAGIC = 0xBA55ED50
+_FATBIN_KIND_PTX, _FATBIN_KIND_SASS = 1, 2
+
+
+def _elf_section(path: str, wanted: str) -> Optional[bytes]:
+    """The bytes of one section of a 64-bit little-endian ELF file, or None."""
+    with open(path, "rb") as f:
+        header = f.read(64)
+        if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+            return None
+        (shoff,) = struct.unpack_from("<Q", header, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", header, 0x3A)
+        f.seek(shoff)
+        table = f.read(shentsize * shnum)
+        # Elf64_Shdr: name, type, flags, addr, offset, size, link, info, addralign, entsize
+        sections = [struct.unpack_from("<IIQQQQIIQQ", table, i * shentsize) for i in range(shnum)]
+        f.seek(sections[shstrndx][4])
+        names = f.read(sections[shstrndx][5])
+        for section in sections:
+            name_end = names.find(b"\0", section[0])
+            if names[section[0]:name_end].decode(errors="replace") == wanted:
+                f.seek(section[4])
+                return f.read(section[5])
+    return None
+
+
+def kernel_archs_in_binary(path: str) -> Optional[Dict[str, List[int]]]:
+    """SM versions with machine code (SASS) and PTX embedded in a CUDA shared object, read from its
+    .nv_fatbin section: ``{"sass": [80, 90], "ptx": []}``. None when there is no such section or it
+    cannot be read (not an ELF file, a CPU-only build)."""
+    try:
+        data = _elf_section(path, ".nv_fatbin")
+    except (OSError, struct.error, IndexError):
+        return None
+    if not data:
+        return None
+    archs: Dict[str, set] = {"sass": set(), "ptx": set()}
+    magic = struct.pack("<I", _FATBIN_MAGIC)
+    pos = data.find(magic)
+    try:
+        while pos >= 0:
+            _, _, header_size, body_size = struct.unpack_from("<IHHQ", data, pos)
+            entry, end = pos + header_size, min(pos + header_size + body_size, len(data))
+            while entry + 32 <= end:
+                kind, _, entry_header_size, payload_size = struct.unpack_from("<HHIQ", data, entry)
+                (arch,) = struct.unpack_from("<I", data, entry + 28)
+                if entry_header_size < 32:
+                    break
+                if kind == _FATBIN_KIND_SASS:
+                    archs["sass"].add(arch)
+                elif kind == _FATBIN_KIND_PTX:
+                    archs["ptx"].add(arch)
+                entry += entry_header_size + payload_size
+            pos = data.find(magic, max(end, pos + 1))
+    except struct.error:
+        pass
+    if not archs["sass"] and not archs["ptx"]:
+        return None
+    return {kind: sorted(values) for kind, values in archs.items()}
+
+
+def _binary_runs_on(archs: Optional[Dict[str, List[int]]], capability: Tuple[int, int]) -> Optional[str]:
+    """How the embedded code can run on a GPU of this capability, "" if it cannot, None if unknown."""
+    if archs is None:
+        return None
+    major, minor = capability
+    # SASS runs on GPUs of the same major version and an equal or higher minor version.
+    sass = [a for a in archs["sass"] if a // 10 == major and a % 10 <= minor]
+    if sass:
+        return f"sm_{max(sass)} machine code"
+    ptx = [a for a in archs["ptx"] if a <= major * 10 + minor]
+    if ptx:
+        return f"compute_{max(ptx)} PTX, compiled by the driver at first use"
+    return ""
+
+
+def _package_version(name: str) -> Optional[str]:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # Python < 3.8
+        return None
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _format_archs(archs: Optional[Dict[str, List[int]]]) -> str:
+    if archs is None:
+        return "unknown (no .nv_fatbin section could be read from the extension)"
+    parts = []
+    if archs["sass"]:
+        parts.append("machine code for " + ", ".join(f"sm_{a}" for a in archs["sass"]))
+    if archs["ptx"]:
+        parts.append("PTX for " + ", ".join(f"compute_{a}" for a in archs["ptx"]))
+    return "; ".join(parts)
+
+
+SUPPORT_MATRIX = """\
+support matrix
+  dtypes          CUDA: float16, bfloat16 (float32/float64 CUDA tensors fall back to torch SDPA)
+                  CPU: float16, bfloat16, float32, float64
+  GPUs            compute capability 8.0+ (A100, H100/H200, RTX 30xx/40xx, ...); sm80 kernels on all of
+                  them: no sm90-specific (wgmma/TMA) path exists yet
+  head dims       any of 1..256 (CUDA: padded inside the kernels to the next compiled tile width);
+                  q, k and v must share the head dim
+  heads           grouped-query / multi-query attention: heads_q a multiple of heads_kv
+  causal masks    top-left (j <= i; scaled_dot_product_attention, torch's convention) and bottom-right
+                  (j <= i + Lk - Lq; flash_attn_* API), any Lq and Lk; rows that see no key output 0
+  layouts         any strides in batch, sequence and head dims; the last dim must be contiguous
+  autograd        dq, dk, dv (the log-sum-exp is not differentiable); torch.compile(fullgraph=True),
+                  CUDA graphs, torch.library.opcheck-clean registration
+  not supported   attention masks, dropout, sliding windows, softcap, ALiBi, deterministic backward,
+                  variable-length (varlen) and KV-cache entry points
+  fallbacks       scaled_dot_product_attention passes to torch SDPA (one warning per reason): attn_mask,
+                  dropout_p > 0, float32/float64 CUDA tensors, head dim > 256, a value head dim different
+                  from the query's, GPUs older than sm_80, a build without CUDA kernels, broadcast batch
+                  dims, nested tensors, other devices. flash_attn_func and friends raise instead."""
+
+
 def info() -> None:
-    print(f"flashattn {flashattn.__version__}")
-    print(f"CUDA kernels built: {flashattn.cuda_kernels_built()}")
-    print(f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
+    print(f"flashattn {flashattn.__version__} ({os.path.dirname(os.path.abspath(flashattn.__file__))})")
+    print(f"python {platform.python_version()}, {platform.system()} {platform.machine()}")
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    print(f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}, cuDNN {cudnn or 'none'})")
+    optional = ", ".join(f"{name} {_package_version(name) or 'not installed'}"
+                         for name in ("triton", "transformers", "matplotlib", "tqdm"))
+    print(f"optional packages: {optional}")
+
+    extension = flashattn.ops._C.__file__
+    built_cuda = flashattn.cuda_kernels_built()
+    archs = kernel_archs_in_binary(extension) if built_cuda else None
+    print("build")
+    print(f"  extension          {extension}")
+    print(f"  CUDA kernels       {'yes' if built_cuda else 'no (CPU-only build: FLASHATTN_BUILD_CUDA=0 or no CUDA toolkit when it was built)'}")
+    if built_cuda:
+        print(f"  kernel archs       {_format_archs(archs)} (FLASHATTN_CUDA_ARCHS at build time, default 80;90)")
+    print("  torch built with   not recorded by the build; the extension imports only with a torch of the same ABI")
+    if torch.version.cuda:
+        print(f"  torch's own archs  {' '.join(torch.cuda.get_arch_list()) or 'none'} (torch.cuda.get_arch_list(), not flashattn's)")
+
+    print("devices")
+    gpu_path = None
     if not torch.cuda.is_available():
-        print("GPU: none visible")
-        return
-    for index in range(torch.cuda.device_count()):
-        major, minor = torch.cuda.get_device_capability(index)
-        supported = "supported" if major >= 8 else "not supported (needs sm_80+)"
-        print(f"GPU {index}: {torch.cuda.get_device_name(index)}, compute capability {major}.{minor}, {supported}")
+        print("  GPU                none visible")
+    else:
+        for index in range(torch.cuda.device_count()):
+            capability = torch.cuda.get_device_capability(index)
+            name = torch.cuda.get_device_name(index)
+            total = torch.cuda.get_device_properties(index).total_memory / 2**30
+            if not built_cuda:
+                verdict = "no flashattn kernels (CPU-only build)"
+            elif capability < MIN_CAPABILITY:
+                verdict = "not supported (flashattn needs compute capability 8.0+)"
+            else:
+                runs = _binary_runs_on(archs, capability)
+                if runs == "":
+                    verdict = (f"the extension has no code for sm_{capability[0]}{capability[1]} "
+                               "(rebuild with FLASHATTN_CUDA_ARCHS including it): launches will fail")
+                else:
+                    verdict = "sm80 kernels" + (f" ({runs})" if runs else "")
+                    if capability[0] >= 9:
+                        verdict += "; no sm90-specific path yet"
+                    gpu_path = gpu_path or f"sm80 kernels (mma.sync, cp.async) on GPU {index}"
+            print(f"  GPU {index}              {name}, compute capability {capability[0]}.{capability[1]}, "
+                  f"{total:.0f} GiB: {verdict}")
+    print(f"  CPU                {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+          f"vector ISA {torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, 'cpu') else 'unknown'}")
+
+    print("active paths")
+    if gpu_path:
+        print(f"  CUDA float16/bfloat16   {gpu_path}")
+    else:
+        why = ("no GPU visible" if not torch.cuda.is_available() else
+               "built without CUDA kernels" if not built_cuda else "no usable GPU (see above)")
+        print(f"  CUDA                    none ({why}): scaled_dot_product_attention falls back to torch SDPA, "
+              "flash_attn_func raises")
+    print("  CPU (all four dtypes)   CPU implementation (the same tiled online-softmax algorithm; float32 math, float64 for float64)")
+    print(SUPPORT_MATRIX)
+
+
+# --------------------------------------------------------------------------------------------------
+# check
+# --------------------------------------------------------------------------------------------------
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal mode, layout)
+CUDA_CASES = [
+    (2, 128, 128, 8, 8, 64, "none", "contiguous"),
+    (1, 97, 97, 4, 4, 40, "top_left", "contiguous"),
+    (2, 113, 203, 8, 2, 128, "bottom_right", "contiguous"),
+    (2, 203, 113, 4, 1, 96, "top_left", "bhsd"),
+    (1, 1, 17, 2, 1, 72, "bottom_right", "contiguous"),
+    (1, 1025, 1025, 2, 2, 256, "top_left", "contiguous"),
+    (3, 17, 17, 16, 16, 160, "none", "unaligned"),
+]
+CPU_CASES = [
+    (2, 64, 64, 4, 4, 64, "none", "contiguous"),
+    (1, 97, 97, 2, 2, 40, "top_left", "contiguous"),
+    (2, 33, 70, 4, 2, 24, "bottom_right", "contiguous"),
+    (1, 70, 33, 4, 1, 80, "top_left", "bhsd"),
+    (1, 1, 17, 2, 1, 72, "bottom_right", "contiguous"),
+    (1, 17, 17, 2, 2, 160, "none", "unaligned"),
+]
+
+
+def _check_device(requested: str) -> Tuple[Optional[torch.device], str]:
+    if requested == "cpu":
+        return torch.device("cpu"), "CPU (requested)"
+    usable = _gpu_usable()
+    if requested == "cuda":
+        if not usable:
+            return None, ("--device cuda, but flashattn's CUDA kernels cannot run here (a GPU of compute capability "
+                          "8.0+ and a build with CUDA kernels are needed); see python -m flashattn info")
+        return torch.device("cuda"), f"CUDA ({torch.cuda.get_device_name()})"
+    if usable:
+        return torch.device("cuda"), f"CUDA ({torch.cuda.get_device_name()})"
+    return torch.device("cpu"), "CPU (no GPU that flashattn's CUDA kernels can use)"
+
+
+def check(device_name: str = "auto", seed: int = 0) -> int:
+    from flashattn.testing import check_case
+
+    device, description = _check_device(device_name)
+    if device is None:
+        print(f"flashattn check: {description}", file=sys.stderr)
+        return 1
+    if device.type == "cuda":
+        dtypes, cases = [torch.float16, torch.bfloat16], CUDA_CASES
+    else:
+        dtypes, cases = [torch.float32, torch.float16, torch.bfloat16], CPU_CASES
+    print(f"flashattn {flashattn.__version__} check on {description}: forward and backward against the reference")
+    print("rule: max|x - ref| <= 2 x (out) or 3 x (dq, dk, dv) max|baseline - ref| + 1e-5; ref one precision up "
+          "(float32 for fp16/bf16, float64 for fp32), baseline the same math in the input dtype")
+    print("columns: err / allowed")
+    torch.manual_seed(seed)
+    failures = 0
+    total = 0
+    for dtype in dtypes:
+        for batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal_mode, layout in cases:
+            result = check_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal_mode, dtype, device, layout)
+            total += 1
+            failures += not result.passed
+            verdict = "PASS" if result.passed else "FAIL"
+            if result.error is not None:
+                detail = f"error: {result.error}"
+            else:
+                detail = "  ".join(
+                    f"{f.name} {f.err:.1e}/{f.bound:.1e}" + ("" if f.finite else " (NaN/inf)") for f in result.figures
+                )
+            print(f"{verdict}  {result.description:<58} {detail}", flush=True)
+    print(f"{total - failures}/{total} cases passed" + (f", {failures} FAILED" if failures else ""))
+    return 1 if failures else 0
+
+
+# --------------------------------------------------------------------------------------------------
+# demo
+# --------------------------------------------------------------------------------------------------
 
 
 def _time_ms(fn, device: torch.device, repeats: int) -> float:
@@ -92,11 +358,37 @@ def demo() -> None:
         print(f"{name:<12}{err:>22.2e}{ms:>12.3f}{mem:>18}")
 
 
-def main(argv=None) -> int:
+# --------------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m flashattn", description="flashattn command line")
-    parser.add_argument("command", choices=["info", "demo"], help="info: versions and GPU; demo: run and compare")
-    args = parser.parse_args(argv)
-    {"info": info, "demo": demo}[args.command]()
+    commands = parser.add_subparsers(dest="command", metavar="{info,check,bench,demo}")
+    commands.required = True
+    commands.add_parser("info", help="versions, build, GPUs, active paths and the support matrix (for bug reports)")
+    check_parser = commands.add_parser("check", help="quick forward + backward correctness pass on this machine")
+    check_parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                              help="auto: CUDA when flashattn's kernels can run there, else CPU")
+    check_parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
+    commands.add_parser("bench", help="throughput and memory beside torch SDPA and FlexAttention (CUDA); "
+                                      "python -m flashattn bench --help", add_help=False)
+    commands.add_parser("demo", help="run causal attention and compare with torch SDPA")
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "bench":
+        from flashattn.benchmark import main as bench_main
+
+        return bench_main(argv[1:])
+    args = _parser().parse_args(argv)
+    if args.command == "info":
+        info()
+        return 0
+    if args.command == "check":
+        return check(args.device, args.seed)
+    demo()
     return 0
 
 

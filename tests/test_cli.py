@@ -1,0 +1,285 @@
+"""The command line (python -m flashattn info | check | bench) and the benchmark's reporting, on the CPU."""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import flashattn
+from flashattn import __main__ as cli
+from flashattn import benchmark, charts
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args, hide_gpus=True, timeout=300):
+    env = dict(os.environ)
+    if hide_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # behave as on a machine without a GPU, wherever the test runs
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+def test_info_exits_zero_and_reports_build_and_paths():
+    result = _run("-m", "flashattn", "info")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert f"flashattn {flashattn.__version__}" in out
+    assert f"torch {torch.__version__}" in out
+    for heading in ("build", "devices", "active paths", "support matrix"):
+        assert f"\n{heading}\n" in out, heading
+    assert "CUDA kernels" in out
+    assert "GPU                none visible" in out
+    assert "CPU implementation" in out
+    assert "no sm90-specific" in out
+
+
+def test_check_on_cpu_passes_every_case():
+    result = _run("-m", "flashattn", "check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    case_lines = [line for line in lines if line.startswith(("PASS", "FAIL"))]
+    assert len(case_lines) == 3 * len(cli.CPU_CASES)  # fp32, fp16, bf16
+    assert all(line.startswith("PASS  cpu") for line in case_lines), "\n".join(case_lines)
+    for dtype in ("fp32", "fp16", "bf16"):
+        assert any(f" {dtype} " in line for line in case_lines)
+    # Forward and backward figures on every line.
+    assert all(all(f" {name} " in line for name in ("out", "dq", "dk", "dv")) for line in case_lines)
+    assert f"{len(case_lines)}/{len(case_lines)} cases passed" in result.stdout
+
+
+def test_check_fails_with_nonzero_status_when_results_are_wrong(monkeypatch, capsys):
+    import flashattn.testing as testing
+
+    real = testing.run_attention
+
+    def off_by_a_bit(q, k, v, dout, scale, is_causal, bottom_right):
+        out, grads = real(q, k, v, dout, scale, is_causal, bottom_right)
+        return out, (grads[0] + 0.1, grads[1], grads[2])  # dq wrong
+
+    monkeypatch.setattr(testing, "run_attention", off_by_a_bit)
+    assert cli.main(["check", "--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "PASS" not in out
+    assert "FAILED" in out.splitlines()[-1]
+
+
+def test_check_reports_a_raising_case_as_failed(monkeypatch, capsys):
+    import flashattn.testing as testing
+
+    def broken(*args):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(testing, "run_attention", broken)
+    assert cli.main(["check", "--device", "cpu"]) == 1
+    assert "error: RuntimeError: kernel exploded" in capsys.readouterr().out
+
+
+def test_check_nan_never_passes():
+    from flashattn.testing import oracle_figure
+
+    ref = torch.zeros(4)
+    result = torch.tensor([0.0, float("nan"), 0.0, 0.0])
+    figure = oracle_figure("out", result, ref + 1.0, ref + 1.0, 2.0)
+    assert not figure.passed
+
+
+@pytest.mark.skipif(cli._gpu_usable(), reason="flashattn's CUDA kernels can run here")
+def test_check_cuda_requested_without_usable_gpu_exits_nonzero(capsys):
+    assert cli.main(["check", "--device", "cuda"]) == 1
+    assert "cannot run here" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["-m", "flashattn", "bench"], ["benchmarks/bench.py", "--quick"]])
+def test_bench_without_cuda_exits_nonzero_with_a_message(command):
+    result = _run(*command)
+    assert result.returncode != 0
+    assert "needs a CUDA GPU" in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_bench_help_lists_the_grid_flags(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--dtype", "--headdim", "--seqlen", "--causal", "--mode", "--batch", "--heads", "--anchors", "--out"):
+        assert flag in out
+
+
+def test_unknown_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["nonsense"])
+    assert exit_info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------
+# The benchmark's pipeline (run on the CPU here: timing, anchors that are unavailable, files)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_bench_args_quick_and_overrides():
+    args = benchmark.parse_args(["--quick", "--batch", "3", "--heads", "5"])
+    assert args.dtype == ["bf16"] and args.mode == ["fwd", "bwd"]
+    assert benchmark.config_shape(4096, 128, args.batch, args.heads) == (3, 5)
+    assert benchmark.config_shape(4096, 128) == (benchmark.TOKENS // 4096, benchmark.MODEL_DIM // 128)
+    with pytest.raises(SystemExit):
+        benchmark.parse_args(["--batch", "0"])
+
+
+def test_bench_pipeline_on_cpu_writes_json_and_markdown(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHATTN_GIT_COMMIT", "abc1234")
+    args = benchmark.parse_args(
+        ["--dtype", "bf16", "--headdim", "16", "--seqlen", "32", "64", "--causal", "true", "--mode", "fwd", "bwd",
+         "--anchors", "sdpa_flash", "sdpa_cudnn", "--batch", "1", "--heads", "2", "--warmup", "1", "--rep", "2",
+         "--no-progress"]
+    )
+    rows = benchmark.run(args, device="cpu")
+    assert [(r["seqlen"], r["mode"]) for r in rows] == [(32, "fwd"), (32, "bwd"), (64, "fwd"), (64, "bwd")]
+    for row in rows:
+        assert row["tflops"]["flashattn"] > 0
+        assert row["max_abs_err"] < args.max_err
+        # cuDNN does not run on CPU tensors: reported, not fatal.
+        assert "sdpa_cudnn" not in row["tflops"] and row["status"]["sdpa_cudnn"].startswith("unavailable")
+
+    meta = benchmark.metadata("cpu")
+    assert meta["git_commit"] == "abc1234"
+    written = benchmark.write_results(str(tmp_path), meta, rows, ["flashattn"] + args.anchors, vars(args), charts=False)
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    for key in ("date", "git_commit", "torch", "gpu", "flashattn"):
+        assert key in saved["meta"]
+    assert saved["meta"]["torch"] == torch.__version__
+    assert len(saved["results"]) == 4
+    table = (tmp_path / "bench.md").read_text()
+    assert "| x sdpa_flash |" in table.splitlines()[6] or "x sdpa_flash" in table
+    assert "sdpa_cudnn: unavailable" in table
+    assert sorted(os.path.basename(p) for p in written) == ["bench.json", "bench.md"]
+
+
+def test_table_marks_unavailable_anchors_and_ratios():
+    row = {"dtype": "bf16", "head_dim": 64, "seqlen": 1024, "causal": True, "mode": "fwd", "max_abs_err": 1e-3,
+           "tflops": {"flashattn": 200.0, "sdpa_flash": 250.0}, "status": {"sdpa_cudnn": "unavailable: x"}}
+    line = benchmark.table_row(row, ["flashattn", "sdpa_flash", "sdpa_cudnn", "flex"])
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[6:] == ["200.0", "250.0", "n/a", "-", "0.80", "-", "-"]
+
+
+def _synthetic_rows():
+    rows = []
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            for seqlen in (512, 1024, 2048):
+                for mode in ("fwd", "bwd"):
+                    peak = {"flashattn": seqlen / 64, "sdpa_flash": seqlen / 60}
+                    if seqlen < 2048:
+                        peak["sdpa_math"] = seqlen**2 / 1e4  # the largest size skipped, as on a full GPU
+                    rows.append({"dtype": "bf16", "head_dim": head_dim, "seqlen": seqlen, "causal": causal, "mode": mode,
+                                 "tflops": {"flashattn": 100.0 + seqlen / 100, "sdpa_flash": 110.0, "flex": 90.0},
+                                 "status": {"sdpa_cudnn": "unavailable: test"}, "peak_mib": peak,
+                                 "memory_status": {} if seqlen < 2048 else {"sdpa_math": "skipped: test"}})
+    return rows
+
+
+def _assert_png(path):
+    assert os.path.isfile(path), path
+    assert os.path.getsize(path) > 1000, path
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_charts_written_for_synthetic_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    written = charts.write_charts(_synthetic_rows(), str(tmp_path))
+    names = sorted(os.path.basename(p) for p in written)
+    assert names == ["memory_bf16_bwd.png", "memory_bf16_fwd.png", "tflops_bf16_bwd.png", "tflops_bf16_fwd.png"]
+    for path in written:
+        _assert_png(path)
+
+
+def test_charts_for_rows_without_memory(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = _synthetic_rows()
+    for row in rows:
+        del row["peak_mib"]
+    names = sorted(os.path.basename(p) for p in charts.write_charts(rows, str(tmp_path)))
+    assert names == ["tflops_bf16_bwd.png", "tflops_bf16_fwd.png"]
+
+
+def test_results_without_matplotlib_skip_the_charts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib...` raise ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(charts.MatplotlibMissing):
+        charts.write_charts(_synthetic_rows(), str(tmp_path / "c"))
+    meta = benchmark.metadata("cpu")
+    written = benchmark.write_results(str(tmp_path), meta, _synthetic_rows(), ["flashattn", "sdpa_flash", "flex"], {})
+    assert sorted(os.path.basename(p) for p in written) == ["bench.json", "bench.md"]
+    assert "matplotlib is not installed" in capsys.readouterr().err
+    assert "sdpa_math" in (tmp_path / "bench.md").read_text()  # the memory table
+
+
+def test_progress_without_tqdm_counts_on_stderr(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    progress = benchmark.Progress(2)
+    progress.start("first")
+    progress.write("| row |")
+    progress.step()
+    progress.start("second")
+    progress.step()
+    progress.close()
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == ["[1/2] first", "[2/2] second"]
+    assert captured.out == "| row |\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# info: the kernel architectures read from the extension binary
+# --------------------------------------------------------------------------------------------------
+
+
+def _fatbin(entries):
+    """A fatbin container holding (kind, arch, payload size) entries."""
+    body = b""
+    for kind, arch, size in entries:
+        header = struct.pack("<HHIQ", kind, 0x0101, 64, size) + bytes(12) + struct.pack("<I", arch)
+        body += header.ljust(64, b"\0") + bytes(size)
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+def _elf_with_section(name, data):
+    """A minimal 64-bit little-endian ELF file with one named section (plus the null and name sections)."""
+    names = b"\0" + name.encode() + b"\0.shstrtab\0"
+    data_offset = 64
+    names_offset = data_offset + len(data)
+    shoff = names_offset + len(names)
+    header = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
+    header += struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, shoff, 0, 64, 0, 0, 64, 3, 2)
+    null = bytes(64)
+    section = struct.pack("<IIQQQQIIQQ", 1, 1, 0, 0, data_offset, len(data), 0, 0, 8, 0)
+    strtab = struct.pack("<IIQQQQIIQQ", 2 + len(name), 3, 0, 0, names_offset, len(names), 0, 0, 1, 0)
+    return header + data + names + null + section + strtab
+
+
+def test_kernel_archs_read_from_a_fatbin_section(tmp_path):
+    path = tmp_path / "fake.so"
+    containers = _fatbin([(2, 80, 128), (2, 90, 96)]) + _fatbin([(1, 90, 40), (2, 80, 16)])
+    path.write_bytes(_elf_with_section(".nv_fatbin", containers))
+    archs = cli.kernel_archs_in_binary(str(path))
+    assert archs == {"sass": [80, 90], "ptx": [90]}
+    assert cli._binary_runs_on(archs, (8, 6)) == "sm_80 machine code"
+    assert cli._binary_runs_on(archs, (9, 0)) == "sm_90 machine code"
+    assert cli._binary_runs_on(archs, (12, 0)).startswith("compute_90 PTX")
+    assert cli._binary_runs_on({"sass": [80, 90], "ptx": []}, (10, 0)) == ""
+    assert cli._binary_runs_on(None, (9, 0)) is None
+
+
+def test_kernel_archs_absent_without_cuda_code(tmp_path):
+    path = tmp_path / "plain.so"
+    path.write_bytes(_elf_with_section(".text", b"\x90" * 32))
+    assert cli.kernel_archs_in_binary(str(path)) is None
+    (tmp_path / "not_elf.so").write_bytes(b"hello")
+    assert cli.kernel_archs_in_binary(str(tmp_path / "not_elf.so")) is None
+    if not flashattn.cuda_kernels_built():
+        assert cli.kernel_archs_in_binary(flashattn.ops._C.__file__) is None
