@@ -103,7 +103,8 @@ def _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -
 
 
 def _contiguous_last_dim(t: torch.Tensor) -> torch.Tensor:
-    return t if t.size(-1) <= 1 or t.stride(-1) == 1 else t.contiguous()
+    # Not .contiguous(): it returns an empty tensor unchanged, and the op checks the strides even then.
+    return t if t.size(-1) <= 1 or t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)
 
 
 def scaled_dot_product_attention(

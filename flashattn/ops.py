@@ -124,7 +124,8 @@ def _fwd_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     if grad_out.size(-1) > 1 and grad_out.stride(-1) != 1:
         # The kernels take any strides but need a contiguous last dim (e.g. an expanded grad of sum()).
-        grad_out = grad_out.contiguous()
+        # Not .contiguous(): it returns an empty tensor (e.g. batch 0) unchanged, strides and all.
+        grad_out = grad_out.clone(memory_format=torch.contiguous_format)
     dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.scale, ctx.is_causal, ctx.causal_bottom_right)
     return dq, dk, dv, None, None, None
 
