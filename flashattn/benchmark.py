@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -222,18 +222,23 @@ def config_shape(seqlen: int, head_dim: int, batch: Optional[int] = None, heads:
     return (batch or max(1, TOKENS // seqlen), heads or max(1, MODEL_DIM // head_dim))
 
 
-def _measure_memory(row, names, make, mode, q, k, v, dout, device, verbose):
+def _measure_memory(row, forwards, causal, mode, q, k, v, dout, device, verbose):
+    """Peak extra memory of one `mode` call of each method into row["peak_mib"] (reasons for the missing
+    ones into row["memory_status"]). forwards: name -> forward, or None for a method built here."""
     # Counted at 4 bytes an element: the math backend may upcast half-precision scores to float32.
     score_bytes = row["batch"] * row["heads"] * row["seqlen"] ** 2 * 4
-    for name in names:
+    for name, forward in forwards.items():
         if name in MEMORY_ONLY:
             needed = MATH_SCORE_BUFFERS[mode] * score_bytes
             if needed > 0.9 * _free_bytes(device):
                 row["memory_status"][name] = f"skipped: would need about {needed / 2**30:.0f} GiB"
                 continue
         try:
-            forward = make(name)
-            row["peak_mib"][name] = peak_extra_mib(timed_fn(forward, mode, q, k, v, dout), device)
+            if forward is None:
+                forward = make_impl(name, causal, row["seqlen"], device)
+            mib = peak_extra_mib(timed_fn(forward, mode, q, k, v, dout), device)
+            if mib is not None:  # None: not measurable on this device
+                row["peak_mib"][name] = mib
         except Exception as exc:  # noqa: BLE001  (a failing method is reported, never fatal)
             row["memory_status"][name] = "failed: " + short_error(exc)
             if verbose:
@@ -302,11 +307,11 @@ def run_config(dtype_name, head_dim, seqlen, causal, modes, impl_names, opts, de
                     traceback.print_exc()
             finally:
                 fn = None
-        if getattr(opts, "memory", False) and device.type == "cuda":
+        if getattr(opts, "memory", False):
             row["peak_mib"], row["memory_status"] = {}, {}
-            memory_names = [n for n in impls] + [n for n in MEMORY_ONLY if n not in impls]
-            make = lambda name: impls[name] if name in impls else make_impl(name, causal, seqlen, device)  # noqa: E731
-            _measure_memory(row, memory_names, make, mode, q, k, v, dout, device, opts.verbose)
+            measured = {name: impls[name] for name in impls}
+            measured.update({name: None for name in MEMORY_ONLY if name not in impls})  # built when measured
+            _measure_memory(row, measured, causal, mode, q, k, v, dout, device, opts.verbose)
         rows.append(row)
     del q, k, v, dout, impls
     if device.type == "cuda":

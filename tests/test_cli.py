@@ -1,4 +1,5 @@
 """The command line (python -m flashattn info | check | bench) and the benchmark's reporting, on the CPU."""
+import importlib.util
 import json
 import os
 import struct
@@ -157,6 +158,40 @@ def test_bench_pipeline_on_cpu_writes_json_and_markdown(tmp_path, monkeypatch):
     assert "| x sdpa_flash |" in table.splitlines()[6] or "x sdpa_flash" in table
     assert "sdpa_cudnn: unavailable" in table
     assert sorted(os.path.basename(p) for p in written) == ["bench.json", "bench.md"]
+
+
+def test_bench_memory_measurement_path(tmp_path, monkeypatch):
+    # Peak memory is only measurable on CUDA; here a stand-in measurement runs every method's call, and the
+    # free memory is set so that the math backend fits at N=32 and is skipped at N=64.
+    measured = []
+
+    def fake_peak(fn, device):
+        fn()
+        measured.append(device.type)
+        return 2.0
+
+    monkeypatch.setattr(benchmark, "peak_extra_mib", fake_peak)
+    monkeypatch.setattr(benchmark, "_free_bytes", lambda device: 2.0 * 6 * 2 * 32 * 32 * 4)
+    args = benchmark.parse_args(
+        ["--dtype", "fp16", "--headdim", "8", "--seqlen", "32", "64", "--causal", "false", "--mode", "fwdbwd",
+         "--anchors", "sdpa_flash", "sdpa_efficient", "--batch", "2", "--heads", "1", "--warmup", "1", "--rep", "2",
+         "--no-progress"]
+    )
+    rows = benchmark.run(args, device="cpu")
+    assert rows[0]["peak_mib"] == {"flashattn": 2.0, "sdpa_flash": 2.0, "sdpa_math": 2.0}
+    assert rows[1]["peak_mib"] == {"flashattn": 2.0, "sdpa_flash": 2.0}
+    assert rows[1]["memory_status"]["sdpa_math"].startswith("skipped: would need")
+    assert "sdpa_efficient" not in rows[0]["peak_mib"]  # unavailable on CPU tensors: not measured either
+    assert len(measured) == 5
+    written = benchmark.write_results(str(tmp_path), benchmark.metadata("cpu"), rows,
+                                      ["flashattn"] + args.anchors, vars(args), charts=False)
+    table = (tmp_path / "bench.md").read_text()
+    assert "| dtype | D | N | causal | mode | flashattn | sdpa_flash | sdpa_math |" in table
+    assert "sdpa_math: skipped" in table
+    if importlib.util.find_spec("matplotlib") is not None:
+        names = [os.path.basename(p) for p in charts.write_charts(rows, str(tmp_path))]
+        assert names == ["tflops_fp16_fwdbwd.png", "memory_fp16_fwdbwd.png"]
+    assert len(written) == 2
 
 
 def test_table_marks_unavailable_anchors_and_ratios():
