@@ -214,12 +214,12 @@ def flashattn_attention_forward(
 ) -> Tuple[torch.Tensor, None]:
     """transformers attention function: query ``(B, Hq, S, D)``, key/value ``(B, Hkv, S_kv, D)`` ->
     ``((B, S, Hq, D), None)``. See the module docstring for what runs on flashattn's kernels."""
-    if is_causal is None:
-        is_causal = getattr(module, "is_causal", True)
-    reason, path = _plan(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
+    causal_module = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    reason, path = _plan(module, query, key, value, attention_mask, dropout, causal_module, kwargs)
     if reason is not None:
         _warn_fallback_once(reason)
         _count(FALLBACK)
+        # is_causal goes on as given: transformers' sdpa derives its own flag from the mask when it is None.
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     _count(path)
