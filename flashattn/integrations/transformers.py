@@ -52,7 +52,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without transformers
     raise ImportError(
         "flashattn.integrations.transformers needs HuggingFace transformers with AttentionInterface "
-        "(4.48 or newer): pip install 'flashattn[transformers]' or pip install transformers"
+        "(4.51 or newer): pip install 'flashattn[transformers]' or pip install transformers"
     ) from exc
 
 from .. import ops
@@ -241,7 +241,7 @@ def flashattn_attention_forward(
 def _mask_interface():
     try:
         from transformers.masking_utils import AttentionMaskInterface
-    except ImportError:  # transformers < 4.53 builds masks inside each model
+    except ImportError:  # older transformers build masks inside each model (4D float masks, read just the same)
         return None
     return AttentionMaskInterface
 
