@@ -61,13 +61,18 @@ def _warn_fallback_once(reason: str) -> None:
 
 def _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -> Optional[str]:
     """Why flashattn's kernels cannot serve this SDPA call, or None when they can."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):  # as torch's SDPA does, rather than an AttributeError below
+            raise TypeError(f"scaled_dot_product_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
     if attn_mask is not None:
         return "attn_mask is not supported by flashattn yet"
     if dropout_p > 0.0:
         return "dropout_p > 0 is not supported by flashattn yet"
     if query.is_nested or key.is_nested or value.is_nested:
         return "nested tensors are not supported by flashattn"
-    if query.dim() != key.dim() or query.dim() != value.dim() or query.dim() < 2:
+    if min(query.dim(), key.dim(), value.dim()) < 2:
+        return "query/key/value with fewer than 2 dims are not supported by flashattn"
+    if query.dim() != key.dim() or query.dim() != value.dim():
         return "query/key/value with different numbers of dims (broadcasting) are not supported by flashattn"
     if query.shape[:-3] != key.shape[:-3] or query.shape[:-3] != value.shape[:-3]:
         return "query/key/value with different batch dims (broadcasting) are not supported by flashattn"
@@ -219,7 +224,8 @@ def _flash_attn(q, k, v, softmax_scale, causal, return_attn_probs):
             "(reinstall with a CUDA toolkit present, or FLASHATTN_BUILD_CUDA=1)"
         )
     if softmax_scale is None:
-        softmax_scale = q.size(-1) ** -0.5
+        # (A head dim of 0 gets any scale: the op rejects it with a message naming the head dim.)
+        softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0
     out, softmax_lse = ops.fwd(q, k, v, float(softmax_scale), bool(causal), True)
     if return_attn_probs:
         return out, softmax_lse, None
