@@ -68,5 +68,9 @@ setup(
     cmdclass={"build_ext": BuildExtension},
     python_requires=">=3.9",
     install_requires=["torch"],
-    extras_require={"test": ["pytest", "numpy"]},
+    extras_require={
+        "test": ["pytest", "numpy", "hypothesis"],
+        "transformers": ["transformers>=4.51"],
+        "bench": ["matplotlib", "tqdm"],
+    },
 )
