@@ -10,7 +10,7 @@ ls csrc/instantiations/*${1:-}*.cu csrc/sm80/*.cu | xargs -P "$(nproc)" -I{} sh 
      -Xptxas -v -c {} -o '"$out"'/$(basename {}).o > '"$out"'/$(basename {}).log 2>&1 || echo "FAILED {}"'
 for log in "$out"/*.log; do
   grep -q "error" "$log" && { echo "== $(basename "$log")"; grep error "$log" | head -5; }
-  grep -A2 -E "Compiling entry function '.*(fwd|bwd)_kernel" "$log" | grep -E "spill|registers" | paste - - |
+  grep -A3 -E "Compiling entry function '.*(fwd|bwd)_kernel" "$log" | grep -E "spill|registers" | paste - - |
     sed "s|^|$(basename "$log" .cu.log): |; s/ptxas info    ://g; s/  */ /g"
 done
 rm -rf "$out"
