@@ -29,9 +29,14 @@ def sources(pattern):
     return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, pattern), recursive=True))
 
 
-def gencode_flags():
+def cuda_archs():
     archs = os.environ.get("FLASHATTN_CUDA_ARCHS", "80;90").replace(",", ";").split(";")
-    return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs if a.strip()]
+    # The sm90 path needs wgmma and setmaxnreg, which only the arch-specific sm_90a target has.
+    return [("90a" if a.strip() == "90" else a.strip()) for a in archs if a.strip()]
+
+
+def gencode_flags():
+    return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in cuda_archs()]
 
 
 cxx_flags = ["-O3", "-std=c++20"]  # torch >= 2.14 headers need C++20
@@ -41,9 +46,9 @@ if want_cuda():
     ext = CUDAExtension(
         name="flashattn._C",
         sources=sources("csrc/*.cpp") + sources("csrc/cpu/*.cpp") + sources("csrc/sm80/*.cu")
-        + sources("csrc/instantiations/*.cu"),
+        + sources("csrc/sm90/*.cu") + sources("csrc/instantiations/*.cu"),
         include_dirs=include_dirs,
-        define_macros=[("FLASHATTN_WITH_CUDA", "1")],
+        define_macros=[("FLASHATTN_WITH_CUDA", "1")] + ([("FLASHATTN_SM90", "1")] if "90a" in cuda_archs() else []),
         extra_compile_args={
             "cxx": cxx_flags,
             "nvcc": ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",

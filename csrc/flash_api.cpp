@@ -8,6 +8,7 @@
 // freshly allocated and contiguous. Autograd and fake kernels are registered in flashattn/ops.py.
 #include <torch/extension.h>
 
+#include <cstdlib>
 #include <limits>
 #include <tuple>
 
@@ -19,6 +20,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "sm80/api.h"
+#include "sm90/api.h"
 #endif
 
 namespace flashattn {
@@ -77,6 +79,15 @@ AttentionShape make_shape(const CheckedShape& s, const at::Tensor& q, double sca
 
 bool has_work(const CheckedShape& s) { return s.batch > 0 && s.heads_q > 0 && s.seqlen_q > 0 && s.seqlen_k > 0; }
 
+// The Hopper forward runs on compute capability 9.0 for the inputs it covers, unless the environment
+// variable FLASHATTN_FORCE_SM80=1 asks for the sm80 path (read on every call: tests compare both).
+bool use_sm90_fwd(const at::Tensor& q, const FwdParams& p) {
+  const char* force_sm80 = std::getenv("FLASHATTN_FORCE_SM80");
+  if (force_sm80 != nullptr && force_sm80[0] == '1') return false;
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
+  return prop->major == 9 && prop->minor == 0 && sm90::fwd_supported(p);
+}
+
 std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                             double scale, bool is_causal, bool causal_bottom_right) {
   const char* op = "flashattn.fwd";
@@ -104,7 +115,15 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   p.k_strides = strides_of(k);
   p.v_strides = strides_of(v);
   p.out_strides = strides_of(out);
-  C10_CUDA_CHECK(sm80::run_fwd(p, at::cuda::getCurrentCUDAStream()));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (use_sm90_fwd(q, p)) {
+    const cudaError_t err = sm90::run_fwd(p, stream);
+    if (err != cudaErrorNotSupported) {
+      C10_CUDA_CHECK(err);
+      return {out, lse};
+    }
+  }
+  C10_CUDA_CHECK(sm80::run_fwd(p, stream));
   return {out, lse};
 }
 
@@ -164,6 +183,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dout, 
 
 #endif  // FLASHATTN_WITH_CUDA
 
+bool compiled_with_sm90() {
+#ifdef FLASHATTN_WITH_CUDA
+  return sm90::compiled();
+#else
+  return false;
+#endif
+}
+
 bool compiled_with_cuda() {
 #ifdef FLASHATTN_WITH_CUDA
   return true;
@@ -197,4 +224,6 @@ TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flashattn kernels; the ops live in torch.ops.flashattn";
   m.def("compiled_with_cuda", &flashattn::compiled_with_cuda, "True when the CUDA kernels were built");
+  m.def("compiled_with_sm90", &flashattn::compiled_with_sm90,
+        "True when the Hopper (sm_90a) forward kernels were built");
 }

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Generate csrc/instantiations/*.cu (one kernel instantiation per file, so builds parallelize) and
-csrc/sm80/head_dims.h (the list dispatch switches over). Run after changing HEAD_DIMS."""
+csrc/sm80/head_dims.h, csrc/sm90/head_dims.h (the lists dispatch switches over). Run after changing
+HEAD_DIMS or SM90_HEAD_DIMS."""
 import pathlib
 
 HEAD_DIMS = [32, 64, 96, 128, 192, 256]
+SM90_HEAD_DIMS = [64, 96, 128, 192, 256]  # forward only
 ELEMENTS = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 PASSES = {"fwd": ("fwd_kernel.cuh", "launch_fwd", "FwdParams"), "bwd": ("bwd_kernel.cuh", "launch_bwd", "BwdParams")}
 
@@ -23,10 +25,17 @@ def main():
                         f"template cudaError_t flashattn::sm80::{launcher}<{element}, {head_dim}>(\n"
                         f"    const flashattn::{params}&, cudaStream_t);\n")
                 (out_dir / f"{pass_name}_{dtype}_hdim{head_dim}_sm80.cu").write_text(text)
-    cases = " ".join(f"X({d})" for d in HEAD_DIMS)
-    (ROOT / "csrc" / "sm80" / "head_dims.h").write_text(
-        f"{HEADER}// The head dims with compiled sm80 kernels; X(D) is applied to each, smallest first.\n"
-        f"#pragma once\n\n#define FLASHATTN_SM80_FOR_EACH_HEAD_DIM(X) {cases}\n")
+    for dtype, element in ELEMENTS.items():
+        for head_dim in SM90_HEAD_DIMS:
+            text = (f"{HEADER}#include \"sm90/fwd_kernel.cuh\"\n\n"
+                    f"template cudaError_t flashattn::sm90::launch_fwd<{element}, {head_dim}>(\n"
+                    f"    const flashattn::FwdParams&, cudaStream_t);\n")
+            (out_dir / f"fwd_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
+    for arch, dims in (("sm80", HEAD_DIMS), ("sm90", SM90_HEAD_DIMS)):
+        cases = " ".join(f"X({d})" for d in dims)
+        (ROOT / "csrc" / arch / "head_dims.h").write_text(
+            f"{HEADER}// The head dims with compiled {arch} kernels; X(D) is applied to each, smallest first.\n"
+            f"#pragma once\n\n#define FLASHATTN_{arch.upper()}_FOR_EACH_HEAD_DIM(X) {cases}\n")
 
 
 if __name__ == "__main__":

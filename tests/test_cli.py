@@ -34,7 +34,7 @@ def test_info_exits_zero_and_reports_build_and_paths():
     assert "CUDA kernels" in out
     assert "GPU                none visible" in out
     assert "CPU implementation" in out
-    assert "no sm90-specific" in out
+    assert "sm90 path" in out
 
 
 def test_check_on_cpu_passes_every_case():

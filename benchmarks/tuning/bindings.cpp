@@ -11,7 +11,9 @@ std::vector<FwdVariant>& fwd_variants() {
     std::vector<FwdVariant> out;
     add_fwd_variants_64(out);
     add_fwd_variants_128(out);
-    add_fwd_variants_sm90(out);
+    add_fwd_variants_sm90_64(out);
+    add_fwd_variants_sm90_128(out);
+    add_fwd_variants_sm90_256(out);
     return out;
   }();
   return v;

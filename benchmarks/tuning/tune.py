@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Times every kernel configuration listed in *_variants_*.cu (bf16, B*N = 16k tokens, H*D = 2048)
 beside SDPA's flash backend, after checking each against the package's own kernels. Development tool:
-  python3 benchmarks/tuning/tune.py [fwd|bwd|both|draft]   (wrap "draft" in `timeout`)"""
+  python3 benchmarks/tuning/tune.py [fwd|bwd|both|sm90]
+sm90 times the Hopper forward configurations (head dims 64/128/256) beside SDPA's flash and cuDNN
+backends; the others time the sm80 configurations (head dims 64/128) beside the flash backend."""
 import os
 import pathlib
 import sys
@@ -18,21 +20,20 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 arch = os.environ.get("TUNE_ARCH", "90a")  # 90a: wgmma and setmaxnreg
 mod = load(name="flashattn_tuning",
-           sources=[str(p) for p in [HERE / "bindings.cpp", *sorted(HERE.glob("*_variants_*.cu"))]],
+           sources=[str(p) for p in [HERE / "bindings.cpp", *sorted(HERE.glob("*_variants_*.cu")),
+                                     ROOT / "csrc" / "sm90" / "tensor_map.cu"]],
            extra_include_paths=[str(ROOT / "csrc"), str(HERE)],
            extra_cflags=["-O3", "-std=c++20"],
            extra_cuda_cflags=["-O3", "-std=c++17", "--use_fast_math", "--expt-relaxed-constexpr",
                               f"-gencode=arch=compute_{arch},code=sm_{arch}"])
 which = sys.argv[1] if len(sys.argv) > 1 else "both"
-# Drafts (names starting with "sm90 draft") may hang if their pipeline is wrong: they run only in the
-# "draft" mode, which the caller wraps in `timeout`.
-is_draft = lambda name: name.startswith("sm90 draft")  # noqa: E731
+is_sm90 = lambda name: name.startswith("sm90")  # noqa: E731
 bench = lambda fn: do_bench(fn, warmup=30, rep=150, return_mode="median")  # noqa: E731
 
 
-def sdpa_times(q, k, v, causal):
+def sdpa_times(q, k, v, causal, backend=SDPBackend.FLASH_ATTENTION):
     qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    with sdpa_kernel(backend):
         o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
         g = torch.randn_like(o)
         tf = bench(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))
@@ -42,7 +43,7 @@ def sdpa_times(q, k, v, causal):
 
 for n in (1024, 4096, 16384):
     for causal in (False, True):
-        for d in (64, 128):
+        for d in ((64, 128, 256) if which == "sm90" else (64, 128)):
             b, h = 16384 // n, 2048 // d
             q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             scale = d ** -0.5
@@ -52,10 +53,14 @@ for n in (1024, 4096, 16384):
             ref_grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, causal, False)
             tf, tb = sdpa_times(q, k, v, causal)
             head = f"n={n:5d} causal={int(causal)} d={d:3d}"
-            if which in ("fwd", "both", "draft"):
-                line = [f"{head} fwd FA2 {flops / tf / 1e9:6.1f} |"]
+            if which in ("fwd", "both", "sm90"):
+                line = [f"{head} fwd FA2 {flops / tf / 1e9:6.1f}"]
+                if which == "sm90":
+                    tf_cudnn, _ = sdpa_times(q, k, v, causal, SDPBackend.CUDNN_ATTENTION)
+                    line.append(f"cuDNN {flops / tf_cudnn / 1e9:6.1f}")
+                line.append("|")
                 for i, (vd, name) in enumerate(mod.fwd_variants()):
-                    if vd != d or is_draft(name) != (which == "draft"):
+                    if vd != d or is_sm90(name) != (which == "sm90"):
                         continue
                     o, lse_i = mod.fwd(i, q, k, v, scale, causal)
                     err = max((o.float() - out.float()).abs().max().item(),

@@ -1,0 +1,9 @@
+// Hopper forward configurations for head dim 128 (needs TUNE_ARCH=90a, tune.py's default).
+#include "sm90/fwd_kernel.cuh"
+#include "variants.h"
+using flashattn::sm90::FwdConfig;
+void add_fwd_variants_sm90_128(std::vector<FwdVariant>& out) {
+  FLASHATTN_SM90_FWD_VARIANT(128, FwdConfig<128, 128, 2>)
+  FLASHATTN_SM90_FWD_VARIANT(128, FwdConfig<128, 128, 3>)
+  FLASHATTN_SM90_FWD_VARIANT(128, FwdConfig<128, 96, 3>)
+}

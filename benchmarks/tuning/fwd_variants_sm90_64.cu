@@ -1,0 +1,9 @@
+// Hopper forward configurations for head dim 64 (needs TUNE_ARCH=90a, tune.py's default).
+#include "sm90/fwd_kernel.cuh"
+#include "variants.h"
+using flashattn::sm90::FwdConfig;
+void add_fwd_variants_sm90_64(std::vector<FwdVariant>& out) {
+  FLASHATTN_SM90_FWD_VARIANT(64, FwdConfig<64, 128, 4>)
+  FLASHATTN_SM90_FWD_VARIANT(64, FwdConfig<64, 128, 2>)
+  FLASHATTN_SM90_FWD_VARIANT(64, FwdConfig<64, 192, 3>)
+}

@@ -1,0 +1,26 @@
+// Entry points of the sm90 (Hopper: TMA + wgmma) kernel path. Host-callable, free of torch headers.
+// The path runs only on compute capability 9.0 and only in builds that include sm_90a
+// (FLASHATTN_CUDA_ARCHS containing 90); everything it does not cover goes to the sm80 path.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "params.h"
+
+namespace flashattn {
+namespace sm90 {
+
+// True when this build has the sm90 kernels.
+bool compiled();
+
+// Whether the sm90 forward covers these inputs: head dim 33..256 (smaller ones run faster on the
+// sm80 path's 32-wide tiles), a positive scale, and tensors TMA can describe (16-byte aligned base,
+// strides that are positive multiples of 16 bytes).
+bool fwd_supported(const FwdParams& params);
+
+// Forward: writes params.out and params.lse. Returns cudaErrorNotSupported, before launching
+// anything, when a TMA descriptor cannot be built; the caller then falls back to the sm80 path.
+cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
+
+}  // namespace sm90
+}  // namespace flashattn

@@ -1,0 +1,56 @@
+// Picks the compiled sm90 kernel for (element type, tile width).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "sm90/api.h"
+#include "sm90/head_dims.h"
+#include "sm90/launch.h"
+
+namespace flashattn {
+namespace sm90 {
+namespace {
+
+bool tma_compatible(const void* ptr, const TensorStrides& st) {
+  auto ok = [](int64_t stride) { return stride > 0 && stride % 8 == 0; };  // elements of 2 bytes
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && ok(st.batch) && ok(st.row) && ok(st.head);
+}
+
+int tile_width(int head_dim) {
+#define FLASHATTN_PICK_SMALLEST(D) \
+  if (head_dim <= D) return D;
+  FLASHATTN_SM90_FOR_EACH_HEAD_DIM(FLASHATTN_PICK_SMALLEST)
+#undef FLASHATTN_PICK_SMALLEST
+  return 0;
+}
+
+}  // namespace
+
+bool compiled() {
+#if defined(FLASHATTN_SM90)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool fwd_supported(const FwdParams& p) {
+  const AttentionShape& s = p.shape;
+  return compiled() && s.head_dim > 32 && tile_width(s.head_dim) > 0 && s.scale > 0.f && std::isfinite(s.scale) &&
+         tma_compatible(p.q, p.q_strides) && tma_compatible(p.k, p.k_strides) && tma_compatible(p.v, p.v_strides);
+}
+
+cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
+  const int width = tile_width(p.shape.head_dim);
+  const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
+#define FLASHATTN_LAUNCH(D) \
+  if (width == D) return bf16 ? launch_fwd<__nv_bfloat16, D>(p, stream) : launch_fwd<__half, D>(p, stream);
+  FLASHATTN_SM90_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
+#undef FLASHATTN_LAUNCH
+  return cudaErrorNotSupported;
+}
+
+}  // namespace sm90
+}  // namespace flashattn

@@ -1,0 +1,391 @@
+// Forward attention on the sm90 path: TMA, mbarriers, wgmma and warp specialisation (sm_90a only).
+//
+// One CTA per (128-query block, query head, batch), three warpgroups:
+//   warpgroup 0, the producer: one thread issues TMA loads of the Q block (once) and of the K and V
+//     blocks into rings of kStages shared-memory stages. A stage is "full" when its bytes have landed
+//     (an mbarrier with the transaction count) and "empty" when every consumer warp is done with it.
+//     The producer gives most of its registers to the consumers (setmaxnreg).
+//   warpgroups 1 and 2, the consumers: each owns 64 query rows. Per key block n:
+//     S = Q K_n^T (wgmma, both operands in shared memory), then the online softmax in registers, then
+//     O += P V_n (wgmma, P from registers). The QK^T GEMM of block n + 1 is issued before the PV GEMM
+//     of block n, so the softmax of block n + 1 overlaps the PV GEMM on the tensor cores.
+//   The epilogue divides O by the row sums and writes O and the LSE straight from registers.
+//
+// Shared tiles use the 128-byte swizzle: a [rows][kHeadDim] tile is stored as column blocks of
+// [rows][64] elements (128 bytes per row), which TMA writes and wgmma reads through descriptors.
+// Columns past the real head dim, and rows past the sequence ends, are zero-filled by TMA.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/mask.h"
+#include "params.h"
+#include "sm80/ptx.h"  // ElementOps: packing two floats into one register
+#include "sm90/ptx.h"
+#include "sm90/tensor_map.h"
+#include "sm90/wgmma.h"
+
+namespace flashattn {
+namespace sm90 {
+
+template <int kHeadDim_, int kBlockN_, int kStages_>
+struct FwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;  // tile width: the real head dim is <= this
+  static constexpr int kBlockM = 128;         // queries per CTA: 64 per consumer warpgroup
+  static constexpr int kBlockN = kBlockN_;    // keys per step
+  static constexpr int kStages = kStages_;    // K and V ring depth
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kConsumerRegisters = 240;  // after setmaxnreg; 24 stay with the producer
+  static constexpr int kProducerRegisters = 24;
+
+  static constexpr int kColBlock = 64;  // elements of one 128-byte swizzled row
+  static constexpr int kColBlocks = (kHeadDim + kColBlock - 1) / kColBlock;
+  static constexpr int kQColBlockBytes = kBlockM * 128;   // one [kBlockM][64] column block
+  static constexpr int kKVColBlockBytes = kBlockN * 128;  // one [kBlockN][64] column block
+  static constexpr int kQBytes = kColBlocks * kQColBlockBytes;
+  static constexpr int kKVBytes = kColBlocks * kKVColBlockBytes;
+  // Q, then the K ring, then the V ring, then the mbarriers; +1024 to align the base for the swizzle.
+  static constexpr int kBarriersOffset = kQBytes + 2 * kStages * kKVBytes;
+  static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + 4 * kStages) * 8;
+
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma k16 steps");
+  static_assert(kKVColBlockBytes % 1024 == 0, "each column block starts on a swizzle-pattern boundary");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
+};
+
+template <int kHeadDim>
+struct DefaultFwdConfig;
+template <> struct DefaultFwdConfig<64> { using type = FwdConfig<64, 128, 4>; };
+template <> struct DefaultFwdConfig<96> { using type = FwdConfig<96, 128, 2>; };
+template <> struct DefaultFwdConfig<128> { using type = FwdConfig<128, 128, 2>; };
+template <> struct DefaultFwdConfig<192> { using type = FwdConfig<192, 96, 2>; };
+template <> struct DefaultFwdConfig<256> { using type = FwdConfig<256, 64, 2>; };
+
+struct FwdTensorMaps {
+  CUtensorMap q, k, v;  // [B, L, H, D] read in [rows][64] boxes, 128-byte swizzle
+};
+
+// The mbarriers of one CTA, in shared memory after the tiles.
+template <typename Cfg>
+struct FwdBarriers {
+  uint64_t q_full;
+  uint64_t k_full[Cfg::kStages], v_full[Cfg::kStages];
+  uint64_t k_empty[Cfg::kStages], v_empty[Cfg::kStages];
+};
+
+// ---- producer ----
+
+template <typename Cfg>
+__device__ __forceinline__ void load_tile(unsigned char* smem, const CUtensorMap* map, uint64_t* bar, int row,
+                                          int head, int batch, int col_block_bytes) {
+#pragma unroll
+  for (int cb = 0; cb < Cfg::kColBlocks; ++cb) {
+    tma_load_4d(smem + cb * col_block_bytes, map, bar, cb * Cfg::kColBlock, row, head, batch);
+  }
+}
+
+// Issued by one thread: Q, then K_n and V_n for every key block, each into its ring stage once the
+// consumers have released the stage's previous contents.
+template <typename Cfg>
+__device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsigned char* q_smem,
+                        unsigned char* k_smem, unsigned char* v_smem, int m0, int head, int kv_head, int batch,
+                        int num_n_blocks) {
+  mbar_arrive_expect_tx(&bars.q_full, Cfg::kQBytes);
+  load_tile<Cfg>(q_smem, &maps.q, &bars.q_full, m0, head, batch, Cfg::kQColBlockBytes);
+  for (int n = 0; n < num_n_blocks; ++n) {
+    const int stage = n % Cfg::kStages;
+    const int use = n / Cfg::kStages;
+    if (use > 0) mbar_wait(&bars.k_empty[stage], (use - 1) & 1);
+    mbar_arrive_expect_tx(&bars.k_full[stage], Cfg::kKVBytes);
+    load_tile<Cfg>(k_smem + stage * Cfg::kKVBytes, &maps.k, &bars.k_full[stage], n * Cfg::kBlockN, kv_head, batch,
+                   Cfg::kKVColBlockBytes);
+    if (use > 0) mbar_wait(&bars.v_empty[stage], (use - 1) & 1);
+    mbar_arrive_expect_tx(&bars.v_full[stage], Cfg::kKVBytes);
+    load_tile<Cfg>(v_smem + stage * Cfg::kKVBytes, &maps.v, &bars.v_full[stage], n * Cfg::kBlockN, kv_head, batch,
+                   Cfg::kKVColBlockBytes);
+  }
+}
+
+// ---- consumer pieces ----
+
+// S (64 x kBlockN per warpgroup) = Q K^T. Both tiles are K-major (head dim contiguous): a k16 step
+// advances the start address by 32 bytes inside a 128-byte row, and every 4 steps moves to the next
+// column block; the stride byte offset 1024 is the distance between 8-row groups.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const unsigned char* q_rows,
+                                         const unsigned char* k_tile) {
+#pragma unroll
+  for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
+    const int offset = (ks % 4) * 32;
+    const uint64_t desc_q = smem_desc_sw128(q_rows + (ks / 4) * Cfg::kQColBlockBytes + offset, 16, 1024);
+    const uint64_t desc_k = smem_desc_sw128(k_tile + (ks / 4) * Cfg::kKVColBlockBytes + offset, 16, 1024);
+    Wgmma<T, Cfg::kBlockN>::ss(s, desc_q, desc_k, ks > 0);
+  }
+}
+
+// O (64 x kHeadDim per warpgroup) += P V. V is [keys][head dim], so B is MN-major: the leading byte
+// offset steps between 64-column blocks, the stride byte offset between 8-key groups, and a k16 step
+// (16 keys) advances the start by 16 rows of 128 bytes.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2], uint32_t (&p)[Cfg::kBlockN / 16][4],
+                                         const unsigned char* v_tile) {
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
+    const uint64_t desc_v = smem_desc_sw128(v_tile + kk * 16 * 128, Cfg::kKVColBlockBytes, 1024);
+    Wgmma<T, Cfg::kHeadDim>::rs(o, p[kk], desc_v, 1);
+  }
+}
+
+// Scores of keys a row may not see become -inf: keys past seqlen_k (TMA filled them with zeros) and,
+// with causal masking, keys right of the diagonal.
+template <int kBlockN>
+__device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int row0, int lane, const AttentionShape& sh) {
+#pragma unroll
+  for (int i = 0; i < kBlockN / 2; ++i) {
+    const int key = n0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
+    const int query = row0 + ((i % 4) / 2) * 8;
+    s[i] = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset) ? s[i] : -INFINITY;
+  }
+}
+
+// Running max (raw scores) and partial sum (this thread's columns only) of this thread's two rows.
+template <int kBlockN>
+struct OnlineSoftmax {
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+
+  // Turns raw scores into exp2(s * scale_log2 - max * scale_log2) in place (one FFMA and one EX2 per
+  // score; the scale must be positive) and returns the factor the older O rows must be scaled by.
+  __device__ __forceinline__ void update(float (&s)[kBlockN / 2], float scale_log2, float (&correction)[2]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float block_max = row_max[half];
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]));
+      }
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffff, block_max, 1));
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffff, block_max, 2));
+      // A row that has seen no key yet keeps max -inf; subtracting 0 then keeps its exp2 at 0.
+      const float base = block_max == -INFINITY ? 0.f : block_max * scale_log2;
+      correction[half] = exp2f(row_max[half] * scale_log2 - base);
+      row_max[half] = block_max;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float& x = s[4 * j + 2 * half + c];
+          x = exp2f(fmaf(x, scale_log2, -base));
+          sum += x;
+        }
+      }
+      row_sum[half] = row_sum[half] * correction[half] + sum;
+    }
+  }
+};
+
+template <int kCount>
+__device__ __forceinline__ void rescale_rows(float (&o)[kCount], const float (&correction)[2]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) o[i] *= correction[(i % 4) / 2];
+}
+
+// The probabilities of n8 blocks 2kk and 2kk + 1 as the A fragment of PV's k16 step kk.
+template <typename T, int kBlockN>
+__device__ __forceinline__ void pack_probabilities(uint32_t (&p)[kBlockN / 16][4], const float (&s)[kBlockN / 2]) {
+  using Ops = sm80::ElementOps<T>;
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) p[kk][r] = Ops::pack(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+  }
+}
+
+// O / rowsum and the natural-log LSE of this thread's two rows, straight to global memory.
+template <typename T, int kHeadDim, int kBlockN>
+__device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (&o)[kHeadDim / 2],
+                                               const OnlineSoftmax<kBlockN>& softmax, int head, int batch,
+                                               int row0, int lane) {
+  using Ops = sm80::ElementOps<T>;
+  const AttentionShape& sh = p.shape;
+  T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head;  // [Lq, D]
+  float* lse = p.lse + (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;      // [Lq]
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float sum = softmax.row_sum[half];
+    sum += __shfl_xor_sync(0xffffffff, sum, 1);
+    sum += __shfl_xor_sync(0xffffffff, sum, 2);
+    const int row = row0 + half * 8;
+    if (row >= sh.seqlen_q) continue;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    if (lane % 4 == 0) {
+      lse[row] = sum > 0.f ? (softmax.row_max[half] * sh.scale_log2 + log2f(sum)) * 0.6931471805599453f : -INFINITY;
+    }
+    T* out_row = out + row * p.out_strides.row;
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      const int col = j * 8 + (lane % 4) * 2;
+      const float v0 = o[4 * j + 2 * half] * inv, v1 = o[4 * j + 2 * half + 1] * inv;
+      if (col + 1 < sh.head_dim) {
+        if (sh.head_dim % 2 == 0) {
+          *reinterpret_cast<uint32_t*>(out_row + col) = Ops::pack(v0, v1);
+        } else {
+          out_row[col] = Ops::from_float(v0);
+          out_row[col + 1] = Ops::from_float(v1);
+        }
+      } else if (col < sh.head_dim) {
+        out_row[col] = Ops::from_float(v0);
+      }
+    }
+  }
+}
+
+// ---- the kernel ----
+
+template <typename T, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdTensorMaps maps,
+                                                               const FwdParams p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // Built for another architecture too (sm_80): never launched there (see sm90/api.h).
+  __trap();
+#else
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* q_smem = base;                                // [kColBlocks][kBlockM][64], swizzled
+  unsigned char* k_smem = base + Cfg::kQBytes;                 // [kStages][kColBlocks][kBlockN][64]
+  unsigned char* v_smem = k_smem + kStages * Cfg::kKVBytes;    // [kStages][kColBlocks][kBlockN][64]
+  auto& bars = *reinterpret_cast<FwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
+
+  const AttentionShape& sh = p.shape;
+  const int num_m_blocks = (sh.seqlen_q + kBlockM - 1) / kBlockM;
+  // The longest causal rows first, so the short ones fill the tail of the grid.
+  const int m_block = num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks);
+  const int head = static_cast<int>((blockIdx.x / num_m_blocks) % sh.heads_q);
+  const int batch = static_cast<int>(blockIdx.x / num_m_blocks / sh.heads_q);
+  const int kv_head = head / (sh.heads_q / sh.heads_kv);
+  const int m0 = m_block * kBlockM;
+  const int key_end = visible_key_end(min(m0 + kBlockM, sh.seqlen_q), sh.seqlen_k, sh.is_causal, sh.causal_offset);
+  const int num_n_blocks = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
+  const int warpgroup = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&maps.q);
+    prefetch_tensor_map(&maps.k);
+    prefetch_tensor_map(&maps.v);
+    mbar_init(&bars.q_full, 1);
+    for (int i = 0; i < kStages; ++i) {
+      mbar_init(&bars.k_full[i], 1);
+      mbar_init(&bars.v_full[i], 1);
+      mbar_init(&bars.k_empty[i], Cfg::kConsumers * 4);  // one arrival per consumer warp
+      mbar_init(&bars.v_empty[i], Cfg::kConsumers * 4);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    registers_decrease<Cfg::kProducerRegisters>();
+    if (threadIdx.x == 0) produce<Cfg>(maps, bars, q_smem, k_smem, v_smem, m0, head, kv_head, batch, num_n_blocks);
+    return;
+  }
+  registers_increase<Cfg::kConsumerRegisters>();
+
+  const int consumer = warpgroup - 1;
+  const int lane = threadIdx.x % 32;
+  const bool warp_leader = lane == 0;
+  const int row0 = m0 + consumer * 64 + ((threadIdx.x / 32) % 4) * 16 + lane / 4;  // this thread's rows: +0, +8
+  const int first_row = m0 + consumer * 64;  // of this warpgroup
+  const unsigned char* q_rows = q_smem + consumer * 64 * 128;
+
+  float o[Cfg::kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
+  float s[kBlockN / 2];
+  uint32_t prob[kBlockN / 16][4];
+  OnlineSoftmax<kBlockN> softmax;
+  float correction[2];
+
+  // Only blocks past the last key or crossing the causal diagonal need the mask.
+  auto needs_mask = [&](int n0) {
+    return n0 + kBlockN > sh.seqlen_k || (sh.is_causal && n0 + kBlockN - 1 > first_row + sh.causal_offset);
+  };
+
+  if (num_n_blocks > 0) {
+    mbar_wait(&bars.q_full, 0);
+    // Block 0: S, softmax, P.
+    mbar_wait(&bars.k_full[0], 0);
+    wgmma_fence();
+    issue_qk<T, Cfg>(s, q_rows, k_smem);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(s);
+    if (warp_leader) mbar_arrive(&bars.k_empty[0]);
+    if (needs_mask(0)) mask_scores<kBlockN>(s, 0, row0, lane, sh);
+    softmax.update(s, sh.scale_log2, correction);
+    pack_probabilities<T, kBlockN>(prob, s);
+
+    for (int n = 1; n < num_n_blocks; ++n) {
+      const int stage = n % kStages, prev = (n - 1) % kStages;
+      // S_n = Q K_n^T, then O += P_{n-1} V_{n-1}; both run while this warpgroup waits for S_n.
+      mbar_wait(&bars.k_full[stage], (n / kStages) & 1);
+      mbar_wait(&bars.v_full[prev], ((n - 1) / kStages) & 1);
+      wgmma_fence();
+      issue_qk<T, Cfg>(s, q_rows, k_smem + stage * Cfg::kKVBytes);
+      wgmma_commit();
+      issue_pv<T, Cfg>(o, prob, v_smem + prev * Cfg::kKVBytes);
+      wgmma_commit();
+      wgmma_wait<1>();  // S_n is ready; the PV GEMM may still run
+      fence_registers(s);
+      if (warp_leader) mbar_arrive(&bars.k_empty[stage]);
+      const int n0 = n * kBlockN;
+      if (needs_mask(n0)) mask_scores<kBlockN>(s, n0, row0, lane, sh);
+      softmax.update(s, sh.scale_log2, correction);
+      wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
+      fence_registers(o);
+      fence_registers(prob);
+      if (warp_leader) mbar_arrive(&bars.v_empty[prev]);
+      rescale_rows(o, correction);
+      pack_probabilities<T, kBlockN>(prob, s);
+    }
+    const int last = (num_n_blocks - 1) % kStages;
+    mbar_wait(&bars.v_full[last], ((num_n_blocks - 1) / kStages) & 1);
+    wgmma_fence();
+    issue_pv<T, Cfg>(o, prob, v_smem + last * Cfg::kKVBytes);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(o);
+  }
+  write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, head, batch, row0, lane);
+#endif
+}
+
+template <typename T, typename Cfg>
+cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
+  const AttentionShape& sh = p.shape;
+  FwdTensorMaps maps;
+  cudaError_t err = make_tensor_map(&maps.q, p.q, sh, sh.seqlen_q, sh.heads_q, p.q_strides, Cfg::kBlockM);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.k, p.k, sh, sh.seqlen_k, sh.heads_kv, p.k_strides, Cfg::kBlockN);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.v, p.v, sh, sh.seqlen_k, sh.heads_kv, p.v_strides, Cfg::kBlockN);
+  if (err != cudaSuccess) return err;
+  const int64_t grid = static_cast<int64_t>((sh.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * sh.heads_q * sh.batch;
+  if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  auto kernel = fwd_kernel<T, Cfg>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
+  return cudaGetLastError();
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  return launch_fwd_with_config<T, typename DefaultFwdConfig<kHeadDim>::type>(p, stream);
+}
+
+}  // namespace sm90
+}  // namespace flashattn

@@ -1,0 +1,16 @@
+// Declarations of the per-(element type, head dim) sm90 launchers; each is instantiated in its own
+// file under csrc/instantiations/ so the build parallelizes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "params.h"
+
+namespace flashattn {
+namespace sm90 {
+
+template <typename T, int kHeadDim>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream);
+
+}  // namespace sm90
+}  // namespace flashattn

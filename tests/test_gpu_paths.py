@@ -1,0 +1,60 @@
+"""Both CUDA forward paths against the oracle on an sm_90 GPU.
+
+On compute capability 9.0 the forward runs the sm90 path (TMA + wgmma) for the inputs it covers and
+the sm80 path for the rest; FLASHATTN_FORCE_SM80=1 (read on every call) forces the sm80 path. The
+main grid in test_gpu_attention.py runs whatever the default picks; this file runs the awkward
+shapes under both settings so neither path goes untested on a Hopper GPU.
+"""
+import itertools
+
+import pytest
+import torch
+
+import flashattn
+from conftest import requires_cuda
+from test_gpu_attention import run_case
+
+pytestmark = requires_cuda
+
+SEQLENS = [(1, 1), (17, 17), (97, 203), (203, 97), (1025, 1025), (128, 1), (1, 300)]
+HEAD_DIMS = [40, 64, 72, 96, 128, 160, 192, 256]
+LAYOUTS = ["contiguous", "bhsd", "padded", "unaligned"]
+HEAD_CONFIGS = [(2, 4, 4), (1, 8, 2)]
+
+
+def _cases():
+    cases = []
+    for i, (dtype, seqlens, causal) in enumerate(itertools.product(
+            [torch.bfloat16, torch.float16], SEQLENS, ["none", "top_left", "bottom_right"])):
+        head_dim = HEAD_DIMS[i % len(HEAD_DIMS)]
+        layout = LAYOUTS[i % len(LAYOUTS)]
+        heads = HEAD_CONFIGS[i % len(HEAD_CONFIGS)]
+        name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+        cases.append(pytest.param(dtype, seqlens, causal, head_dim, layout, heads,
+                                  id=f"{name}-{seqlens[0]}x{seqlens[1]}-{causal}-d{head_dim}-{layout}"))
+    return cases
+
+
+@pytest.mark.parametrize("path", ["default", "sm80"])
+@pytest.mark.parametrize("dtype,seqlens,causal,head_dim,layout,heads", _cases())
+def test_forward_paths_match_oracle(monkeypatch, path, dtype, seqlens, causal, head_dim, layout, heads):
+    if path == "sm80":
+        monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
+    batch, heads_q, heads_kv = heads
+    run_case(batch, seqlens[0], seqlens[1], heads_q, heads_kv, head_dim, dtype, causal, layout)
+
+
+@pytest.mark.parametrize("path", ["default", "sm80"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("causal", ["top_left", "bottom_right"])
+def test_forward_paths_on_long_rows(monkeypatch, path, head_dim, causal):
+    # Many key blocks per CTA, so the ring of stages wraps several times, and Lq != Lk.
+    if path == "sm80":
+        monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
+    run_case(1, 2048, 1900, 4, 2, head_dim, torch.bfloat16, causal)
+
+
+def test_sm90_forward_is_built_for_hopper():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("not a compute capability 9.0 GPU")
+    assert flashattn.ops._C.compiled_with_sm90(), "built without sm_90a: the Hopper forward path is missing"
