@@ -79,14 +79,17 @@ AttentionShape make_shape(const CheckedShape& s, const at::Tensor& q, double sca
 
 bool has_work(const CheckedShape& s) { return s.batch > 0 && s.heads_q > 0 && s.seqlen_q > 0 && s.seqlen_k > 0; }
 
-// The Hopper forward runs on compute capability 9.0 for the inputs it covers, unless the environment
+// The Hopper kernels run on compute capability 9.0 for the inputs they cover, unless the environment
 // variable FLASHATTN_FORCE_SM80=1 asks for the sm80 path (read on every call: tests compare both).
-bool use_sm90_fwd(const at::Tensor& q, const FwdParams& p) {
+bool sm90_allowed(const at::Tensor& q) {
   const char* force_sm80 = std::getenv("FLASHATTN_FORCE_SM80");
   if (force_sm80 != nullptr && force_sm80[0] == '1') return false;
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
-  return prop->major == 9 && prop->minor == 0 && sm90::fwd_supported(p);
+  return prop->major == 9 && prop->minor == 0;
 }
+
+bool use_sm90_fwd(const at::Tensor& q, const FwdParams& p) { return sm90_allowed(q) && sm90::fwd_supported(p); }
+bool use_sm90_bwd(const at::Tensor& q, const BwdParams& p) { return sm90_allowed(q) && sm90::bwd_supported(p); }
 
 std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                             double scale, bool is_causal, bool causal_bottom_right) {
@@ -177,7 +180,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dout, 
   p.dq_strides = strides_of(dq);
   p.dk_strides = strides_of(dk);
   p.dv_strides = strides_of(dv);
-  C10_CUDA_CHECK(sm80::run_bwd(p, at::cuda::getCurrentCUDAStream()));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (use_sm90_bwd(q, p)) {
+    const cudaError_t err = sm90::run_bwd(p, stream);
+    if (err != cudaErrorNotSupported) {
+      C10_CUDA_CHECK(err);
+      return {dq, dk, dv};
+    }
+  }
+  C10_CUDA_CHECK(sm80::run_bwd(p, stream));
   return {dq, dk, dv};
 }
 

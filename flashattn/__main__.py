@@ -144,9 +144,10 @@ support matrix
   dtypes          CUDA: float16, bfloat16 (float32/float64 CUDA tensors fall back to torch SDPA)
                   CPU: float16, bfloat16, float32, float64
   GPUs            compute capability 8.0+ (A100, H100/H200, RTX 30xx/40xx, ...): sm80 kernels (mma.sync)
-                  on all of them; on compute capability 9.0 (H100/H200) the forward runs the sm90 path
-                  (TMA, wgmma, warp specialisation) for head dims 33..256 with 16-byte-aligned strides,
-                  the sm80 path otherwise and for the backward (FLASHATTN_FORCE_SM80=1 forces sm80)
+                  on all of them; on compute capability 9.0 (H100/H200) the sm90 path (TMA, wgmma, warp
+                  specialisation) runs the forward for head dims 33..256 and the backward for 33..64
+                  and 97..128, given 16-byte-aligned strides; sm80 otherwise (FLASHATTN_FORCE_SM80=1
+                  forces sm80)
   head dims       any of 1..256 (CUDA: padded inside the kernels to the next compiled tile width);
                   q, k and v must share the head dim
   heads           grouped-query / multi-query attention: heads_q a multiple of heads_kv
@@ -206,10 +207,10 @@ def info() -> None:
                     verdict = "sm80 kernels" + (f" ({runs})" if runs else "")
                     sm90 = capability == (9, 0) and getattr(flashattn.ops._C, "compiled_with_sm90", lambda: False)()
                     if sm90:
-                        verdict += "; sm90 forward (TMA + wgmma)"
+                        verdict += "; sm90 kernels (TMA + wgmma)"
                     elif capability[0] >= 9:
-                        verdict += "; no sm90 forward in this build" if capability == (9, 0) else ""
-                    gpu_path = gpu_path or (f"sm90 forward (TMA, wgmma) + sm80 backward on GPU {index}" if sm90
+                        verdict += "; no sm90 kernels in this build" if capability == (9, 0) else ""
+                    gpu_path = gpu_path or (f"sm90 kernels (TMA, wgmma), sm80 where they do not apply, on GPU {index}" if sm90
                                             else f"sm80 kernels (mma.sync, cp.async) on GPU {index}")
             print(f"  GPU {index}              {name}, compute capability {capability[0]}.{capability[1]}, "
                   f"{total:.0f} GiB: {verdict}")

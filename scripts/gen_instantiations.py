@@ -5,7 +5,8 @@ HEAD_DIMS or SM90_HEAD_DIMS."""
 import pathlib
 
 HEAD_DIMS = [32, 64, 96, 128, 192, 256]
-SM90_HEAD_DIMS = [64, 96, 128, 192, 256]  # forward only
+SM90_HEAD_DIMS = [64, 96, 128, 192, 256]
+SM90_BWD_HEAD_DIMS = [64, 128]
 ELEMENTS = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 PASSES = {"fwd": ("fwd_kernel.cuh", "launch_fwd", "FwdParams"), "bwd": ("bwd_kernel.cuh", "launch_bwd", "BwdParams")}
 
@@ -31,11 +32,19 @@ def main():
                     f"template cudaError_t flashattn::sm90::launch_fwd<{element}, {head_dim}>(\n"
                     f"    const flashattn::FwdParams&, cudaStream_t);\n")
             (out_dir / f"fwd_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
-    for arch, dims in (("sm80", HEAD_DIMS), ("sm90", SM90_HEAD_DIMS)):
-        cases = " ".join(f"X({d})" for d in dims)
-        (ROOT / "csrc" / arch / "head_dims.h").write_text(
-            f"{HEADER}// The head dims with compiled {arch} kernels; X(D) is applied to each, smallest first.\n"
-            f"#pragma once\n\n#define FLASHATTN_{arch.upper()}_FOR_EACH_HEAD_DIM(X) {cases}\n")
+        for head_dim in SM90_BWD_HEAD_DIMS:
+            text = (f"{HEADER}#include \"sm90/bwd_kernel.cuh\"\n\n"
+                    f"template cudaError_t flashattn::sm90::launch_bwd<{element}, {head_dim}>(\n"
+                    f"    const flashattn::BwdParams&, cudaStream_t);\n")
+            (out_dir / f"bwd_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
+    cases = lambda dims: " ".join(f"X({d})" for d in dims)  # noqa: E731
+    (ROOT / "csrc" / "sm80" / "head_dims.h").write_text(
+        f"{HEADER}// The head dims with compiled sm80 kernels; X(D) is applied to each, smallest first.\n"
+        f"#pragma once\n\n#define FLASHATTN_SM80_FOR_EACH_HEAD_DIM(X) {cases(HEAD_DIMS)}\n")
+    (ROOT / "csrc" / "sm90" / "head_dims.h").write_text(
+        f"{HEADER}// The head dims with compiled sm90 kernels; X(D) is applied to each, smallest first.\n"
+        f"#pragma once\n\n#define FLASHATTN_SM90_FOR_EACH_HEAD_DIM(X) {cases(SM90_HEAD_DIMS)}\n"
+        f"#define FLASHATTN_SM90_BWD_FOR_EACH_HEAD_DIM(X) {cases(SM90_BWD_HEAD_DIMS)}\n")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""Both CUDA forward paths against the oracle on an sm_90 GPU.
+"""Both CUDA kernel paths against the oracle on an sm_90 GPU.
 
-On compute capability 9.0 the forward runs the sm90 path (TMA + wgmma) for the inputs it covers and
-the sm80 path for the rest; FLASHATTN_FORCE_SM80=1 (read on every call) forces the sm80 path. The
-main grid in test_gpu_attention.py runs whatever the default picks; this file runs the awkward
-shapes under both settings so neither path goes untested on a Hopper GPU.
+On compute capability 9.0 the forward and backward run the sm90 path (TMA + wgmma) for the inputs
+they cover and the sm80 path for the rest; FLASHATTN_FORCE_SM80=1 (read on every call) forces the
+sm80 path. The main grid in test_gpu_attention.py runs whatever the default picks; this file runs the
+awkward shapes, forward and backward, under both settings so neither path goes untested on a Hopper
+GPU.
 """
 import itertools
 
@@ -37,7 +38,7 @@ def _cases():
 
 @pytest.mark.parametrize("path", ["default", "sm80"])
 @pytest.mark.parametrize("dtype,seqlens,causal,head_dim,layout,heads", _cases())
-def test_forward_paths_match_oracle(monkeypatch, path, dtype, seqlens, causal, head_dim, layout, heads):
+def test_paths_match_oracle(monkeypatch, path, dtype, seqlens, causal, head_dim, layout, heads):
     if path == "sm80":
         monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
     batch, heads_q, heads_kv = heads
@@ -46,9 +47,9 @@ def test_forward_paths_match_oracle(monkeypatch, path, dtype, seqlens, causal, h
 
 @pytest.mark.parametrize("path", ["default", "sm80"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
-@pytest.mark.parametrize("causal", ["top_left", "bottom_right"])
-def test_forward_paths_on_long_rows(monkeypatch, path, head_dim, causal):
-    # Many key blocks per CTA, so the ring of stages wraps several times, and Lq != Lk.
+@pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
+def test_paths_on_long_rows(monkeypatch, path, head_dim, causal):
+    # Many key and query blocks per CTA, so the rings of stages wrap several times, Lq != Lk, and GQA.
     if path == "sm80":
         monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
     run_case(1, 2048, 1900, 4, 2, head_dim, torch.bfloat16, causal)

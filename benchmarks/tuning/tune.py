@@ -68,10 +68,14 @@ for n in (1024, 4096, 16384):
                     t = bench(lambda: mod.fwd(i, q, k, v, scale, causal))
                     line.append(f"f{i} {flops / t / 1e9:6.1f}{'' if err < 2e-2 else ' BAD'}")
                 print(" ".join(line), flush=True)
-            if which in ("bwd", "both"):
-                line = [f"{head} bwd FA2 {2.5 * flops / tb / 1e9:6.1f} |"]
-                for i, (vd, _) in enumerate(mod.bwd_variants()):
-                    if vd != d:
+            if which in ("bwd", "both", "sm90") and d in (64, 128):
+                line = [f"{head} bwd FA2 {2.5 * flops / tb / 1e9:6.1f}"]
+                if which == "sm90":
+                    _, tb_cudnn = sdpa_times(q, k, v, causal, SDPBackend.CUDNN_ATTENTION)
+                    line.append(f"cuDNN {2.5 * flops / tb_cudnn / 1e9:6.1f}")
+                line.append("|")
+                for i, (vd, name) in enumerate(mod.bwd_variants()):
+                    if vd != d or is_sm90(name) != (which == "sm90"):
                         continue
                     grads = mod.bwd(i, dout, q, k, v, out, lse, scale, causal)
                     err = max((a.float() - r.float()).abs().max().item() for a, r in zip(grads, ref_grads))

@@ -26,6 +26,7 @@ void add_fwd_variants_sm90_128(std::vector<FwdVariant>& out);
 void add_fwd_variants_sm90_256(std::vector<FwdVariant>& out);
 void add_bwd_variants_64(std::vector<BwdVariant>& out);
 void add_bwd_variants_128(std::vector<BwdVariant>& out);
+void add_bwd_variants_sm90(std::vector<BwdVariant>& out);
 
 #define FLASHATTN_FWD_VARIANT(D, ...) \
   out.push_back({D, #__VA_ARGS__, &flashattn::sm80::launch_fwd_with_config<__nv_bfloat16, __VA_ARGS__>});
@@ -34,3 +35,5 @@ void add_bwd_variants_128(std::vector<BwdVariant>& out);
   out.push_back({D, "sm90 " #__VA_ARGS__, &flashattn::sm90::launch_fwd_with_config<__nv_bfloat16, __VA_ARGS__>});
 #define FLASHATTN_BWD_VARIANT(D, ...) \
   out.push_back({D, #__VA_ARGS__, &flashattn::sm80::launch_bwd_with_config<__nv_bfloat16, __VA_ARGS__>});
+#define FLASHATTN_SM90_BWD_VARIANT(D, ...) \
+  out.push_back({D, "sm90 " #__VA_ARGS__, &flashattn::sm90::launch_bwd_with_config<__nv_bfloat16, __VA_ARGS__>});

@@ -22,5 +22,14 @@ bool fwd_supported(const FwdParams& params);
 // anything, when a TMA descriptor cannot be built; the caller then falls back to the sm80 path.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
+// Whether the sm90 backward covers these inputs: head dims 33..64 and 97..128 (tiles 64 and 128, the
+// widths of the dq workspace the host allocates for them), a positive scale, q, k, v and dout that TMA
+// can describe. Deterministic mode is the sm80 path's.
+bool bwd_supported(const BwdParams& params);
+
+// Backward: writes dq, dk, dv (same workspace contract as sm80::run_bwd). Returns
+// cudaErrorNotSupported, before launching anything, when a TMA descriptor cannot be built.
+cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
+
 }  // namespace sm90
 }  // namespace flashattn

@@ -26,6 +26,14 @@ int tile_width(int head_dim) {
   return 0;
 }
 
+int bwd_tile_width(int head_dim) {
+#define FLASHATTN_PICK_SMALLEST(D) \
+  if (head_dim <= D) return D;
+  FLASHATTN_SM90_BWD_FOR_EACH_HEAD_DIM(FLASHATTN_PICK_SMALLEST)
+#undef FLASHATTN_PICK_SMALLEST
+  return 0;
+}
+
 }  // namespace
 
 bool compiled() {
@@ -48,6 +56,23 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
 #define FLASHATTN_LAUNCH(D) \
   if (width == D) return bf16 ? launch_fwd<__nv_bfloat16, D>(p, stream) : launch_fwd<__half, D>(p, stream);
   FLASHATTN_SM90_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
+#undef FLASHATTN_LAUNCH
+  return cudaErrorNotSupported;
+}
+
+bool bwd_supported(const BwdParams& p) {
+  const AttentionShape& s = p.shape;
+  return compiled() && s.head_dim > 32 && bwd_tile_width(s.head_dim) == p.dq_accum_dim && s.scale > 0.f &&
+         std::isfinite(s.scale) && tma_compatible(p.q, p.q_strides) && tma_compatible(p.k, p.k_strides) &&
+         tma_compatible(p.v, p.v_strides) && tma_compatible(p.dout, p.dout_strides);
+}
+
+cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
+  const int width = bwd_tile_width(p.shape.head_dim);
+  const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
+#define FLASHATTN_LAUNCH(D) \
+  if (width == D) return bf16 ? launch_bwd<__nv_bfloat16, D>(p, stream) : launch_bwd<__half, D>(p, stream);
+  FLASHATTN_SM90_BWD_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
 #undef FLASHATTN_LAUNCH
   return cudaErrorNotSupported;
 }

@@ -1,6 +1,6 @@
 // Forward attention on the sm90 path: TMA, mbarriers, wgmma and warp specialisation (sm_90a only).
 //
-// One CTA per (128-query block, query head, batch), three warpgroups:
+// Persistent CTAs (one per SM) walk the tiles: (128-query block, query head, batch). Three warpgroups:
 //   warpgroup 0, the producer: one thread issues TMA loads of the Q block (once) and of the K and V
 //     blocks into rings of kStages shared-memory stages. A stage is "full" when its bytes have landed
 //     (an mbarrier with the transaction count) and "empty" when every consumer warp is done with it.
@@ -9,7 +9,8 @@
 //     S = Q K_n^T (wgmma, both operands in shared memory), then the online softmax in registers, then
 //     O += P V_n (wgmma, P from registers). The QK^T GEMM of block n + 1 is issued before the PV GEMM
 //     of block n, so the softmax of block n + 1 overlaps the PV GEMM on the tensor cores.
-//   The epilogue divides O by the row sums and writes O and the LSE straight from registers.
+//   The epilogue divides O by the row sums and writes O and the LSE straight from registers, while the
+//   producer already loads the CTA's next tile.
 //
 // Shared tiles use the 128-byte swizzle: a [rows][kHeadDim] tile is stored as column blocks of
 // [rows][64] elements (128 bytes per row), which TMA writes and wgmma reads through descriptors.
@@ -24,6 +25,7 @@
 #include "common/mask.h"
 #include "params.h"
 #include "sm80/ptx.h"  // ElementOps: packing two floats into one register
+#include "sm90/fragments.h"
 #include "sm90/ptx.h"
 #include "sm90/tensor_map.h"
 #include "sm90/wgmma.h"
@@ -50,7 +52,7 @@ struct FwdConfig {
   static constexpr int kKVBytes = kColBlocks * kKVColBlockBytes;
   // Q, then the K ring, then the V ring, then the mbarriers; +1024 to align the base for the swizzle.
   static constexpr int kBarriersOffset = kQBytes + 2 * kStages * kKVBytes;
-  static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + 4 * kStages) * 8;
+  static constexpr int kSmemBytes = 1024 + kBarriersOffset + (2 + 4 * kStages) * 8;
 
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma k16 steps");
   static_assert(kKVColBlockBytes % 1024 == 0, "each column block starts on a swizzle-pattern boundary");
@@ -61,9 +63,9 @@ template <int kHeadDim>
 struct DefaultFwdConfig;
 template <> struct DefaultFwdConfig<64> { using type = FwdConfig<64, 128, 4>; };
 template <> struct DefaultFwdConfig<96> { using type = FwdConfig<96, 128, 2>; };
-template <> struct DefaultFwdConfig<128> { using type = FwdConfig<128, 128, 2>; };
+template <> struct DefaultFwdConfig<128> { using type = FwdConfig<128, 128, 3>; };
 template <> struct DefaultFwdConfig<192> { using type = FwdConfig<192, 96, 2>; };
-template <> struct DefaultFwdConfig<256> { using type = FwdConfig<256, 64, 2>; };
+template <> struct DefaultFwdConfig<256> { using type = FwdConfig<256, 80, 2>; };
 
 struct FwdTensorMaps {
   CUtensorMap q, k, v;  // [B, L, H, D] read in [rows][64] boxes, 128-byte swizzle
@@ -72,41 +74,60 @@ struct FwdTensorMaps {
 // The mbarriers of one CTA, in shared memory after the tiles.
 template <typename Cfg>
 struct FwdBarriers {
-  uint64_t q_full;
+  uint64_t q_full, q_empty;
   uint64_t k_full[Cfg::kStages], v_full[Cfg::kStages];
   uint64_t k_empty[Cfg::kStages], v_empty[Cfg::kStages];
 };
 
 // ---- producer ----
 
-template <typename Cfg>
-__device__ __forceinline__ void load_tile(unsigned char* smem, const CUtensorMap* map, uint64_t* bar, int row,
-                                          int head, int batch, int col_block_bytes) {
-#pragma unroll
-  for (int cb = 0; cb < Cfg::kColBlocks; ++cb) {
-    tma_load_4d(smem + cb * col_block_bytes, map, bar, cb * Cfg::kColBlock, row, head, batch);
-  }
-}
+// One work tile: a block of kBlockM queries of one head of one batch entry. Tiles are numbered with
+// the query block fastest, the last query block first, so under causal masking the longest rows are
+// scheduled first and the short ones fill the tail.
+struct FwdTile {
+  int m0, head, kv_head, batch;
+  int num_n_blocks;  // key blocks the tile's queries can see (0: none)
 
-// Issued by one thread: Q, then K_n and V_n for every key block, each into its ring stage once the
-// consumers have released the stage's previous contents.
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ static FwdTile at(int tile, const AttentionShape& sh) {
+    const int num_m_blocks = (sh.seqlen_q + kBlockM - 1) / kBlockM;
+    FwdTile t;
+    t.m0 = (num_m_blocks - 1 - tile % num_m_blocks) * kBlockM;
+    t.head = (tile / num_m_blocks) % sh.heads_q;
+    t.batch = tile / num_m_blocks / sh.heads_q;
+    t.kv_head = t.head / (sh.heads_q / sh.heads_kv);
+    const int key_end = visible_key_end(min(t.m0 + kBlockM, sh.seqlen_q), sh.seqlen_k, sh.is_causal, sh.causal_offset);
+    t.num_n_blocks = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
+    return t;
+  }
+};
+
+// Issued by one thread, for every tile of this CTA: Q once the consumers have released the previous
+// tile's Q, then K_n and V_n for every key block, each into its ring stage once the consumers have
+// released the stage's previous contents. The ring position runs on across tiles.
 template <typename Cfg>
 __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsigned char* q_smem,
-                        unsigned char* k_smem, unsigned char* v_smem, int m0, int head, int kv_head, int batch,
-                        int num_n_blocks) {
-  mbar_arrive_expect_tx(&bars.q_full, Cfg::kQBytes);
-  load_tile<Cfg>(q_smem, &maps.q, &bars.q_full, m0, head, batch, Cfg::kQColBlockBytes);
-  for (int n = 0; n < num_n_blocks; ++n) {
-    const int stage = n % Cfg::kStages;
-    const int use = n / Cfg::kStages;
-    if (use > 0) mbar_wait(&bars.k_empty[stage], (use - 1) & 1);
-    mbar_arrive_expect_tx(&bars.k_full[stage], Cfg::kKVBytes);
-    load_tile<Cfg>(k_smem + stage * Cfg::kKVBytes, &maps.k, &bars.k_full[stage], n * Cfg::kBlockN, kv_head, batch,
-                   Cfg::kKVColBlockBytes);
-    if (use > 0) mbar_wait(&bars.v_empty[stage], (use - 1) & 1);
-    mbar_arrive_expect_tx(&bars.v_full[stage], Cfg::kKVBytes);
-    load_tile<Cfg>(v_smem + stage * Cfg::kKVBytes, &maps.v, &bars.v_full[stage], n * Cfg::kBlockN, kv_head, batch,
-                   Cfg::kKVColBlockBytes);
+                        unsigned char* k_smem, unsigned char* v_smem, const AttentionShape& sh, int num_tiles) {
+  int kv_iter = 0, q_iter = 0;
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const FwdTile t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(tile, sh);
+    if (t.num_n_blocks == 0) continue;
+    if (q_iter > 0) mbar_wait(&bars.q_empty, (q_iter - 1) & 1);
+    mbar_arrive_expect_tx(&bars.q_full, Cfg::kQBytes);
+    tma_load_tile<Cfg::kColBlocks>(q_smem, &maps.q, &bars.q_full, t.m0, t.head, t.batch, Cfg::kQColBlockBytes);
+    ++q_iter;
+    for (int n = 0; n < t.num_n_blocks; ++n, ++kv_iter) {
+      const int stage = kv_iter % Cfg::kStages;
+      const int use = kv_iter / Cfg::kStages;
+      if (use > 0) mbar_wait(&bars.k_empty[stage], (use - 1) & 1);
+      mbar_arrive_expect_tx(&bars.k_full[stage], Cfg::kKVBytes);
+      tma_load_tile<Cfg::kColBlocks>(k_smem + stage * Cfg::kKVBytes, &maps.k, &bars.k_full[stage], n * Cfg::kBlockN, t.kv_head,
+                     t.batch, Cfg::kKVColBlockBytes);
+      if (use > 0) mbar_wait(&bars.v_empty[stage], (use - 1) & 1);
+      mbar_arrive_expect_tx(&bars.v_full[stage], Cfg::kKVBytes);
+      tma_load_tile<Cfg::kColBlocks>(v_smem + stage * Cfg::kKVBytes, &maps.v, &bars.v_full[stage], n * Cfg::kBlockN, t.kv_head,
+                     t.batch, Cfg::kKVColBlockBytes);
+    }
   }
 }
 
@@ -195,17 +216,6 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kCount], const float (&c
   for (int i = 0; i < kCount; ++i) o[i] *= correction[(i % 4) / 2];
 }
 
-// The probabilities of n8 blocks 2kk and 2kk + 1 as the A fragment of PV's k16 step kk.
-template <typename T, int kBlockN>
-__device__ __forceinline__ void pack_probabilities(uint32_t (&p)[kBlockN / 16][4], const float (&s)[kBlockN / 2]) {
-  using Ops = sm80::ElementOps<T>;
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) p[kk][r] = Ops::pack(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-  }
-}
-
 // O / rowsum and the natural-log LSE of this thread's two rows, straight to global memory.
 template <typename T, int kHeadDim, int kBlockN>
 __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (&o)[kHeadDim / 2],
@@ -263,15 +273,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   auto& bars = *reinterpret_cast<FwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
 
   const AttentionShape& sh = p.shape;
-  const int num_m_blocks = (sh.seqlen_q + kBlockM - 1) / kBlockM;
-  // The longest causal rows first, so the short ones fill the tail of the grid.
-  const int m_block = num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks);
-  const int head = static_cast<int>((blockIdx.x / num_m_blocks) % sh.heads_q);
-  const int batch = static_cast<int>(blockIdx.x / num_m_blocks / sh.heads_q);
-  const int kv_head = head / (sh.heads_q / sh.heads_kv);
-  const int m0 = m_block * kBlockM;
-  const int key_end = visible_key_end(min(m0 + kBlockM, sh.seqlen_q), sh.seqlen_k, sh.is_causal, sh.causal_offset);
-  const int num_n_blocks = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
+  const int num_tiles = ((sh.seqlen_q + kBlockM - 1) / kBlockM) * sh.heads_q * sh.batch;
   const int warpgroup = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -279,10 +281,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     prefetch_tensor_map(&maps.k);
     prefetch_tensor_map(&maps.v);
     mbar_init(&bars.q_full, 1);
+    mbar_init(&bars.q_empty, Cfg::kConsumers * 4);  // one arrival per consumer warp
     for (int i = 0; i < kStages; ++i) {
       mbar_init(&bars.k_full[i], 1);
       mbar_init(&bars.v_full[i], 1);
-      mbar_init(&bars.k_empty[i], Cfg::kConsumers * 4);  // one arrival per consumer warp
+      mbar_init(&bars.k_empty[i], Cfg::kConsumers * 4);
       mbar_init(&bars.v_empty[i], Cfg::kConsumers * 4);
     }
     mbar_fence_init();
@@ -291,7 +294,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) produce<Cfg>(maps, bars, q_smem, k_smem, v_smem, m0, head, kv_head, batch, num_n_blocks);
+    if (threadIdx.x == 0) produce<Cfg>(maps, bars, q_smem, k_smem, v_smem, sh, num_tiles);
     return;
   }
   registers_increase<Cfg::kConsumerRegisters>();
@@ -299,69 +302,86 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   const int consumer = warpgroup - 1;
   const int lane = threadIdx.x % 32;
   const bool warp_leader = lane == 0;
-  const int row0 = m0 + consumer * 64 + ((threadIdx.x / 32) % 4) * 16 + lane / 4;  // this thread's rows: +0, +8
-  const int first_row = m0 + consumer * 64;  // of this warpgroup
+  const int row_in_tile = consumer * 64 + ((threadIdx.x / 32) % 4) * 16 + lane / 4;  // this thread's rows: +0, +8
   const unsigned char* q_rows = q_smem + consumer * 64 * 128;
+  int kv_iter = 0, q_iter = 0;  // ring and Q positions, in step with the producer
 
-  float o[Cfg::kHeadDim / 2];
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const FwdTile t = FwdTile::at<kBlockM, kBlockN>(tile, sh);
+    const int row0 = t.m0 + row_in_tile;
+    const int first_row = t.m0 + consumer * 64;  // of this warpgroup
+    float o[Cfg::kHeadDim / 2];
 #pragma unroll
-  for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
-  float s[kBlockN / 2];
-  uint32_t prob[kBlockN / 16][4];
-  OnlineSoftmax<kBlockN> softmax;
-  float correction[2];
+    for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
+    float s[kBlockN / 2];
+    uint32_t prob[kBlockN / 16][4];
+    OnlineSoftmax<kBlockN> softmax;
+    float correction[2];
 
-  // Only blocks past the last key or crossing the causal diagonal need the mask.
-  auto needs_mask = [&](int n0) {
-    return n0 + kBlockN > sh.seqlen_k || (sh.is_causal && n0 + kBlockN - 1 > first_row + sh.causal_offset);
-  };
+    // Only blocks past the last key or crossing the causal diagonal need the mask.
+    auto needs_mask = [&](int n0) {
+      return n0 + kBlockN > sh.seqlen_k || (sh.is_causal && n0 + kBlockN - 1 > first_row + sh.causal_offset);
+    };
+    auto stage_of = [&](int n) { return (kv_iter + n) % kStages; };
+    auto phase_of = [&](int n) { return ((kv_iter + n) / kStages) & 1; };
 
-  if (num_n_blocks > 0) {
-    mbar_wait(&bars.q_full, 0);
-    // Block 0: S, softmax, P.
-    mbar_wait(&bars.k_full[0], 0);
-    wgmma_fence();
-    issue_qk<T, Cfg>(s, q_rows, k_smem);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(s);
-    if (warp_leader) mbar_arrive(&bars.k_empty[0]);
-    if (needs_mask(0)) mask_scores<kBlockN>(s, 0, row0, lane, sh);
-    softmax.update(s, sh.scale_log2, correction);
-    pack_probabilities<T, kBlockN>(prob, s);
-
-    for (int n = 1; n < num_n_blocks; ++n) {
-      const int stage = n % kStages, prev = (n - 1) % kStages;
-      // S_n = Q K_n^T, then O += P_{n-1} V_{n-1}; both run while this warpgroup waits for S_n.
-      mbar_wait(&bars.k_full[stage], (n / kStages) & 1);
-      mbar_wait(&bars.v_full[prev], ((n - 1) / kStages) & 1);
+    if (t.num_n_blocks > 0) {
+      mbar_wait(&bars.q_full, q_iter & 1);
+      // Block 0: S, softmax, P.
+      mbar_wait(&bars.k_full[stage_of(0)], phase_of(0));
       wgmma_fence();
-      issue_qk<T, Cfg>(s, q_rows, k_smem + stage * Cfg::kKVBytes);
+      issue_qk<T, Cfg>(s, q_rows, k_smem + stage_of(0) * Cfg::kKVBytes);
       wgmma_commit();
-      issue_pv<T, Cfg>(o, prob, v_smem + prev * Cfg::kKVBytes);
-      wgmma_commit();
-      wgmma_wait<1>();  // S_n is ready; the PV GEMM may still run
+      wgmma_wait<0>();
       fence_registers(s);
-      if (warp_leader) mbar_arrive(&bars.k_empty[stage]);
-      const int n0 = n * kBlockN;
-      if (needs_mask(n0)) mask_scores<kBlockN>(s, n0, row0, lane, sh);
+      if (warp_leader) {
+        mbar_arrive(&bars.k_empty[stage_of(0)]);
+        if (t.num_n_blocks == 1) mbar_arrive(&bars.q_empty);  // the tile's last QK^T GEMM is done
+      }
+      if (needs_mask(0)) mask_scores<kBlockN>(s, 0, row0, lane, sh);
       softmax.update(s, sh.scale_log2, correction);
-      wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
+      accumulator_to_a<T, kBlockN>(prob, s);
+
+      for (int n = 1; n < t.num_n_blocks; ++n) {
+        const int stage = stage_of(n), prev = stage_of(n - 1);
+        // S_n = Q K_n^T, then O += P_{n-1} V_{n-1}; both run while this warpgroup waits for S_n.
+        mbar_wait(&bars.k_full[stage], phase_of(n));
+        mbar_wait(&bars.v_full[prev], phase_of(n - 1));
+        wgmma_fence();
+        issue_qk<T, Cfg>(s, q_rows, k_smem + stage * Cfg::kKVBytes);
+        wgmma_commit();
+        issue_pv<T, Cfg>(o, prob, v_smem + prev * Cfg::kKVBytes);
+        wgmma_commit();
+        wgmma_wait<1>();  // S_n is ready; the PV GEMM may still run
+        fence_registers(s);
+        if (warp_leader) {
+          mbar_arrive(&bars.k_empty[stage]);
+          if (n == t.num_n_blocks - 1) mbar_arrive(&bars.q_empty);
+        }
+        const int n0 = n * kBlockN;
+        if (needs_mask(n0)) mask_scores<kBlockN>(s, n0, row0, lane, sh);
+        softmax.update(s, sh.scale_log2, correction);
+        wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
+        fence_registers(o);
+        fence_registers(prob);
+        if (warp_leader) mbar_arrive(&bars.v_empty[prev]);
+        rescale_rows(o, correction);
+        accumulator_to_a<T, kBlockN>(prob, s);
+      }
+      const int last = stage_of(t.num_n_blocks - 1);
+      mbar_wait(&bars.v_full[last], phase_of(t.num_n_blocks - 1));
+      wgmma_fence();
+      issue_pv<T, Cfg>(o, prob, v_smem + last * Cfg::kKVBytes);
+      wgmma_commit();
+      wgmma_wait<0>();
       fence_registers(o);
-      fence_registers(prob);
-      if (warp_leader) mbar_arrive(&bars.v_empty[prev]);
-      rescale_rows(o, correction);
-      pack_probabilities<T, kBlockN>(prob, s);
+      if (warp_leader) mbar_arrive(&bars.v_empty[last]);
+      kv_iter += t.num_n_blocks;
+      ++q_iter;
     }
-    const int last = (num_n_blocks - 1) % kStages;
-    mbar_wait(&bars.v_full[last], ((num_n_blocks - 1) / kStages) & 1);
-    wgmma_fence();
-    issue_pv<T, Cfg>(o, prob, v_smem + last * Cfg::kKVBytes);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(o);
+    // Meanwhile the producer is already loading the next tile's Q and first key blocks.
+    write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, t.head, t.batch, row0, lane);
   }
-  write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, head, batch, row0, lane);
 #endif
 }
 
@@ -373,12 +393,19 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   if (err == cudaSuccess) err = make_tensor_map(&maps.k, p.k, sh, sh.seqlen_k, sh.heads_kv, p.k_strides, Cfg::kBlockN);
   if (err == cudaSuccess) err = make_tensor_map(&maps.v, p.v, sh, sh.seqlen_k, sh.heads_kv, p.v_strides, Cfg::kBlockN);
   if (err != cudaSuccess) return err;
-  const int64_t grid = static_cast<int64_t>((sh.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * sh.heads_q * sh.batch;
-  if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const int64_t num_tiles = static_cast<int64_t>((sh.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * sh.heads_q * sh.batch;
+  if (num_tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  // Persistent CTAs, one per SM: each walks tiles blockIdx.x, + gridDim.x, ... so the loads of its next
+  // tile overlap the epilogue of the current one.
+  int device = 0, num_sms = 0;
+  err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const int grid = static_cast<int>(num_tiles < num_sms ? num_tiles : num_sms);
   auto kernel = fwd_kernel<T, Cfg>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
   return cudaGetLastError();
 }
 

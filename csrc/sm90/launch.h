@@ -12,5 +12,8 @@ namespace sm90 {
 template <typename T, int kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream);
 
+template <typename T, int kHeadDim>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);
+
 }  // namespace sm90
 }  // namespace flashattn

@@ -1,0 +1,380 @@
+// Backward attention on the sm90 path: TMA, mbarriers, wgmma and warp specialisation (sm_90a only).
+//
+// The same three launches as the sm80 backward: its preprocess kernel (delta = rowsum(dO * O) and the
+// LSE in base 2), this main kernel, and its dq conversion kernel.
+//
+// Main kernel: one CTA per (128-key block, kv head, batch), three warpgroups.
+//   Warpgroup 0, the producer: one thread loads the CTA's K and V blocks once, then for every step
+//     (query head of the GQA group x 64-query block that sees these keys) Q and dO into a ring of
+//     kStages stages, each released by the consumer warps when their GEMMs are done with it.
+//   Warpgroups 1 and 2, the consumers: each owns 64 of the keys and works independently:
+//     S^T = K Q^T and dP^T = V dO^T (wgmma from shared memory), P^T = exp2(S^T scale - LSE) and
+//     dS^T = P^T (dP^T - delta) in registers; dV += P^T dO and dK += dS^T Q with P^T, dS^T as register
+//     A operands (dK, dV stay in registers for the whole CTA); dQ_partial = dS K from shared memory
+//     (dS^T is written there, swizzled, for this), staged in shared memory as fp32 and added into the
+//     dq workspace with one asynchronous bulk reduction per step.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/mask.h"
+#include "params.h"
+#include "sm80/bwd_kernel.cuh"  // the preprocess and dq conversion kernels
+#include "sm90/fragments.h"
+#include "sm90/ptx.h"
+#include "sm90/tensor_map.h"
+#include "sm90/wgmma.h"
+
+namespace flashattn {
+namespace sm90 {
+
+template <int kHeadDim_>
+struct BwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;  // tile width (64 or 128), equal to the dq workspace width
+  static constexpr int kBlockM = 64;          // queries per step
+  static constexpr int kBlockN = 128;         // keys per CTA: 64 per consumer warpgroup
+  static constexpr int kStages = 2;           // Q / dO ring depth
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kProducerRegisters = 24;
+
+  static constexpr int kColBlocks = kHeadDim / 64;
+  static constexpr int kQColBlockBytes = kBlockM * 128;   // one [64 queries][64] column block
+  static constexpr int kKVColBlockBytes = kBlockN * 128;  // one [128 keys][64] column block
+  static constexpr int kQBytes = kColBlocks * kQColBlockBytes;    // a Q or dO tile
+  static constexpr int kKVBytes = kColBlocks * kKVColBlockBytes;  // a K or V tile
+  static constexpr int kDsBytes = 64 * kBlockM * 2;               // dS^T of one consumer: [64 keys][64 queries]
+  static constexpr int kDqBytes = kBlockM * kHeadDim * 4;         // dQ partial of one consumer, fp32
+  // K, V, the Q ring, the dO ring, dS^T per consumer, dQ staging per consumer, then the mbarriers.
+  static constexpr int kVOffset = kKVBytes;
+  static constexpr int kQOffset = 2 * kKVBytes;
+  static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
+  static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;
+  static constexpr int kDqOffset = kDsOffset + kConsumers * kDsBytes;
+  static constexpr int kBarriersOffset = kDqOffset + kConsumers * kDqBytes;
+  static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + 2 * kStages) * 8;
+
+  static_assert(kHeadDim % 64 == 0, "whole 64-column blocks");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
+};
+
+struct BwdTensorMaps {
+  CUtensorMap q, k, v, dout;  // [B, L, H, D] read in [rows][64] boxes, 128-byte swizzle
+};
+
+template <typename Cfg>
+struct BwdBarriers {
+  uint64_t kv_full;
+  uint64_t qdo_full[Cfg::kStages], qdo_empty[Cfg::kStages];
+};
+
+// The steps of one CTA: every query head of the kv head's group times every query block that sees at
+// least one of the CTA's keys (under causal masking the blocks above the diagonal see none).
+struct BwdSteps {
+  int m_begin, num_m, group;
+  __device__ __forceinline__ int count() const { return group * num_m; }
+  __device__ __forceinline__ int head(int step, int kv_head) const { return kv_head * group + step / num_m; }
+  template <int kBlockM>
+  __device__ __forceinline__ int m0(int step) const { return (m_begin + step % num_m) * kBlockM; }
+};
+
+template <typename Cfg>
+__device__ void produce_bwd(const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, unsigned char* base, int n0, int kv_head,
+                            int batch, const BwdSteps& steps) {
+  mbar_arrive_expect_tx(&bars.kv_full, 2 * Cfg::kKVBytes);
+  tma_load_tile<Cfg::kColBlocks>(base, &maps.k, &bars.kv_full, n0, kv_head, batch, Cfg::kKVColBlockBytes);
+  tma_load_tile<Cfg::kColBlocks>(base + Cfg::kVOffset, &maps.v, &bars.kv_full, n0, kv_head, batch,
+                                 Cfg::kKVColBlockBytes);
+  for (int step = 0; step < steps.count(); ++step) {
+    const int stage = step % Cfg::kStages;
+    const int use = step / Cfg::kStages;
+    if (use > 0) mbar_wait(&bars.qdo_empty[stage], (use - 1) & 1);
+    const int head = steps.head(step, kv_head);
+    const int m0 = steps.m0<Cfg::kBlockM>(step);
+    mbar_arrive_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes);
+    tma_load_tile<Cfg::kColBlocks>(base + Cfg::kQOffset + stage * Cfg::kQBytes, &maps.q, &bars.qdo_full[stage], m0,
+                                   head, batch, Cfg::kQColBlockBytes);
+    tma_load_tile<Cfg::kColBlocks>(base + Cfg::kDoOffset + stage * Cfg::kQBytes, &maps.dout, &bars.qdo_full[stage],
+                                   m0, head, batch, Cfg::kQColBlockBytes);
+  }
+}
+
+// X^T Y^T-shaped GEMM of one consumer: acc (64 keys x 64 queries) = rows of `kv` (64 keys x D, a
+// K-major tile) times a [64 queries][D] K-major tile, transposed. Used for S^T = K Q^T and dP^T = V dO^T.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void issue_keys_by_queries(float (&acc)[32], const unsigned char* kv_rows,
+                                                      const unsigned char* q_tile) {
+#pragma unroll
+  for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
+    const int offset = (ks % 4) * 32;
+    const uint64_t desc_a = smem_desc_sw128(kv_rows + (ks / 4) * Cfg::kKVColBlockBytes + offset, 16, 1024);
+    const uint64_t desc_b = smem_desc_sw128(q_tile + (ks / 4) * Cfg::kQColBlockBytes + offset, 16, 1024);
+    Wgmma<T, 64>::ss(acc, desc_a, desc_b, ks > 0);
+  }
+}
+
+// acc (64 keys x D) += A (64 keys x 64 queries, registers) times a [64 queries][D] tile (MN-major B).
+// Used for dV += P^T dO and dK += dS^T Q.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 2], uint32_t (&a)[4][4],
+                                                   const unsigned char* q_tile) {
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk) {
+    const uint64_t desc_b = smem_desc_sw128(q_tile + kk * 16 * 128, Cfg::kQColBlockBytes, 1024);
+    Wgmma<T, Cfg::kHeadDim>::rs(acc, a[kk], desc_b, 1);
+  }
+}
+
+// dq (64 queries x 64 columns of column block cb) = dS (from the dS^T tile, MN-major A) times this
+// consumer's 64 rows of K (MN-major B).
+template <typename T, typename Cfg>
+__device__ __forceinline__ void issue_dq(float (&dq)[32], const unsigned char* ds_tile, const unsigned char* k_rows,
+                                         int cb) {
+#pragma unroll
+  for (int kk = 0; kk < 64 / 16; ++kk) {
+    const uint64_t desc_a = smem_desc_sw128(ds_tile + kk * 16 * 128, 64 * 128, 1024);
+    const uint64_t desc_b = smem_desc_sw128(k_rows + cb * Cfg::kKVColBlockBytes + kk * 16 * 128, Cfg::kKVColBlockBytes, 1024);
+    Wgmma<T, 64>::ss_mn(dq, desc_a, desc_b, kk > 0);
+  }
+}
+
+// Writes dS^T (this thread's accumulator elements) into a [64 keys][64 queries] tile with the 128-byte
+// swizzle: the 16-byte chunk c of row r lives at chunk c ^ (r % 8).
+template <typename T>
+__device__ __forceinline__ void store_ds_swizzled(unsigned char* ds_tile, const float (&ds)[32], int warp_in_group,
+                                                  int lane) {
+  using Ops = sm80::ElementOps<T>;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_in_group * 16 + lane / 4 + half * 8;
+      const int offset = row * 128 + ((j ^ (row % 8)) << 4) + (lane % 4) * 4;
+      *reinterpret_cast<uint32_t*>(ds_tile + offset) = Ops::pack(ds[4 * j + 2 * half], ds[4 * j + 2 * half + 1]);
+    }
+  }
+}
+
+template <typename T, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_constant__ BwdTensorMaps maps,
+                                                               const BwdParams p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // built for sm_80 too, never launched there (see sm90/api.h)
+#else
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& bars = *reinterpret_cast<BwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
+
+  const AttentionShape& sh = p.shape;
+  const int num_n_blocks = (sh.seqlen_k + kBlockN - 1) / kBlockN;
+  const int n_block = static_cast<int>(blockIdx.x % num_n_blocks);
+  const int kv_head = static_cast<int>((blockIdx.x / num_n_blocks) % sh.heads_kv);
+  const int batch = static_cast<int>(blockIdx.x / num_n_blocks / sh.heads_kv);
+  const int n0 = n_block * kBlockN;
+  BwdSteps steps;
+  steps.group = sh.heads_q / sh.heads_kv;
+  const int first_query = first_query_seeing(n0, sh.is_causal, sh.causal_offset);
+  steps.m_begin = first_query / kBlockM;
+  steps.num_m = first_query < sh.seqlen_q ? (sh.seqlen_q + kBlockM - 1) / kBlockM - steps.m_begin : 0;
+  const int warpgroup = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&maps.q);
+    prefetch_tensor_map(&maps.k);
+    prefetch_tensor_map(&maps.v);
+    prefetch_tensor_map(&maps.dout);
+    mbar_init(&bars.kv_full, 1);
+    for (int i = 0; i < kStages; ++i) {
+      mbar_init(&bars.qdo_full[i], 1);
+      mbar_init(&bars.qdo_empty[i], Cfg::kConsumers * 4);  // one arrival per consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    registers_decrease<Cfg::kProducerRegisters>();
+    if (threadIdx.x == 0) produce_bwd<Cfg>(maps, bars, base, n0, kv_head, batch, steps);
+    return;
+  }
+  registers_increase<Cfg::kConsumerRegisters>();
+
+  const int consumer = warpgroup - 1;
+  const int thread_in_group = threadIdx.x % 128;
+  const int warp_in_group = thread_in_group / 32;
+  const int lane = threadIdx.x % 32;
+  const bool warp_leader = lane == 0;
+  const int key0 = n0 + consumer * 64;  // this warpgroup's keys: [key0, key0 + 64)
+  const unsigned char* k_rows = base + consumer * 64 * 128;
+  const unsigned char* v_rows = base + Cfg::kVOffset + consumer * 64 * 128;
+  unsigned char* ds_tile = base + Cfg::kDsOffset + consumer * Cfg::kDsBytes;
+  float* dq_stage = reinterpret_cast<float*>(base + Cfg::kDqOffset + consumer * Cfg::kDqBytes);  // [64][kHeadDim]
+
+  float dk[Cfg::kHeadDim / 2], dv[Cfg::kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < Cfg::kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
+
+  mbar_wait(&bars.kv_full, 0);
+  for (int step = 0; step < steps.count(); ++step) {
+    const int stage = step % kStages;
+    const int head = steps.head(step, kv_head);
+    const int m0 = steps.m0<kBlockM>(step);
+    const unsigned char* q_tile = base + Cfg::kQOffset + stage * Cfg::kQBytes;
+    const unsigned char* do_tile = base + Cfg::kDoOffset + stage * Cfg::kQBytes;
+
+    // This thread's 16 query columns: LSE (base 2; +inf past the end, so P = 0 there) and delta.
+    const int64_t row_offset = (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;
+    float lse[16], delta[16];
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+      const int query = m0 + accumulator_col(c % 2 + 4 * (c / 2), lane);
+      const bool valid = query < sh.seqlen_q;
+      lse[c] = valid ? p.lse_log2[row_offset + query] : INFINITY;
+      delta[c] = valid ? p.delta[row_offset + query] : 0.f;
+    }
+
+    float s[32], dp[32];
+    mbar_wait(&bars.qdo_full[stage], (step / kStages) & 1);
+    wgmma_fence();
+    issue_keys_by_queries<T, Cfg>(s, k_rows, q_tile);
+    wgmma_commit();
+    issue_keys_by_queries<T, Cfg>(dp, v_rows, do_tile);
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_registers(s);
+    // P^T; keys this query may not see get 0 (only blocks on the causal diagonal or past the end).
+    const bool needs_mask = key0 + 64 > sh.seqlen_k || (sh.is_causal && key0 + 63 > m0 + sh.causal_offset);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int c = 2 * (i / 4) + i % 2;  // index of this element's query column in lse / delta
+      s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[c]));
+      if (needs_mask) {
+        const int key = key0 + accumulator_row(i, warp_in_group, lane);
+        const int query = m0 + accumulator_col(i, lane);
+        s[i] = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset) ? s[i] : 0.f;
+      }
+    }
+    wgmma_wait<0>();
+    fence_registers(dp);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dp[i] = s[i] * (dp[i] - delta[2 * (i / 4) + i % 2]);  // dS^T
+
+    uint32_t p_frag[4][4], ds_frag[4][4];
+    accumulator_to_a<T, 64>(p_frag, s);
+    accumulator_to_a<T, 64>(ds_frag, dp);
+    store_ds_swizzled<T>(ds_tile, dp, warp_in_group, lane);
+    fence_proxy_async_shared();
+    if (thread_in_group == 0) bulk_wait_read();  // the previous step's dQ reduction has left dq_stage
+    named_barrier_sync(1 + consumer, 128);       // dS^T tile complete, dq_stage free
+
+    wgmma_fence();
+    issue_keys_by_dims<T, Cfg>(dv, p_frag, do_tile);
+    issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
+    wgmma_commit();
+#pragma unroll
+    for (int cb = 0; cb < Cfg::kColBlocks; ++cb) {
+      float dq[32];
+      issue_dq<T, Cfg>(dq, ds_tile, k_rows, cb);
+      wgmma_commit();
+      if (cb == 0) {
+        wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO
+        fence_registers(dv);
+        fence_registers(dk);
+        fence_registers(p_frag);
+        fence_registers(ds_frag);
+        if (warp_leader) mbar_arrive(&bars.qdo_empty[stage]);
+      }
+      wgmma_wait<0>();
+      fence_registers(dq);
+#pragma unroll
+      for (int i = 0; i < 32; i += 2) {
+        const int row = accumulator_row(i, warp_in_group, lane);
+        const int col = cb * 64 + accumulator_col(i, lane);
+        *reinterpret_cast<float2*>(dq_stage + row * Cfg::kHeadDim + col) = make_float2(dq[i], dq[i + 1]);
+      }
+    }
+    fence_proxy_async_shared();
+    named_barrier_sync(1 + consumer, 128);  // dq_stage complete
+    if (thread_in_group == 0) {
+      const int rows = min(kBlockM, sh.seqlen_q - m0);
+      bulk_reduce_add_f32(p.dq_accum + (row_offset + m0) * Cfg::kHeadDim, dq_stage, rows * Cfg::kHeadDim * 4);
+      bulk_commit();
+    }
+  }
+  if (thread_in_group == 0) bulk_wait();
+
+  // dK = scale * dS^T Q and dV, straight from the accumulators.
+  using Ops = sm80::ElementOps<T>;
+  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_strides.batch + kv_head * p.dk_strides.head;  // [Lk, D]
+  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_strides.batch + kv_head * p.dv_strides.head;  // [Lk, D]
+#pragma unroll
+  for (int i = 0; i < Cfg::kHeadDim / 2; i += 2) {
+    const int key = key0 + accumulator_row(i, warp_in_group, lane);
+    const int col = accumulator_col(i, lane);
+    if (key >= sh.seqlen_k) continue;
+    T* dk_row = dk_out + key * p.dk_strides.row;
+    T* dv_row = dv_out + key * p.dv_strides.row;
+    if (col + 1 < sh.head_dim && sh.head_dim % 2 == 0) {
+      *reinterpret_cast<uint32_t*>(dk_row + col) = Ops::pack(dk[i] * sh.scale, dk[i + 1] * sh.scale);
+      *reinterpret_cast<uint32_t*>(dv_row + col) = Ops::pack(dv[i], dv[i + 1]);
+    } else {
+      if (col < sh.head_dim) {
+        dk_row[col] = Ops::from_float(dk[i] * sh.scale);
+        dv_row[col] = Ops::from_float(dv[i]);
+      }
+      if (col + 1 < sh.head_dim) {
+        dk_row[col + 1] = Ops::from_float(dk[i + 1] * sh.scale);
+        dv_row[col + 1] = Ops::from_float(dv[i + 1]);
+      }
+    }
+  }
+#endif
+}
+
+template <typename T, typename Cfg>
+cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
+  const AttentionShape& sh = p.shape;
+  if (p.dq_accum_dim != Cfg::kHeadDim) return cudaErrorNotSupported;
+  BwdTensorMaps maps;
+  cudaError_t err = make_tensor_map(&maps.q, p.q, sh, sh.seqlen_q, sh.heads_q, p.q_strides, Cfg::kBlockM);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.dout, p.dout, sh, sh.seqlen_q, sh.heads_q, p.dout_strides, Cfg::kBlockM);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.k, p.k, sh, sh.seqlen_k, sh.heads_kv, p.k_strides, Cfg::kBlockN);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.v, p.v, sh, sh.seqlen_k, sh.heads_kv, p.v_strides, Cfg::kBlockN);
+  if (err != cudaSuccess) return err;
+
+  constexpr int kDeltaWarps = 8;
+  const int64_t rows = static_cast<int64_t>(sh.batch) * sh.seqlen_q * sh.heads_q;
+  const int64_t delta_blocks = (rows + kDeltaWarps - 1) / kDeltaWarps;
+  const int64_t grid = static_cast<int64_t>((sh.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN) * sh.heads_kv * sh.batch;
+  if (delta_blocks > 0x7fffffff || grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
+
+  sm80::bwd_preprocess_kernel<T><<<static_cast<unsigned>(delta_blocks), kDeltaWarps * 32, 0, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+
+  auto kernel = bwd_kernel<T, Cfg>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+
+  constexpr int kConvertThreads = 256;
+  const int64_t elems = rows * sh.head_dim;
+  const int64_t convert_blocks = std::min<int64_t>((elems + kConvertThreads - 1) / kConvertThreads, 65536);
+  sm80::bwd_convert_dq_kernel<T><<<static_cast<unsigned>(convert_blocks), kConvertThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  return launch_bwd_with_config<T, BwdConfig<kHeadDim>>(p, stream);
+}
+
+}  // namespace sm90
+}  // namespace flashattn
