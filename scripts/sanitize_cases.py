@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""The workload that scripts/sanitize.py runs under each compute-sanitizer tool.
+
+Every case (a small shape with an awkward size, head dim, causal alignment, dtype or memory layout)
+runs in three phases, in this order, each over all cases before the next begins:
+
+  fwd-default  torch.ops.flashattn.fwd with FLASHATTN_FORCE_SM80 unset: the kernel the dispatch picks
+               (on Hopper the sm90 kernel where it applies, the sm80 one elsewhere)
+  fwd-sm80     the same calls with FLASHATTN_FORCE_SM80=1 (flashattn reads it on every call)
+  bwd          torch.ops.flashattn.bwd, on out and lse computed by flashattn's CPU implementation
+
+Inputs are drawn on the CPU and copied to the GPU (a memcpy, no kernel), strided views are taken on
+the GPU, and results are copied back and compared with the CPU implementation there, so nearly every
+kernel the sanitizer sees is one of flashattn's. The comparison is a loose sanity check (a few percent
+of the largest value) that catches garbage, not the oracle: tests/ hold the kernels to the oracle.
+
+Lines starting with "@@" are markers for sanitize.py: "@@ items N", "@@ begin I PHASE CASE", "@@ end I",
+"@@ fail I MESSAGE", "@@ finished". Exit status 0 when every item ran and passed its check, 1 when
+a check failed, 3 when a CUDA error left the context unusable (sanitize.py then resumes with --skip).
+
+  python3 scripts/sanitize_cases.py --list            # the cases
+  python3 scripts/sanitize_cases.py --dry-run         # every item on the CPU implementation, no GPU
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import flashattn  # noqa: E402  (registers torch.ops.flashattn)
+
+FORCE_SM80_ENV = "FLASHATTN_FORCE_SM80"
+PHASES = ("fwd-default", "fwd-sm80", "bwd")
+CAUSAL_MODES = {"none": (False, False), "top_left": (True, False), "bottom_right": (True, True)}
+F16, BF16 = torch.float16, torch.bfloat16
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: torch.dtype
+    causal: str  # a key of CAUSAL_MODES
+    layout: str  # "contiguous", "bhsd" (a transposed [B, H, S, D] tensor) or "unaligned"
+
+
+def _case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout="contiguous"):
+    dtype_name = "fp16" if dtype == F16 else "bf16"
+    name = (f"b{batch}-q{seqlen_q}-k{seqlen_k}-h{heads_q}/{heads_kv}-d{head_dim}-{dtype_name}-{causal}"
+            + ("" if layout == "contiguous" else f"-{layout}"))
+    return Case(name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout)
+
+
+# memcheck, initcheck, synccheck: seqlen 1, 17, 97, 1025, Lq != Lk both ways, every compiled head-dim
+# tile (32, 64, 96, 128, 192, 256; 40 and 72 are padded), GQA and MQA, both causal alignments (and rows
+# that see no key), fp16 and bf16, transposed views and rows that are not 16-byte aligned (the
+# element-wise load path). Batch and heads stay tiny: the sanitizers slow kernels 10-100x.
+FULL_CASES = [
+    _case(1, 1, 1, 2, 2, 64, F16, "none"),
+    _case(1, 17, 17, 2, 2, 40, BF16, "top_left"),
+    _case(1, 97, 97, 4, 2, 72, F16, "bottom_right"),
+    _case(1, 1025, 1025, 2, 2, 128, BF16, "top_left"),
+    _case(1, 17, 1025, 4, 2, 256, F16, "bottom_right"),
+    _case(1, 1025, 97, 2, 1, 64, BF16, "bottom_right"),  # 928 rows see no key
+    _case(2, 97, 17, 2, 2, 128, F16, "top_left"),
+    _case(1, 1, 97, 2, 2, 32, BF16, "none"),
+    _case(1, 97, 97, 2, 2, 192, F16, "none"),
+    _case(1, 97, 1025, 4, 2, 256, BF16, "none", "bhsd"),
+    _case(1, 97, 97, 2, 2, 64, F16, "top_left", "bhsd"),
+    _case(1, 1025, 97, 2, 2, 40, F16, "bottom_right", "unaligned"),
+    _case(1, 97, 97, 4, 2, 72, BF16, "top_left", "unaligned"),
+    _case(1, 17, 1025, 2, 2, 256, F16, "none", "unaligned"),
+]
+
+# racecheck (the slowest tool): one short case per head-dim tile, long enough to cross the query and
+# key tiles of both kernels and to run several steps of the backward's double buffer (GQA group 2),
+# and the element-wise load path twice.
+RACE_CASES = [
+    _case(1, 129, 150, 2, 1, 32, F16, "top_left"),
+    _case(1, 129, 150, 2, 1, 40, BF16, "bottom_right"),
+    _case(1, 150, 129, 2, 1, 72, F16, "top_left"),
+    _case(1, 129, 150, 2, 1, 128, BF16, "none"),
+    _case(1, 129, 150, 2, 1, 192, F16, "bottom_right"),
+    _case(1, 129, 150, 2, 1, 256, BF16, "top_left"),
+    _case(1, 129, 150, 2, 1, 40, F16, "top_left", "unaligned"),
+    _case(1, 150, 129, 2, 1, 128, BF16, "bottom_right", "unaligned"),
+]
+
+CASE_SETS = {"full": FULL_CASES, "race": RACE_CASES}
+
+
+def _make(case: Case, seqlen: int, heads: int, gen: torch.Generator, device) -> torch.Tensor:
+    """A [B, S, H, D] tensor in the case's layout: the storage is drawn on the CPU and copied whole."""
+    b, d = case.batch, case.head_dim
+    if case.layout == "contiguous":
+        return torch.randn(b, seqlen, heads, d, generator=gen).to(case.dtype).to(device)
+    if case.layout == "bhsd":
+        return torch.randn(b, heads, seqlen, d, generator=gen).to(case.dtype).to(device).transpose(1, 2)
+    if case.layout == "unaligned":
+        # Rows start at an odd element and the row stride H * (D + 3) is not a multiple of 8 elements.
+        base = torch.randn(b, seqlen, heads, d + 3, generator=gen).to(case.dtype).to(device)
+        return base[..., 1 : d + 1]
+    raise ValueError(case.layout)
+
+
+def _inputs(case: Case, seed: int, device):
+    gen = torch.Generator().manual_seed(seed)
+    q = _make(case, case.seqlen_q, case.heads_q, gen, device)
+    k = _make(case, case.seqlen_k, case.heads_kv, gen, device)
+    v = _make(case, case.seqlen_k, case.heads_kv, gen, device)
+    dout = torch.randn(case.batch, case.seqlen_q, case.heads_q, case.head_dim, generator=gen).to(case.dtype).to(device)
+    return q, k, v, dout
+
+
+def _args(case: Case):
+    is_causal, bottom_right = CAUSAL_MODES[case.causal]
+    return 1.0 / math.sqrt(case.head_dim), is_causal, bottom_right
+
+
+class Expected:
+    """flashattn's CPU results for each case (the bwd phase's inputs and the sanity check's reference)."""
+
+    def __init__(self):
+        self._cache = {}
+
+    def __call__(self, index: int, case: Case):
+        if index not in self._cache:
+            q, k, v, dout = _inputs(case, index, "cpu")
+            scale, is_causal, bottom_right = _args(case)
+            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right)
+            grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right)
+            self._cache[index] = (out, lse, grads)
+        return self._cache[index]
+
+
+def _check(name: str, got: torch.Tensor, want: torch.Tensor, rel: float) -> None:
+    got = got.detach().cpu().double()
+    want = want.double()
+    if got.shape != want.shape:
+        raise AssertionError(f"{name}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+    if got.numel() == 0:
+        return
+    if name == "lse":  # -inf exactly where a row sees no key
+        empty = torch.isneginf(want)
+        if not torch.equal(torch.isneginf(got), empty):
+            raise AssertionError("lse: -inf rows differ from the CPU implementation")
+        got, want = got[~empty], want[~empty]
+        if got.numel() == 0:
+            return
+    if not torch.isfinite(got).all():
+        raise AssertionError(f"{name}: NaN or inf")
+    err = (got - want).abs().max().item()
+    bound = rel * max(1.0, want.abs().max().item())
+    if err > bound:
+        raise AssertionError(f"{name}: max|gpu - cpu| = {err:.3e} > {bound:.3e}")
+
+
+def run_item(phase: str, index: int, case: Case, expected: Expected, device) -> None:
+    scale, is_causal, bottom_right = _args(case)
+    q, k, v, dout = _inputs(case, index, device)
+    out_cpu, lse_cpu, grads_cpu = expected(index, case)
+    if phase.startswith("fwd"):
+        if phase == "fwd-sm80":
+            os.environ[FORCE_SM80_ENV] = "1"
+        else:
+            os.environ.pop(FORCE_SM80_ENV, None)
+        try:
+            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right)
+        finally:
+            os.environ.pop(FORCE_SM80_ENV, None)
+        _check("out", out, out_cpu, 0.02)
+        _check("lse", lse, lse_cpu, 0.01)
+    else:
+        out, lse = out_cpu.to(device), lse_cpu.to(device)
+        grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right)
+        for name, g, want in zip(("dq", "dk", "dv"), grads, grads_cpu):
+            _check(name, g, want, 0.05)
+
+
+def _is_cuda_error(exc: BaseException) -> bool:
+    return "CUDA error" in str(exc) or type(exc).__name__ in ("AcceleratorError", "CudaError")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", choices=sorted(CASE_SETS), default="full", help="which case list (default: full)")
+    parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated subset of " + ", ".join(PHASES))
+    parser.add_argument("--skip", type=int, default=0, help="skip the first N items (resume after a crash)")
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument("--dry-run", action="store_true", help="run every item on the CPU implementation (no GPU)")
+    parser.add_argument("--list", action="store_true", help="print the items and exit")
+    args = parser.parse_args(argv)
+
+    device = "cpu" if args.dry_run else args.device
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown:
+        parser.error(f"unknown phase(s) {unknown}; expected {PHASES}")
+    cases = CASE_SETS[args.cases]
+    items = [(phase, i, case) for phase in phases for i, case in enumerate(cases)]
+    if args.list:
+        for n, (phase, _, case) in enumerate(items):
+            print(f"{n:3d} {phase:<11} {case.name}")
+        return 0
+
+    if device == "cuda":
+        if not torch.cuda.is_available() or not flashattn.cuda_kernels_built():
+            print("@@ fatal no usable CUDA device or flashattn was built without its CUDA kernels", flush=True)
+            return 3
+        major, minor = torch.cuda.get_device_capability()
+        print(f"@@ device {torch.cuda.get_device_name()} sm_{major}{minor} torch {torch.__version__}", flush=True)
+    else:
+        print(f"@@ device cpu torch {torch.__version__}", flush=True)
+
+    print(f"@@ items {len(items)}", flush=True)
+    expected = Expected()
+    failed = False
+    previous_phase = None
+    for n, (phase, index, case) in enumerate(items):
+        if n < args.skip:
+            continue
+        if device == "cuda" and phase != previous_phase and previous_phase is not None:
+            time.sleep(0.5)  # let the sanitizer print what the last phase produced before the next begins
+        previous_phase = phase
+        print(f"@@ begin {n} {phase} {case.name}", flush=True)
+        try:
+            run_item(phase, index, case, expected, device)
+            if device == "cuda":
+                torch.cuda.synchronize()
+                time.sleep(0.02)
+        except Exception as exc:  # noqa: BLE001  (reported to sanitize.py, then go on or stop)
+            message = " ".join(str(exc).split())[:300]
+            print(f"@@ fail {n} {type(exc).__name__}: {message}", flush=True)
+            failed = True
+            if _is_cuda_error(exc):
+                return 3  # the context is unusable; sanitize.py resumes with --skip n+1
+            continue
+        print(f"@@ end {n}", flush=True)
+    print("@@ finished", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
