@@ -17,7 +17,8 @@ stay where that oracle can judge a gradient (sizes of at least 8, |scale| <= 1/s
 FlashAttention backward itself misses the oracle (LOW_PRECISION_LIMITS below).
 
 The number of examples comes from the profile in FLASHATTN_FUZZ_PROFILE (ci, the default; gpu; long).
-Every test runs on the CPU and, where flashattn's CUDA kernels can run, on the GPU.
+Every test runs on the CPU and, where flashattn's CUDA kernels can run, on the GPU; the gpu profile
+runs the GPU variants only (FLASHATTN_FUZZ_PROFILE=gpu python -m pytest tests/test_fuzz.py).
 Counterexamples found by the fuzzer are kept below as plain tests (REGRESSIONS).
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ from flashattn.testing import GRAD_FACTOR, OUT_FACTOR, assert_oracle
 from conftest import requires_cuda
 from fuzz_strategies import (
     LOW_PRECISION,
+    PROFILE,
     Layout,
     OpCase,
     PackedCase,
@@ -55,7 +57,8 @@ from fuzz_strategies import (
     sdpa_cases,
 )
 
-DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=requires_cuda)]
+_GPU_ONLY = pytest.mark.skipif(PROFILE == "gpu", reason="the gpu fuzz profile runs the CUDA variants only")
+DEVICES = [pytest.param("cpu", id="cpu", marks=_GPU_ONLY), pytest.param("cuda", id="cuda", marks=requires_cuda)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -67,7 +70,7 @@ def _view(layout: Layout, shape, dtype, device, gen) -> torch.Tensor:
     """A view of ``shape`` in ``layout`` over fresh random storage; the view carries autograd."""
     storage = make_storage(layout, shape, dtype, device, gen).requires_grad_()
     view = layout.view(storage, shape)
-    assert tuple(view.shape) == tuple(shape)
+    assert tuple(view.shape) == tuple(shape) and view.device.type == torch.device(device).type
     return view
 
 
