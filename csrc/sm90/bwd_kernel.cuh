@@ -279,6 +279,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 #pragma unroll
     for (int cb = 0; cb < Cfg::kColBlocks; ++cb) {
       float dq[32];
+      // The previous column block's dq registers were just read by the staging stores: fence before
+      // the GEMM may write them again.
+      if (cb > 0) wgmma_fence();
       issue_dq<T, Cfg>(dq, ds_tile, k_rows, cb);
       wgmma_commit();
       if (cb == 0) {

@@ -1,6 +1,7 @@
 // Forward attention on the sm90 path: TMA, mbarriers, wgmma and warp specialisation (sm_90a only).
 //
-// Persistent CTAs (one per SM) walk the tiles: (128-query block, query head, batch). Three warpgroups:
+// CTAs walk the tiles: (128-query block, query head, batch); persistent (one per SM) without causal
+// masking, one per tile with it (see launch_fwd_with_config). Three warpgroups:
 //   warpgroup 0, the producer: one thread issues TMA loads of the Q block (once) and of the K and V
 //     blocks into rings of kStages shared-memory stages. A stage is "full" when its bytes have landed
 //     (an mbarrier with the transaction count) and "empty" when every consumer warp is done with it.
@@ -395,13 +396,18 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const int64_t num_tiles = static_cast<int64_t>((sh.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * sh.heads_q * sh.batch;
   if (num_tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  // Persistent CTAs, one per SM: each walks tiles blockIdx.x, + gridDim.x, ... so the loads of its next
-  // tile overlap the epilogue of the current one.
-  int device = 0, num_sms = 0;
-  err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
-  if (err != cudaSuccess) return err;
-  const int grid = static_cast<int>(num_tiles < num_sms ? num_tiles : num_sms);
+  // Without causal masking every tile costs the same: persistent CTAs, one per SM, each walking tiles
+  // blockIdx.x, + gridDim.x, ... so the loads of its next tile overlap the epilogue of the current
+  // one. Causal tiles differ in cost, and a static walk leaves some SMs with several times the work of
+  // others: one CTA per tile, longest first, lets the hardware balance them.
+  int grid = static_cast<int>(num_tiles);
+  if (!sh.is_causal) {
+    int device = 0, num_sms = 0;
+    err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    grid = grid < num_sms ? grid : num_sms;
+  }
   auto kernel = fwd_kernel<T, Cfg>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
