@@ -3,8 +3,9 @@
 
 Each tool runs scripts/sanitize_cases.py once, as
 ``compute-sanitizer --tool TOOL --error-exitcode 1 python3 scripts/sanitize_cases.py ...``: the forward
-with the dispatch's own choice of kernel, the forward with FLASHATTN_FORCE_SM80=1, and the backward,
-over a small grid of awkward shapes (racecheck, the slowest tool, over a shorter list). The worker's
+and the backward with the dispatch's own choice of kernels and with FLASHATTN_FORCE_SM80=1, and the
+deterministic backward where the build has one, over a small grid of awkward shapes (racecheck, the
+slowest tool, over a shorter list). The worker's
 markers tell which phase and case was running when the tool reported something; the kernel named in
 each report is listed beside it. Nothing is filtered out: every report counts, including any about
 torch's own kernels.
@@ -40,7 +41,9 @@ CASE_SET = {"racecheck": "race"}  # every other tool runs the full list
 PHASE_LABELS = {
     "fwd-default": "fwd (default dispatch)",
     "fwd-sm80": "fwd (FLASHATTN_FORCE_SM80=1)",
-    "bwd": "bwd",
+    "bwd-default": "bwd (default dispatch)",
+    "bwd-sm80": "bwd (FLASHATTN_FORCE_SM80=1)",
+    "bwd-deterministic": "bwd (deterministic=True)",
     None: "outside the cases (start-up, exit)",
 }
 MAX_RESTARTS = 3
@@ -105,6 +108,8 @@ class ToolRun:
     items_total: int = 0
     items_done: set = field(default_factory=set)
     phases_begun: set = field(default_factory=set)
+    phases: List[str] = field(default_factory=list)  # as the worker announced them
+    last_begun: str = ""
     reports: List[Report] = field(default_factory=list)
     summaries: List[str] = field(default_factory=list)
     failures: List[str] = field(default_factory=list)
@@ -137,6 +142,7 @@ def parse_output(text: str, run: ToolRun) -> int:
                 last_begun = int(parts[2])
                 phase, case = parts[3], parts[4] if len(parts) > 4 else ""
                 run.phases_begun.add(phase)
+                run.last_begun = line[len("@@ begin "):]
             elif parts[1] == "end":
                 run.items_done.add(int(parts[2]))
             elif parts[1] == "fail":
@@ -145,7 +151,9 @@ def parse_output(text: str, run: ToolRun) -> int:
                 run.finished = True
                 phase = case = None
             elif parts[1] == "items":
-                run.items_total = int(parts[2])
+                run.items_total = max(run.items_total, int(parts[2]))
+            elif parts[1] == "phases":
+                run.phases = run.phases or parts[2].split(",")
             elif parts[1] in ("device", "fatal"):
                 if parts[1] == "fatal":
                     run.failures.append(line[3:])
@@ -234,8 +242,7 @@ def tool_ok(run: ToolRun) -> bool:
             and not run.failures and all(rc == 0 for rc in run.returncodes))
 
 
-def write_report(runs: List[ToolRun], out_dir: str, sanitizer: Optional[str], version: str, phases: List[str],
-                 budget: float) -> str:
+def write_report(runs: List[ToolRun], out_dir: str, sanitizer: Optional[str], version: str, budget: float) -> str:
     lines = ["# compute-sanitizer over flashattn's CUDA kernels", ""]
     device = next((r.device for r in runs if r.device), "unknown")
     commit = os.environ.get("FLASHATTN_GIT_COMMIT") or _git_commit()
@@ -247,12 +254,14 @@ def write_report(runs: List[ToolRun], out_dir: str, sanitizer: Optional[str], ve
               " each tool's summary line counts them all", ""]
     lines += ["| tool | path | result | kernels named in the reports |", "|---|---|---|---|"]
     for run in runs:
-        for phase in phases + [None]:
+        stray = sorted({r.phase for r in run.errors()} - set(run.phases) - {None})
+        for phase in run.phases + stray + [None]:
             errors = [r for r in run.errors() if r.phase == phase]
             if phase is None and not errors:
                 continue
             kernels = sorted({r.kernel for r in errors})
-            lines.append(f"| {run.tool} | {PHASE_LABELS[phase]} | {cell(run, phase)} | {', '.join(kernels)} |")
+            label = PHASE_LABELS.get(phase, phase)
+            lines.append(f"| {run.tool} | {label} | {cell(run, phase)} | {', '.join(kernels)} |")
     lines += ["", "## Per tool", ""]
     for run in runs:
         status = "clean" if tool_ok(run) else "NOT CLEAN"
@@ -265,6 +274,8 @@ def write_report(runs: List[ToolRun], out_dir: str, sanitizer: Optional[str], ve
                      f" {run.seconds:.0f} s; items done {len(run.items_done)}/{run.items_total}"
                      + ("; **stopped at the time budget**" if run.timed_out else "")
                      + ("" if run.finished or run.timed_out else "; **the worker did not finish**"))
+        if not run.finished and run.last_begun:
+            lines.append(f"- last item begun: `{run.last_begun}`")
         warnings = [r for r in run.reports if r.is_warning]
         if warnings:
             lines.append(f"- warnings (not errors): {len(warnings)}")
@@ -277,7 +288,8 @@ def write_report(runs: List[ToolRun], out_dir: str, sanitizer: Optional[str], ve
         if shown:
             lines.append("- reports (distinct header, kernel and phase; first case seen):")
             for (header, kernel, phase), (r, count) in list(shown.items())[:20]:
-                lines.append(f"  - {count}x `{header}` in `{kernel}` during {PHASE_LABELS[phase]}, case `{r.case}`")
+                label = PHASE_LABELS.get(phase, phase)
+                lines.append(f"  - {count}x `{header}` in `{kernel}` during {label}, case `{r.case}`")
         lines.append(f"- full log: {os.path.basename(run.log_path)}")
         lines.append("")
     path = os.path.join(out_dir, "report.md")
@@ -299,8 +311,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="sanitize-out",
                         help="folder for report.md and the logs (default: sanitize-out)")
     parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated subset of " + ", ".join(TOOLS))
-    parser.add_argument("--phases", default="fwd-default,fwd-sm80,bwd",
-                        help="the worker's phases to run (default: fwd-default,fwd-sm80,bwd)")
+    parser.add_argument("--phases", default="all",
+                        help="the worker's phases (default: all it has; see sanitize_cases.py --help)")
     parser.add_argument("--budget", type=float, default=225.0,
                         help="total seconds for all tools (default 225); a tool still running at its share is stopped")
     parser.add_argument("--sanitizer",
@@ -314,7 +326,6 @@ def main(argv=None) -> int:
     bad = [t for t in tools if t not in TOOLS]
     if bad:
         parser.error(f"unknown tool(s) {bad}; expected some of {TOOLS}")
-    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     os.makedirs(args.out, exist_ok=True)
 
     sanitizer, version = None, ""
@@ -343,12 +354,12 @@ def main(argv=None) -> int:
         share_done += BUDGET_SHARE[tool] / total_share
         deadline = start + args.budget * share_done
         print(f"[{time.time() - start:5.0f} s] {tool} ...", flush=True)
-        run = run_tool(tool, sanitizer, deadline, args.out, ",".join(phases), worker_device)
+        run = run_tool(tool, sanitizer, deadline, args.out, args.phases, worker_device)
         runs.append(run)
         print(f"[{time.time() - start:5.0f} s] {tool}: {'clean' if tool_ok(run) else 'NOT CLEAN'}"
               f" ({run.summaries[-1] if run.summaries else 'no summary line'};"
               f" {len(run.items_done)}/{run.items_total} items)", flush=True)
-    print(write_report(runs, args.out, sanitizer, version, phases, args.budget))
+    print(write_report(runs, args.out, sanitizer, version, args.budget))
     print(f"report: {os.path.join(args.out, 'report.md')}")
     return 0 if all(tool_ok(r) for r in runs) else 1
 

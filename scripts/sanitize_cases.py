@@ -2,21 +2,24 @@
 """The workload that scripts/sanitize.py runs under each compute-sanitizer tool.
 
 Every case (a small shape with an awkward size, head dim, causal alignment, dtype or memory layout)
-runs in three phases, in this order, each over all cases before the next begins:
+runs in these phases, in this order, each over all cases before the next begins:
 
-  fwd-default  torch.ops.flashattn.fwd with FLASHATTN_FORCE_SM80 unset: the kernel the dispatch picks
-               (on Hopper the sm90 kernel where it applies, the sm80 one elsewhere)
-  fwd-sm80     the same calls with FLASHATTN_FORCE_SM80=1 (flashattn reads it on every call)
-  bwd          torch.ops.flashattn.bwd, on out and lse computed by flashattn's CPU implementation
+  fwd-default        torch.ops.flashattn.fwd with FLASHATTN_FORCE_SM80 unset: the kernel the dispatch
+                     picks (on Hopper the sm90 kernel where it applies, the sm80 one elsewhere)
+  fwd-sm80           the same calls with FLASHATTN_FORCE_SM80=1 (flashattn reads it on every call)
+  bwd-default        torch.ops.flashattn.bwd, likewise, on out and lse from flashattn's CPU implementation
+  bwd-sm80           the same with FLASHATTN_FORCE_SM80=1
+  bwd-deterministic  bwd(..., deterministic=True), where the op has that argument
 
 Inputs are drawn on the CPU and copied to the GPU (a memcpy, no kernel), strided views are taken on
 the GPU, and results are copied back and compared with the CPU implementation there, so nearly every
 kernel the sanitizer sees is one of flashattn's. The comparison is a loose sanity check (a few percent
 of the largest value) that catches garbage, not the oracle: tests/ hold the kernels to the oracle.
 
-Lines starting with "@@" are markers for sanitize.py: "@@ items N", "@@ begin I PHASE CASE", "@@ end I",
-"@@ fail I MESSAGE", "@@ finished". Exit status 0 when every item ran and passed its check, 1 when
-a check failed, 3 when a CUDA error left the context unusable (sanitize.py then resumes with --skip).
+Lines starting with "@@" are markers for sanitize.py: "@@ items N", "@@ phases P,Q,...",
+"@@ begin I PHASE CASE", "@@ end I", "@@ fail I MESSAGE", "@@ finished". Exit status 0 when every
+item ran and passed its check, 1 when a check failed, 3 when a CUDA error left the context unusable
+(sanitize.py then resumes with --skip).
 
   python3 scripts/sanitize_cases.py --list            # the cases
   python3 scripts/sanitize_cases.py --dry-run         # every item on the CPU implementation, no GPU
@@ -36,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flashattn  # noqa: E402  (registers torch.ops.flashattn)
 
 FORCE_SM80_ENV = "FLASHATTN_FORCE_SM80"
-PHASES = ("fwd-default", "fwd-sm80", "bwd")
+PHASES = ("fwd-default", "fwd-sm80", "bwd-default", "bwd-sm80", "bwd-deterministic")
 CAUSAL_MODES = {"none": (False, False), "top_left": (True, False), "bottom_right": (True, True)}
 F16, BF16 = torch.float16, torch.bfloat16
 
@@ -166,24 +169,31 @@ def _check(name: str, got: torch.Tensor, want: torch.Tensor, rel: float) -> None
         raise AssertionError(f"{name}: max|gpu - cpu| = {err:.3e} > {bound:.3e}")
 
 
+def has_deterministic_bwd() -> bool:
+    return any(a.name == "deterministic" for a in torch.ops.flashattn.bwd.default._schema.arguments)
+
+
 def run_item(phase: str, index: int, case: Case, expected: Expected, device) -> None:
     scale, is_causal, bottom_right = _args(case)
     q, k, v, dout = _inputs(case, index, device)
     out_cpu, lse_cpu, grads_cpu = expected(index, case)
-    if phase.startswith("fwd"):
-        if phase == "fwd-sm80":
-            os.environ[FORCE_SM80_ENV] = "1"
-        else:
-            os.environ.pop(FORCE_SM80_ENV, None)
-        try:
+    if phase.endswith("-sm80"):
+        os.environ[FORCE_SM80_ENV] = "1"
+    else:
+        os.environ.pop(FORCE_SM80_ENV, None)
+    try:
+        if phase.startswith("fwd"):
             out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right)
-        finally:
-            os.environ.pop(FORCE_SM80_ENV, None)
+        else:
+            out, lse = out_cpu.to(device), lse_cpu.to(device)
+            extra = (True,) if phase == "bwd-deterministic" else ()
+            grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right, *extra)
+    finally:
+        os.environ.pop(FORCE_SM80_ENV, None)
+    if phase.startswith("fwd"):
         _check("out", out, out_cpu, 0.02)
         _check("lse", lse, lse_cpu, 0.01)
     else:
-        out, lse = out_cpu.to(device), lse_cpu.to(device)
-        grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right)
         for name, g, want in zip(("dq", "dk", "dv"), grads, grads_cpu):
             _check(name, g, want, 0.05)
 
@@ -195,7 +205,9 @@ def _is_cuda_error(exc: BaseException) -> bool:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", choices=sorted(CASE_SETS), default="full", help="which case list (default: full)")
-    parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated subset of " + ", ".join(PHASES))
+    parser.add_argument("--phases", default="all",
+                        help="all (default: every phase the build has) or a comma-separated subset of "
+                        + ", ".join(PHASES))
     parser.add_argument("--skip", type=int, default=0, help="skip the first N items (resume after a crash)")
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--dry-run", action="store_true", help="run every item on the CPU implementation (no GPU)")
@@ -203,15 +215,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     device = "cpu" if args.dry_run else args.device
-    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
-    unknown = [p for p in phases if p not in PHASES]
+    available = [p for p in PHASES if p != "bwd-deterministic" or has_deterministic_bwd()]
+    phases = available if args.phases == "all" else [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = [p for p in phases if p not in available]
     if unknown:
-        parser.error(f"unknown phase(s) {unknown}; expected {PHASES}")
+        parser.error(f"unknown phase(s) {unknown}; this build has {available}")
     cases = CASE_SETS[args.cases]
     items = [(phase, i, case) for phase in phases for i, case in enumerate(cases)]
     if args.list:
         for n, (phase, _, case) in enumerate(items):
-            print(f"{n:3d} {phase:<11} {case.name}")
+            print(f"{n:3d} {phase:<17} {case.name}")
         return 0
 
     if device == "cuda":
@@ -224,6 +237,7 @@ def main(argv=None) -> int:
         print(f"@@ device cpu torch {torch.__version__}", flush=True)
 
     print(f"@@ items {len(items)}", flush=True)
+    print(f"@@ phases {','.join(phases)}", flush=True)
     expected = Expected()
     failed = False
     previous_phase = None

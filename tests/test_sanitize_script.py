@@ -67,13 +67,13 @@ def test_report_attributes_an_error_to_its_phase_and_kernel(tmp_path):
 
 
 def test_clean_run_exits_zero(tmp_path):
-    proc, report = _run(tmp_path, "error", phase="nowhere", phases="bwd")
+    proc, report = _run(tmp_path, "error", phase="nowhere", phases="bwd-default")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "| memcheck | bwd | clean |" in report and "### memcheck: clean" in report
+    assert "| memcheck | bwd (default dispatch) | clean |" in report and "### memcheck: clean" in report
 
 
 def test_a_crashed_worker_is_resumed_after_the_item(tmp_path):
-    proc, report = _run(tmp_path, "crash", phase="bwd", phases="bwd")
+    proc, report = _run(tmp_path, "crash", phase="bwd-sm80", phases="bwd-sm80")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     log = (tmp_path / "out" / "memcheck.log").read_text()
     assert "--skip 3" in log and "@@ finished" in log
