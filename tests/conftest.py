@@ -1,4 +1,5 @@
-"""Shared test fixtures: deterministic seeds and the marker that skips GPU tests where they cannot run."""
+"""Shared test fixtures: deterministic seeds, the marker that skips GPU tests where they cannot run, the
+kernel-path fixture, and the ``large`` marker (tests that allocate tens of GiB of GPU memory)."""
 import random
 
 import pytest
@@ -29,3 +30,25 @@ def _seed():
     random.seed(0)
     torch.manual_seed(0)
     yield
+
+
+FORCE_SM80_ENV = "FLASHATTN_FORCE_SM80"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "large: allocates tens of GiB of GPU memory (inputs past 2^31 elements, N = 262144); "
+        "up to about a minute each on an H200; leave them out with -m 'not large'",
+    )
+
+
+@pytest.fixture(params=["default", "sm80"])
+def kernel_path(request, monkeypatch):
+    """Runs a test with the kernels the dispatch picks (the sm90 ones on Hopper where they apply) and
+    again with FLASHATTN_FORCE_SM80=1 (the sm80 ones); flashattn reads the variable on every call."""
+    if request.param == "sm80":
+        monkeypatch.setenv(FORCE_SM80_ENV, "1")
+    else:
+        monkeypatch.delenv(FORCE_SM80_ENV, raising=False)
+    return request.param
