@@ -49,8 +49,8 @@ PHASE_LABELS = {
 MAX_RESTARTS = 3
 
 # Top-level sanitizer lines that are not reports.
-_NOT_A_REPORT = ("COMPUTE-SANITIZER", "ERROR SUMMARY", "RACECHECK SUMMARY", "LEAK SUMMARY",
-                 "Target application returned an error", "Note:")
+_NOT_A_REPORT = ("COMPUTE-SANITIZER", "Process ID", "Target application returned an error", "Note:")
+_SUMMARIES = ("ERROR SUMMARY", "RACECHECK SUMMARY", "LEAK SUMMARY")
 _KERNEL = re.compile(r"(flashattn::[A-Za-z_][\w:]*)")
 _AT = re.compile(r"\bat (?:void )?([^\s(<+]+)")
 
@@ -120,9 +120,11 @@ class ToolRun:
         return [r for r in self.reports if not r.is_warning]
 
     def summary_errors(self) -> int:
+        """Errors counted by the summary lines: "ERROR SUMMARY: N errors" (memcheck, initcheck,
+        synccheck) or "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)"."""
         total = 0
         for s in self.summaries:
-            m = re.search(r"ERROR SUMMARY: (\d+) error", s)
+            m = re.search(r"ERROR SUMMARY: (\d+) error", s) or re.search(r"RACECHECK SUMMARY: .*\((\d+) error", s)
             if m:
                 total += int(m.group(1))
         return total
@@ -171,7 +173,7 @@ def parse_output(text: str, run: ToolRun) -> int:
         if not body:
             current = None
             continue
-        if body.startswith(("ERROR SUMMARY", "RACECHECK SUMMARY", "LEAK SUMMARY")):
+        if body.startswith(_SUMMARIES):
             run.summaries.append(body)
             current = None
             continue
@@ -227,13 +229,15 @@ def run_tool(tool: str, sanitizer: Optional[str], deadline: float, out_dir: str,
 
 def cell(run: ToolRun, phase: str) -> str:
     errors = [r for r in run.errors() if r.phase == phase]
+    warnings = len([r for r in run.reports if r.phase == phase and r.is_warning])
+    note = f" ({warnings} warning{'s' if warnings != 1 else ''})" if warnings else ""
     if errors:
-        return f"**{len(errors)} error{'s' if len(errors) != 1 else ''}**"
+        return f"**{len(errors)} error{'s' if len(errors) != 1 else ''}**{note}"
     if phase not in run.phases_begun:
         return "not run" + (" (time budget)" if run.timed_out else "")
     if not run.finished:
-        return "clean so far (run incomplete)"
-    return "clean"
+        return "clean so far (run incomplete)" + note
+    return "clean" + note
 
 
 def tool_ok(run: ToolRun) -> bool:

@@ -86,3 +86,32 @@ def test_missing_sanitizer_is_reported(tmp_path):
     assert proc.returncode == 2
     assert "compute-sanitizer NOT FOUND" in proc.stderr
     assert "NOT FOUND" in (tmp_path / "report.md").read_text()
+
+
+def test_racecheck_output_is_parsed():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sanitize", SCRIPT)
+    sanitize = importlib.util.module_from_spec(spec)
+    sys.modules["sanitize"] = sanitize  # dataclasses look their module up there
+    spec.loader.exec_module(sanitize)
+    run = sanitize.ToolRun("racecheck")
+    sanitize.parse_output(textwrap.dedent("""\
+        ========= COMPUTE-SANITIZER
+        @@ phases fwd-default,bwd-default
+        @@ begin 0 fwd-default case-a
+        ========= Error: Race reported between Write access at void flashattn::sm90::fwd_kernel<__half>()+0x10
+        =========     and Read access at void flashattn::sm90::fwd_kernel<__half>()+0x20 in f.cuh:250 [32 hazards]
+        =========
+        @@ end 0
+        @@ begin 1 bwd-default case-b
+        ========= Warning: Race reported between Write access at flashattn::sm80::bwd_kernel+0x1
+        @@ end 1
+        @@ finished
+        ========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)
+        """), run)
+    assert run.summary_errors() == 1 and run.finished and run.phases == ["fwd-default", "bwd-default"]
+    assert [(r.phase, r.kernel, r.is_warning) for r in run.reports] == [
+        ("fwd-default", "flashattn::sm90::fwd_kernel", False), ("bwd-default", "flashattn::sm80::bwd_kernel", True)]
+    assert sanitize.cell(run, "fwd-default") == "**1 error**"
+    assert sanitize.cell(run, "bwd-default") == "clean (1 warning)"
