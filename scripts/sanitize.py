@@ -15,7 +15,7 @@ first reports) and one full log per tool. Exit status: 0 when every tool ran eve
 no error; 1 when a tool reported errors, a run did not finish (time budget, crash) or a result failed
 the worker's sanity check; 2 when compute-sanitizer cannot be found.
 
-  python3 scripts/sanitize.py --out /tmp/sanitize            # about 4 minutes on an H200
+  python3 scripts/sanitize.py --out /tmp/sanitize            # at most ~4 minutes (--budget 225 s)
   python3 scripts/sanitize.py --tools memcheck --budget 90   # one tool
   python3 scripts/sanitize.py --dry-run --out /tmp/s         # no sanitizer, no GPU: the worker on the CPU
 """
@@ -35,8 +35,10 @@ from typing import List, Optional, Tuple
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "scripts", "sanitize_cases.py")
 TOOLS = ("memcheck", "initcheck", "synccheck", "racecheck")
-# Share of the time budget per tool (time an earlier tool leaves unused passes on to the later ones).
+# Share of the time budget per tool. A tool may run on into the later tools' shares, but not into the
+# RESERVE part of them: each later tool keeps at least that fraction of its share.
 BUDGET_SHARE = {"memcheck": 0.27, "initcheck": 0.22, "synccheck": 0.18, "racecheck": 0.33}
+RESERVE = 0.6
 CASE_SET = {"racecheck": "race"}  # every other tool runs the full list
 PHASE_LABELS = {
     "fwd-default": "fwd (default dispatch)",
@@ -318,7 +320,8 @@ def main(argv=None) -> int:
     parser.add_argument("--phases", default="all",
                         help="the worker's phases (default: all it has; see sanitize_cases.py --help)")
     parser.add_argument("--budget", type=float, default=225.0,
-                        help="total seconds for all tools (default 225); a tool still running at its share is stopped")
+                        help="total seconds for all tools (default 225); a tool still running when only the later "
+                        "tools' reserve is left is stopped")
     parser.add_argument("--sanitizer",
                         help="path to compute-sanitizer (default: $CUDA_HOME/bin, PATH, /usr/local/cuda/bin)")
     parser.add_argument("--dry-run", action="store_true",
@@ -352,11 +355,10 @@ def main(argv=None) -> int:
 
     start = time.time()
     runs = []
-    share_done = 0.0
     total_share = sum(BUDGET_SHARE[t] for t in tools)
-    for tool in tools:
-        share_done += BUDGET_SHARE[tool] / total_share
-        deadline = start + args.budget * share_done
+    for i, tool in enumerate(tools):
+        reserved = sum(BUDGET_SHARE[t] for t in tools[i + 1:]) / total_share * RESERVE * args.budget
+        deadline = start + args.budget - reserved
         print(f"[{time.time() - start:5.0f} s] {tool} ...", flush=True)
         run = run_tool(tool, sanitizer, deadline, args.out, args.phases, worker_device)
         runs.append(run)
