@@ -1,11 +1,13 @@
 // The flashattn ops: schemas, per-device implementations (checks, allocation, dispatch), module init.
 //
 //   fwd(q, k, v, scale, is_causal, causal_bottom_right) -> (out, lse)
-//   bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right) -> (dq, dk, dv)
+//   bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False) -> (dq, dk, dv)
 //
 // q [B, Lq, Hq, D], k/v [B, Lk, Hk, D] with any strides but a contiguous last dim; out [B, Lq, Hq, D]
 // and lse [B, Hq, Lq] (natural log, -inf for a row that sees no key); dq like q, dk/dv like k, all
 // freshly allocated and contiguous. Autograd and fake kernels are registered in flashattn/ops.py.
+// The forward is bitwise reproducible; the CUDA backward is only with deterministic=True (its dq sums
+// in a fixed order), the CPU backward always is.
 #include <torch/extension.h>
 
 #include <cstdlib>
@@ -35,7 +37,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dout, const at::Tensor& q,
                                                        const at::Tensor& k, const at::Tensor& v,
                                                        const at::Tensor& out, const at::Tensor& lse,
-                                                       double scale, bool is_causal, bool causal_bottom_right) {
+                                                       double scale, bool is_causal, bool causal_bottom_right,
+                                                       bool /*deterministic: the CPU backward always is*/) {
   const CheckedShape s = check_qkv("flashattn.bwd", q, k, v, causal_bottom_right);
   check_bwd_inputs(dout, q, out, lse, s);
   return cpu::bwd(dout, q, k, v, out, lse, scale, is_causal, s.causal_offset);
@@ -89,7 +92,10 @@ bool sm90_allowed(const at::Tensor& q) {
 }
 
 bool use_sm90_fwd(const at::Tensor& q, const FwdParams& p) { return sm90_allowed(q) && sm90::fwd_supported(p); }
-bool use_sm90_bwd(const at::Tensor& q, const BwdParams& p) { return sm90_allowed(q) && sm90::bwd_supported(p); }
+// Deterministic mode exists on the sm80 path only (the sm90 backward adds dq partials in any order).
+bool use_sm90_bwd(const at::Tensor& q, const BwdParams& p) {
+  return !p.deterministic && sm90_allowed(q) && sm90::bwd_supported(p);
+}
 
 std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                             double scale, bool is_causal, bool causal_bottom_right) {
@@ -133,7 +139,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dout, const at::Tensor& q,
                                                         const at::Tensor& k, const at::Tensor& v,
                                                         const at::Tensor& out, const at::Tensor& lse_in,
-                                                        double scale, bool is_causal, bool causal_bottom_right) {
+                                                        double scale, bool is_causal, bool causal_bottom_right,
+                                                        bool deterministic) {
   const char* op = "flashattn.bwd";
   const CheckedShape s = check_qkv(op, q, k, v, causal_bottom_right);
   check_bwd_inputs(dout, q, out, lse_in, s);
@@ -154,6 +161,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dout, 
   at::Tensor dq_accum = at::zeros({s.batch, s.heads_q, s.seqlen_q, accum_dim}, q.options().dtype(at::kFloat));
   at::Tensor delta = at::empty({s.batch, s.heads_q, s.seqlen_q}, q.options().dtype(at::kFloat));
   at::Tensor lse_log2 = at::empty_like(delta);
+  // Deterministic mode: a zeroed counter per (batch, query head, query block); one per query row is
+  // enough for any query block size.
+  at::Tensor dq_keys_done;
+  if (deterministic) dq_keys_done = at::zeros({s.batch, s.heads_q, s.seqlen_q}, q.options().dtype(at::kInt));
 
   BwdParams p;
   p.shape = make_shape(s, q, scale, is_causal);
@@ -172,6 +183,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dout, 
   p.delta = delta.data_ptr<float>();
   p.lse_log2 = lse_log2.data_ptr<float>();
   p.dq_accum_dim = accum_dim;
+  p.deterministic = deterministic;
+  p.dq_keys_done = deterministic ? dq_keys_done.data_ptr<int>() : nullptr;
   p.q_strides = strides_of(q);
   p.k_strides = strides_of(k);
   p.v_strides = strides_of(v);
@@ -217,7 +230,7 @@ TORCH_LIBRARY(flashattn, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right)"
         " -> (Tensor out, Tensor lse)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, bool is_causal,"
-        " bool causal_bottom_right) -> (Tensor dq, Tensor dk, Tensor dv)");
+        " bool causal_bottom_right, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
 }
 
 TORCH_LIBRARY_IMPL(flashattn, CPU, m) {

@@ -63,6 +63,13 @@ struct BwdParams {
   float* delta;      // [B, Hq, Lq] contiguous fp32 workspace: rowsum(dout * out)
   float* lse_log2;   // [B, Hq, Lq] contiguous fp32 workspace: lse * log2(e), +inf where lse is -inf
   int dq_accum_dim;  // head dim padded to the kernel's tile width (sm80::padded_head_dim)
+  // Deterministic mode: the key blocks that add into one query block's dq_accum rows take turns in
+  // increasing key-block order, so every dq element sums its terms in the same order on every run.
+  // dq_keys_done holds one zeroed int32 counter per (batch, query head, query block) when deterministic
+  // is set ([B, Hq, seqlen_q] contiguous is enough for any query block size); unused otherwise.
+  // Initialized here so that code filling BwdParams without knowing these fields gets the default path.
+  bool deterministic = false;
+  int* dq_keys_done = nullptr;
   TensorStrides q_strides, k_strides, v_strides, out_strides, dout_strides;
   TensorStrides dq_strides, dk_strides, dv_strides;
 };

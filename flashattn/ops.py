@@ -10,11 +10,19 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     for a row that sees no key (whose out row is 0). With ``is_causal``, key j is visible to query i
     iff ``j <= i + offset`` where offset is 0 (top-left) or ``Lk - Lq`` (``causal_bottom_right``).
 
-``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right) -> (dq, dk, dv)``
-    Gradients of fwd's out; dq like q, dk/dv like k (summed over each group of query heads).
+``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False) -> (dq, dk, dv)``
+    Gradients of fwd's out; dq like q, dk/dv like k (summed over each group of query heads). The CUDA
+    kernel adds each key block's share of dq into an fp32 buffer with atomics, in whatever order the
+    blocks happen to run, so dq's last bits can differ between runs (dk and dv cannot: each key block
+    owns its rows). ``deterministic=True`` makes the key blocks add in a fixed order (increasing key
+    position), so dq, dk, dv are bitwise reproducible, at the cost of blocks waiting for their turn.
+    The CPU implementation is always deterministic; it accepts the flag and ignores it. ``fwd`` is
+    bitwise reproducible on both.
 
 This module adds what the Python side of the dispatcher needs: fake (meta) kernels so the ops can be
-traced by ``torch.compile`` and ``torch.export``, and an autograd formula for ``fwd`` that calls ``bwd``.
+traced by ``torch.compile`` and ``torch.export``, and an autograd formula for ``fwd`` that calls ``bwd``
+(with ``deterministic=False``). :func:`attention` is ``fwd`` with autograd that can ask for the
+deterministic backward instead.
 """
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ import torch
 
 from . import _C  # noqa: F401  (loading the library registers torch.ops.flashattn.*)
 
-__all__ = ["fwd", "bwd", "cuda_kernels_built"]
+__all__ = ["fwd", "bwd", "attention", "cuda_kernels_built"]
 
 fwd = torch.ops.flashattn.fwd.default
 bwd = torch.ops.flashattn.bwd.default
@@ -87,7 +95,7 @@ def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right):
 
 
 @torch.library.register_fake("flashattn::bwd")
-def _bwd_fake(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right):
+def _bwd_fake(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False):
     _check_qkv_meta(q, k, v)
     torch._check(dout.shape == q.shape, lambda: f"flashattn.bwd: dout must have q's shape {tuple(q.shape)}, got {tuple(dout.shape)}")
     torch._check(out.shape == q.shape, lambda: f"flashattn.bwd: out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
@@ -119,15 +127,47 @@ def _fwd_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _fwd_backward(ctx, grad_out, grad_lse):
-    # grad_lse is ignored: lse is marked non-differentiable.
+def _input_grads(ctx, grad_out, deterministic):
+    """(dq, dk, dv) from what _fwd_setup_context saved and the gradient of out."""
     q, k, v, out, lse = ctx.saved_tensors
     if grad_out.size(-1) > 1 and grad_out.stride(-1) != 1:
         # The kernels take any strides but need a contiguous last dim (e.g. an expanded grad of sum()).
         # Not .contiguous(): it returns an empty tensor (e.g. batch 0) unchanged, strides and all.
         grad_out = grad_out.clone(memory_format=torch.contiguous_format)
-    dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.scale, ctx.is_causal, ctx.causal_bottom_right)
+    return bwd(grad_out, q, k, v, out, lse, ctx.scale, ctx.is_causal, ctx.causal_bottom_right, deterministic)
+
+
+def _fwd_backward(ctx, grad_out, grad_lse):
+    # grad_lse is ignored: lse is marked non-differentiable.
+    dq, dk, dv = _input_grads(ctx, grad_out, False)
     return dq, dk, dv, None, None, None
 
 
 torch.library.register_autograd("flashattn::fwd", _fwd_backward, setup_context=_fwd_setup_context)
+
+
+class _FwdWithDeterministicBwd(torch.autograd.Function):
+    """``fwd`` whose backward is ``bwd(..., deterministic=True)``: the flag has no place in fwd's schema
+    (the op's own autograd formula above always runs the default backward), so it travels here."""
+
+    @staticmethod
+    def forward(q, k, v, scale, is_causal, causal_bottom_right):
+        return fwd(q, k, v, scale, is_causal, causal_bottom_right)
+
+    setup_context = staticmethod(_fwd_setup_context)
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        dq, dk, dv = _input_grads(ctx, grad_out, True)
+        return dq, dk, dv, None, None, None
+
+
+def attention(q, k, v, scale: float, is_causal: bool, causal_bottom_right: bool, deterministic: bool = False):
+    """``fwd(q, k, v, scale, is_causal, causal_bottom_right) -> (out, lse)`` with autograd.
+
+    With ``deterministic=True`` the backward runs ``bwd(..., deterministic=True)`` (bitwise reproducible
+    gradients on CUDA); otherwise this is ``fwd`` itself, whose backward is the default one.
+    """
+    if deterministic:
+        return _FwdWithDeterministicBwd.apply(q, k, v, scale, is_causal, causal_bottom_right)
+    return fwd(q, k, v, scale, is_causal, causal_bottom_right)

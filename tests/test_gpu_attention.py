@@ -13,12 +13,15 @@ import random
 import pytest
 import torch
 
+import flashattn
+from flashattn import ops
 from flashattn.testing import (
     CAUSAL_MODES,
     GRAD_FACTOR,
     OUT_FACTOR,
     assert_oracle,
     make_qkv,
+    max_abs_diff,
     reference_and_baseline,
 )
 
@@ -156,6 +159,79 @@ def test_custom_scale():
         assert_oracle("out", out, ref_out, base_out, OUT_FACTOR)
         for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads):
             assert_oracle(name, g, r, b, GRAD_FACTOR)
+
+
+# --------------------------------------------------------------------------------------------------
+# deterministic=True: the backward gives the same bits on every run
+# --------------------------------------------------------------------------------------------------
+
+DETERMINISTIC_CASES = [
+    # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal mode): many key blocks per
+    # (batch, kv head), so many CTAs add into each dq block.
+    (2, 1000, 1000, 4, 4, 64, "none"),
+    (2, 1000, 1000, 4, 4, 64, "top_left"),  # = bottom-right when Lq == Lk
+    (2, 1000, 1000, 8, 2, 64, "none"),  # GQA: each CTA adds into the dq of 4 query heads
+    (2, 1000, 1000, 8, 2, 64, "bottom_right"),
+    (2, 1000, 1500, 4, 4, 64, "top_left"),  # the last key blocks see no query and add nothing
+    (2, 1500, 1000, 8, 2, 64, "top_left"),
+    (2, 1000, 1500, 8, 2, 64, "bottom_right"),
+    (2, 1500, 1000, 4, 4, 64, "bottom_right"),  # the first 500 query rows see no key
+    (2, 1000, 1000, 4, 4, 72, "bottom_right"),  # padded head dim: the element-wise dq add
+    (2, 1000, 1000, 4, 4, 128, "none"),
+    (2, 1000, 1000, 8, 2, 256, "top_left"),  # 64-key blocks
+    (2, 2048, 2048, 16, 16, 128, "top_left"),  # 512 CTAs: several waves on any GPU
+]
+
+
+@pytest.mark.parametrize("case", DETERMINISTIC_CASES, ids=lambda c: "b{}-{}x{}-h{}kv{}-d{}-{}".format(*c))
+def test_deterministic_backward_is_bitwise_reproducible(case, monkeypatch):
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal_mode = case
+    is_causal, bottom_right = CAUSAL_MODES[causal_mode]
+    dtype = torch.bfloat16
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda")
+    dout = torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device="cuda")
+    scale = 1.0 / math.sqrt(head_dim)
+    out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right)
+    args = (dout, q, k, v, out, lse, scale, is_causal, bottom_right)
+
+    runs = [torch.ops.flashattn.bwd(*args, deterministic=True) for _ in range(3)]
+    for run in runs[1:]:
+        for name, grad, first in zip(("dq", "dk", "dv"), run, runs[0]):
+            assert torch.equal(grad, first), (
+                f"{name} differs between deterministic runs (max |diff| {max_abs_diff(grad, first):.3e})"
+            )
+
+    # Through autograd, as flash_attn_func(..., deterministic=True) runs it: the same bits again.
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out_autograd, _ = ops.attention(*leaves, scale, is_causal, bottom_right, deterministic=True)
+    assert torch.equal(out_autograd, out)
+    for grad, first in zip(torch.autograd.grad(out_autograd, leaves, dout), runs[0]):
+        assert torch.equal(grad, first)
+
+    # As accurate as the default backward: both pass the oracle.
+    default = torch.ops.flashattn.bwd(*args)
+    (_, ref_grads, _), (_, base_grads) = reference_and_baseline(q, k, v, dout, scale, is_causal, bottom_right)
+    for name, grad, grad_default, ref, base in zip(("dq", "dk", "dv"), runs[0], default, ref_grads, base_grads):
+        assert_oracle(name, grad, ref, base, GRAD_FACTOR)
+        assert_oracle(f"{name} (default backward)", grad_default, ref, base, GRAD_FACTOR)
+
+    # The sm80 kernel serves deterministic mode on every GPU; its default mode computes dk and dv the
+    # same way (only dq's order of additions differs), so those match bit for bit.
+    monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
+    _, dk_sm80, dv_sm80 = torch.ops.flashattn.bwd(*args)
+    assert torch.equal(dk_sm80, runs[0][1]) and torch.equal(dv_sm80, runs[0][2])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_qkvpacked_deterministic_gradients_repeat(causal):
+    qkv = torch.randn(2, 1000, 3, 8, 64, dtype=torch.float16, device="cuda")
+    dout = torch.randn(2, 1000, 8, 64, dtype=torch.float16, device="cuda")
+    grads = []
+    for _ in range(2):
+        leaf = qkv.clone().requires_grad_()
+        out = flashattn.flash_attn_qkvpacked_func(leaf, causal=causal, deterministic=True)
+        grads.append(torch.autograd.grad(out, leaf, dout)[0])
+    assert torch.equal(grads[0], grads[1])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@
 //                          group and every query block that sees its keys, recomputing S^T = K Q^T and
 //                          P^T from the saved LSE (P is never written to global memory). dK and dV stay
 //                          in registers for the whole loop; dQ partials are added into an fp32
-//                          workspace with atomics. Q/dO blocks are double-buffered with cp.async.
+//                          workspace with atomics, in any order (the default) or, with
+//                          params.deterministic, in increasing key-block order (dq_keys_done counters).
+//                          Q/dO blocks are double-buffered with cp.async.
 //   3. bwd_convert_dq_kernel: dq = scale * dq_accum, cast and laid out as [B, Lq, Hq, D].
 #pragma once
 
@@ -65,6 +67,35 @@ template <> struct DefaultBwdConfig<128> { using type = BwdConfig<128, 64, 128, 
 template <> struct DefaultBwdConfig<192> { using type = BwdConfig<192, 64, 64, 8, 2, 2, 4>; };
 template <> struct DefaultBwdConfig<256> { using type = BwdConfig<256, 64, 64, 8, 2, 2, 4>; };
 
+// Deterministic mode. The key blocks that add into one query block's dQ rows are always key blocks
+// 0 .. K-1 of its (batch, kv head), for some K >= 0 (see "Query blocks that see at least one of these
+// keys" in bwd_kernel). Each such query block has a counter of the keys whose dQ partials are already
+// in, in whole key blocks: the key block starting at key n0 waits until the counter reads n0, adds its
+// partial, then adds kBlockN to the counter. The counter walks 0, kBlockN, ..., K * kBlockN, so every
+// dq_accum element receives its partials in increasing key-block order, the same order on every run.
+//
+// No deadlock: key block n waits only on key blocks 0 .. n-1 of the same (batch, kv head). Those have
+// lower blockIdx.x (n_block varies fastest), so they were dispatched before it, and a dispatched CTA
+// keeps its SM until it finishes (the in-order dispatch FlashAttention-2's deterministic mode relies on
+// too). Key block 0 never waits, and every key block visits its (head, query block) steps in the same
+// order, so by induction on n, blocks 0 .. n-1 each reach and pass any step that block n waits at.
+__device__ __forceinline__ void wait_for_dq_turn(const int* keys_done, int n0) {
+  if (threadIdx.x == 0) {
+    while (ld_acquire_gpu(keys_done) != n0) {
+    }
+  }
+  __syncthreads();  // the rest of the CTA waits here
+}
+
+// The release add of thread 0 after the barrier also publishes the adds the other threads made before
+// the barrier (a release is cumulative; CUTLASS's inter-CTA semaphore relies on the same). A
+// __threadfence() in every thread is not needed, and would cost the default path: ptxas then turns
+// every dq_accum reduction (RED) into an atomic that returns its old value (ATOM), deterministic or not.
+__device__ __forceinline__ void pass_dq_turn(int* keys_done, int block_keys) {
+  __syncthreads();
+  if (threadIdx.x == 0) red_add_release_gpu(keys_done, block_keys);
+}
+
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p) {
   using Ops = ElementOps<T>;
@@ -103,7 +134,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
   load_tile<kBlockN, kHeadDim, Cfg::kThreads>(v_smem, v, p.v_strides.row, s.seqlen_k - n0, s.head_dim,
                                               s.rows_aligned_16);
 
-  // Query blocks that see at least one of these keys.
+  // Query blocks that see at least one of these keys: m_begin .. num_m_total - 1, none when
+  // first_query >= seqlen_q. first_query does not decrease as n_block grows, so the key blocks that
+  // visit a given query block are a prefix 0 .. K-1 of the key blocks (what deterministic mode needs).
   const int first_query = first_query_seeing(n0, s.is_causal, s.causal_offset);
   const int m_begin = first_query / kBlockM;
   const int num_m_total = (s.seqlen_q + kBlockM - 1) / kBlockM;
@@ -244,6 +277,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
 
     // Stage 3: dQ[m0 + rows, cols] += dS K, added into the fp32 workspace.
     {
+      // Deterministic mode: this query block's counter (see wait_for_dq_turn). Waiting here, before the
+      // dQ GEMM rather than after it, keeps register pressure (and so the default path) as it was.
+      auto dq_keys_done = [&]() {
+        return p.dq_keys_done + (static_cast<int64_t>(batch) * s.heads_q + head) * num_m_total + m0 / kBlockM;
+      };
+      if (p.deterministic) wait_for_dq_turn(dq_keys_done(), n0);
       float dq_acc[kQMTiles][kQNTiles][4];
       zero_accumulators(dq_acc);
       warp_gemm<T, kQMTiles, kQNTiles, kBlockN / 16>(
@@ -285,6 +324,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
           }
         }
       }
+      if (p.deterministic) pass_dq_turn(dq_keys_done(), kBlockN);
     }
   }
   cp_async_wait<0>();

@@ -1,5 +1,6 @@
 // Thin wrappers over the Ampere+ instructions the sm80 path is built on: cp.async (global -> shared
-// copies that bypass registers), ldmatrix (shared -> mma fragments) and mma.sync m16n8k16.
+// copies that bypass registers), ldmatrix (shared -> mma fragments), mma.sync m16n8k16, and the
+// acquire/release global accesses of the backward's deterministic mode.
 //
 // Fragment layouts of mma.m16n8k16 for lane = 4 * g + t (g = lane / 4, t = lane % 4):
 //   A (16x16, row-major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
@@ -51,6 +52,20 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(smem)));
+}
+
+// Load with acquire semantics at GPU scope: this thread's later memory operations are ordered after it,
+// so they see everything the writer released. Volatile, so a spin loop re-reads it every iteration.
+__device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(value) : "l"(ptr) : "memory");
+  return value;
+}
+
+// Atomic add with release semantics at GPU scope: this thread's earlier memory operations (and, after a
+// barrier, those of its CTA) are visible to whoever acquires the new value.
+__device__ __forceinline__ void red_add_release_gpu(int* ptr, int value) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(ptr), "r"(value) : "memory");
 }
 
 // Per-element-type pieces: packing two floats into one 32-bit register and the mma instruction.
