@@ -156,7 +156,10 @@ support matrix
   layouts         any strides in batch, sequence and head dims; the last dim must be contiguous
   autograd        dq, dk, dv (the log-sum-exp is not differentiable); torch.compile(fullgraph=True),
                   CUDA graphs, torch.library.opcheck-clean registration
-  not supported   attention masks, dropout, sliding windows, softcap, ALiBi, deterministic backward,
+  reproducible    forward: always, bit for bit; backward: on the CPU always, on CUDA with
+                  flash_attn_*(deterministic=True) only (sm80 kernels; the default adds dq with atomics
+                  in no fixed order)
+  not supported   attention masks, dropout, sliding windows, softcap, ALiBi,
                   variable-length (varlen) and KV-cache entry points
   fallbacks       scaled_dot_product_attention passes to torch SDPA (one warning per reason): attn_mask,
                   dropout_p > 0, float32/float64 CUDA tensors, head dim > 256, a value head dim different

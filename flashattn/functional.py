@@ -150,6 +150,9 @@ def scaled_dot_product_attention(
     broadcasting between batch dims (or of a size-1 query head dim), nested tensors, other devices.
 
     Autograd, ``torch.compile(fullgraph=True)`` and CUDA graph capture work on the flashattn path.
+    The forward is bitwise reproducible; the CUDA backward is not (dq is summed with atomics in no fixed
+    order, so its last bits can change between runs): :func:`flash_attn_func` with
+    ``deterministic=True`` has a reproducible backward.
     """
     reason = _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa)
     if reason is not None:
@@ -184,7 +187,7 @@ def scaled_dot_product_attention(
 # ----------------------------------------------------------------------------------------------------
 
 
-def _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, deterministic) -> None:
+def _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes) -> None:
     if dropout_p != 0.0:
         raise NotImplementedError(f"flashattn: dropout_p={dropout_p} is not implemented yet (only dropout_p=0.0)")
     if tuple(window_size) != (-1, -1):
@@ -196,11 +199,6 @@ def _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, determi
         raise NotImplementedError(f"flashattn: softcap={softcap} is not implemented yet (only softcap=0.0)")
     if alibi_slopes is not None:
         raise NotImplementedError("flashattn: alibi_slopes is not implemented yet (only alibi_slopes=None)")
-    if deterministic:
-        raise NotImplementedError(
-            "flashattn: deterministic=True is not implemented yet: the backward accumulates dq with atomics, "
-            "so its result can differ in the last bits between runs (only deterministic=False)"
-        )
 
 
 def _check_tensor(name: str, t, ndim: int, layout: str) -> None:
@@ -215,7 +213,7 @@ def _check_tensor(name: str, t, ndim: int, layout: str) -> None:
         )
 
 
-def _flash_attn(q, k, v, softmax_scale, causal, return_attn_probs):
+def _flash_attn(q, k, v, softmax_scale, causal, deterministic, return_attn_probs):
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"flashattn: q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}")
     if q.device.type == "cuda" and not _CUDA_KERNELS_BUILT:
@@ -226,7 +224,7 @@ def _flash_attn(q, k, v, softmax_scale, causal, return_attn_probs):
     if softmax_scale is None:
         # (A head dim of 0 gets any scale: the op rejects it with a message naming the head dim.)
         softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0
-    out, softmax_lse = ops.fwd(q, k, v, float(softmax_scale), bool(causal), True)
+    out, softmax_lse = ops.attention(q, k, v, float(softmax_scale), bool(causal), True, bool(deterministic))
     if return_attn_probs:
         return out, softmax_lse, None
     return out
@@ -242,8 +240,13 @@ _FA2_ARGS_DOC = """
         window_size: must be ``(-1, -1)`` (no sliding window yet; other values raise NotImplementedError).
         softcap: must be 0.0 (no score soft-capping yet; other values raise NotImplementedError).
         alibi_slopes: must be None (no ALiBi yet; other values raise NotImplementedError).
-        deterministic: must be False (the backward accumulates dq with atomics; True raises
-            NotImplementedError).
+        deterministic: make the backward bitwise reproducible. By default the CUDA backward adds
+            each key block's share of dq with atomics in whatever order the blocks run, so dq's last
+            bits can differ from run to run (dk and dv do not). With ``True`` the blocks add in a
+            fixed order and dq, dk, dv are the same bits on every run with the same inputs, GPU and
+            build; blocks then wait for their turn, which costs some backward speed (not measured
+            yet). The forward is always bitwise reproducible, and so is the CPU backward (the flag
+            changes nothing there).
         return_attn_probs: also return ``softmax_lse`` ``(batch, nheads, seqlen_q)`` float32, the
             natural-log log-sum-exp of each row of scaled scores (-inf for a row that sees no key,
             where flash_attn reports +inf), and ``None`` where flash_attn returns its debugging
@@ -274,11 +277,11 @@ def flash_attn_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
 ):
-    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, deterministic)
+    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes)
     _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     _check_tensor("k", k, 4, "(batch, seqlen_k, nheads_k, headdim)")
     _check_tensor("v", v, 4, "(batch, seqlen_k, nheads_k, headdim)")
-    return _flash_attn(q, k, v, softmax_scale, causal, return_attn_probs)
+    return _flash_attn(q, k, v, softmax_scale, causal, deterministic, return_attn_probs)
 
 
 flash_attn_func.__doc__ = (
@@ -304,13 +307,13 @@ def flash_attn_kvpacked_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
 ):
-    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, deterministic)
+    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes)
     _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     _check_tensor("kv", kv, 5, "(batch, seqlen_k, 2, nheads_k, headdim)")
     if kv.size(2) != 2:
         raise ValueError(f"flashattn: kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got {tuple(kv.shape)}")
     k, v = kv.unbind(dim=2)  # strided views into kv; autograd stacks dk, dv back into one dkv
-    return _flash_attn(q, k, v, softmax_scale, causal, return_attn_probs)
+    return _flash_attn(q, k, v, softmax_scale, causal, deterministic, return_attn_probs)
 
 
 flash_attn_kvpacked_func.__doc__ = (
@@ -335,12 +338,12 @@ def flash_attn_qkvpacked_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
 ):
-    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, deterministic)
+    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes)
     _check_tensor("qkv", qkv, 5, "(batch, seqlen, 3, nheads, headdim)")
     if qkv.size(2) != 3:
         raise ValueError(f"flashattn: qkv must have shape (batch, seqlen, 3, nheads, headdim), got {tuple(qkv.shape)}")
     q, k, v = qkv.unbind(dim=2)  # strided views into qkv; autograd stacks dq, dk, dv back into one dqkv
-    return _flash_attn(q, k, v, softmax_scale, causal, return_attn_probs)
+    return _flash_attn(q, k, v, softmax_scale, causal, deterministic, return_attn_probs)
 
 
 flash_attn_qkvpacked_func.__doc__ = (

@@ -462,7 +462,6 @@ def test_raw_op_rejects_non_contiguous_last_dim():
     ({"window_size": (8, 0)}, "window_size"),
     ({"softcap": 30.0}, "softcap"),
     ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
-    ({"deterministic": True}, "deterministic"),
 ])
 @pytest.mark.parametrize("api", ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"])
 def test_unimplemented_arguments_raise(api, kwargs, name):
@@ -516,6 +515,116 @@ def test_kvpacked_matches_unpacked_and_grads_flow(causal):
     ref.backward(dout)
     torch.testing.assert_close(q.grad, q2.grad)
     torch.testing.assert_close(kv.grad, torch.stack([k.grad, v.grad], dim=2))
+
+
+# --------------------------------------------------------------------------------------------------
+# deterministic=True: accepted by the op and the FlashAttention-2 API, reaches the backward op, and
+# changes nothing on the CPU (whose backward is always deterministic)
+# --------------------------------------------------------------------------------------------------
+
+
+class _BwdCalls(TorchDispatchMode):
+    """Records the deterministic flag every flashattn.bwd call runs with (its default, False, when the
+    dispatcher leaves the trailing argument out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.flags = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if str(func).startswith("flashattn.bwd"):
+            self.flags.append(kwargs.get("deterministic", args[9] if len(args) > 9 else False))
+        return func(*args, **kwargs)
+
+
+def test_bwd_schema_has_a_trailing_deterministic_flag():
+    schema = torch.ops.flashattn.bwd.default._schema
+    assert [a.name for a in schema.arguments][-2:] == ["causal_bottom_right", "deterministic"]
+    assert schema.arguments[-1].default_value is False
+
+
+@pytest.mark.parametrize("causal, bottom_right", [(False, False), (True, False), (True, True)])
+def test_bwd_op_accepts_deterministic(causal, bottom_right):
+    q, k, v = _rand(2, 9, 4, 8), _rand(2, 13, 2, 8), _rand(2, 13, 2, 8)
+    out, lse = torch.ops.flashattn.fwd(q, k, v, 0.35, causal, bottom_right)
+    dout = torch.randn_like(out)
+    args = (dout, q, k, v, out, lse, 0.35, causal, bottom_right)
+    default = torch.ops.flashattn.bwd(*args)  # the nine-argument call keeps working
+    for grads in (torch.ops.flashattn.bwd(*args, True), torch.ops.flashattn.bwd(*args, deterministic=True),
+                  torch.ops.flashattn.bwd(*args, False)):
+        for g, g0 in zip(grads, default):
+            assert torch.equal(g, g0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_opcheck_bwd_deterministic(dtype):
+    q, k, v = _rand(2, 5, 4, 8, dtype=dtype), _rand(2, 7, 2, 8, dtype=dtype), _rand(2, 7, 2, 8, dtype=dtype)
+    out, lse = torch.ops.flashattn.fwd(q, k, v, 0.35, True, True)
+    torch.library.opcheck(torch.ops.flashattn.bwd.default, (torch.randn_like(out), q, k, v, out, lse, 0.35, True, True, True))
+
+
+def test_fake_bwd_accepts_deterministic():
+    with _fake_mode():
+        q = torch.empty(3, 11, 8, 40)
+        k = torch.empty(3, 13, 2, 40)
+        out, lse = torch.ops.flashattn.fwd(q, k, k, 0.1, True, True)
+        dq, dk, dv = torch.ops.flashattn.bwd(out, q, k, k, out, lse, 0.1, True, True, deterministic=True)
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == k.shape
+
+
+def _fa2_call(api, deterministic, causal):
+    """One FlashAttention-2 API call on fresh leaves (same inputs every time: seeded), forward and
+    backward; returns (out, input grads, the deterministic flags the backward op received)."""
+    gen = torch.Generator().manual_seed(7)
+    randn = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float32).requires_grad_()  # noqa: E731
+    if api == "flash_attn_func":
+        inputs = (randn(2, 9, 4, 8), randn(2, 12, 2, 8), randn(2, 12, 2, 8))
+    elif api == "flash_attn_kvpacked_func":
+        inputs = (randn(2, 9, 4, 8), randn(2, 12, 2, 2, 8))
+    else:
+        inputs = (randn(2, 9, 3, 4, 8),)
+    out = getattr(flashattn, api)(*inputs, causal=causal, deterministic=deterministic)
+    with _BwdCalls() as calls:
+        grads = torch.autograd.grad(out, inputs, torch.ones_like(out))
+    return out.detach(), grads, calls.flags
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("api", ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"])
+def test_flash_attn_deterministic_is_passed_to_the_backward(api, causal):
+    out, grads, flags = _fa2_call(api, False, causal)
+    out_det, grads_det, flags_det = _fa2_call(api, True, causal)
+    assert flags == [False] and flags_det == [True]
+    assert torch.equal(out, out_det)
+    for g, g_det in zip(grads, grads_det):
+        assert torch.equal(g, g_det)
+
+
+def test_gradcheck_flash_attn_func_deterministic():
+    q = _rand(1, 3, 4, 4, requires_grad=True)
+    k = _rand(1, 6, 2, 4, requires_grad=True)
+    v = _rand(1, 6, 2, 4, requires_grad=True)
+    fn = lambda q, k, v: flashattn.flash_attn_func(q, k, v, causal=True, deterministic=True)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_torch_compile_fullgraph_deterministic_cpu():
+    torch._dynamo.reset()
+
+    def block(q, k, v):
+        return flashattn.flash_attn_func(q, k, v, causal=True, deterministic=True).square().sum()
+
+    args = [_rand(2, 9, 4, 8, requires_grad=True), _rand(2, 12, 2, 8, requires_grad=True),
+            _rand(2, 12, 2, 8, requires_grad=True)]
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    loss = compiled(*args)
+    grads = torch.autograd.grad(loss, args)
+    loss_ref = block(*args)
+    grads_ref = torch.autograd.grad(loss_ref, args)
+    torch.testing.assert_close(loss, loss_ref)
+    for g, r in zip(grads, grads_ref):
+        torch.testing.assert_close(g, r)
 
 
 def test_default_softmax_scale():

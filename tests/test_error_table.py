@@ -148,7 +148,6 @@ _UNIMPLEMENTED = {
     "window": {"window_size": (8, 0)},
     "softcap": {"softcap": 30.0},
     "alibi": {"alibi_slopes": torch.ones(4)},
-    "deterministic": {"deterministic": True},
 }
 
 # id -> call(monkeypatch). Each makes one bad call; the table says what must happen.
