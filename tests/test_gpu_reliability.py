@@ -73,8 +73,9 @@ def _sample(n, extra=(), count=24, seed=0):
     return torch.tensor(sorted(chosen))
 
 
-def _check(name, got, ref, rel, abs_=1e-3):
-    """No NaN or inf, and max|got - ref| <= rel * max|ref| + abs_."""
+def _check(name, got, ref, rel, abs_=0.0):
+    """No NaN or inf, and max|got - ref| <= rel * max|ref| + abs_ (relative by default: with 8M keys the
+    outputs and gradients are of order 1e-4 to 1e-6)."""
     got, ref = got.double(), ref.double()
     assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
     assert torch.isfinite(got).all(), f"{name}: NaN or inf"
