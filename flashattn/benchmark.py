@@ -14,9 +14,25 @@ unavailable or fails for a config is reported as such; it never stops the run.
 Before timing a config, flashattn's output is compared with SDPA's flash backend (max abs error).
 FLOPs: forward 4 * B * H * N^2 * D, halved for causal; backward 2.5x the forward.
 
+Timing: triton's do_bench (CUDA events, L2 flushed before each call, median) with a time budget per
+measurement: ``--warmup`` ms of warm-up, then as many calls as fit in ``--rep`` ms (at least one). With
+the default 50 ms every figure is the median over at least 25 ms of measured calls (a call longer than
+25 ms is timed once, a 5 ms call 10 times, a 0.2 ms call some 250 times).
+
+FlexAttention is compiled with dynamic shapes by default: one compilation per (dtype, head dim, heads,
+causal) serves every sequence length and mode (dynamo adds one for the batch of 1 at N = 16k, as it
+specializes sizes of 1); ``--flex-static`` compiles per shape instead (several times slower to run).
+Before the grid starts, those compilations run in parallel worker processes, which fill torch's
+on-disk compile caches (inductor, AOTAutograd, Triton) so that this process's own compilations load
+from them; every figure is still measured in this process (``--no-flex-prewarm`` skips that step).
+
 Memory: for every config and mode, the peak extra memory of one call of each method
 (``torch.cuda.max_memory_allocated()`` over the call minus what was allocated before it), plus
 torch's math backend, which materializes the N x N scores (sizes that would not fit are skipped).
+
+``--time-budget SECONDS``: once that much time has passed, the configs not yet started are not run;
+they stay in the table, the JSON and bench.md, marked as skipped. With ``--out`` bench.json and
+bench.md are rewritten after every config, so a run that is killed still leaves what it measured.
 
     python -m flashattn bench --quick --out bench-out
     python -m flashattn bench --dtype bf16 --headdim 128 --seqlen 4096 16384 --causal true --mode fwd bwd
@@ -30,12 +46,14 @@ import datetime
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +73,9 @@ FLOPS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 MATH_SCORE_BUFFERS = {"fwd": 3, "bwd": 6, "fwdbwd": 6}
 MIB = 2**20
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# Worker processes that compile FlexAttention ahead of the grid (each compiles on one core).
+FLEX_PREWARM_MAX_WORKERS = 12
+FLEX_PREWARM_TIMEOUT_S = 300.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -154,31 +175,87 @@ def _sdpa_forward(backend_name, causal):
     return forward
 
 
-def _flex_forward(causal, seqlen, device):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+def flex_causal_mask(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
 
-    # A fresh compilation per config: every shape, mask and grad mode is a recompile, and past dynamo's
-    # recompile limit flex_attention silently runs unfused (materializing the scores), which is not the anchor.
-    torch._dynamo.reset()
+
+def _configure_compile() -> None:
+    # Each group of configs gets a fresh start (FlexAttention.forward), so the limits are never near; past
+    # them flex_attention would silently run unfused (materializing the scores), which is not the anchor.
     for limit in ("cache_size_limit", "recompile_limit"):
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, 64)
-    compiled = torch.compile(flex_attention, dynamic=False)
-    block_mask = None
-    if causal:
-        def causal_mask(b, h, q_idx, kv_idx):
-            return q_idx >= kv_idx
+    # No "duck sizing" (one symbol for dims that happen to be equal, such as B and H at some seqlens): it
+    # would tie the batch to the heads, which flex_attention marks static, and cost a compilation per seqlen.
+    try:
+        import torch.fx.experimental._config as fx_config
 
-        block_mask = create_block_mask(causal_mask, B=None, H=None, Q_LEN=seqlen, KV_LEN=seqlen, device=device)
+        if hasattr(fx_config, "use_duck_shape"):
+            fx_config.use_duck_shape = False
+    except ImportError:
+        pass
+    # The bwd mode calls the backward with retain_graph=True, which a backward compiled with donated
+    # buffers refuses.
+    try:
+        import torch._functorch.config as functorch_config
 
-    def forward(q, k, v):
-        out = compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask)
-        return out.transpose(1, 2)
+        if hasattr(functorch_config, "donated_buffer"):
+            functorch_config.donated_buffer = False
+    except ImportError:
+        pass
 
-    return forward
+
+def flex_group(dtype_name: str, head_dim: int, heads: int, causal: bool) -> Tuple[str, int, int, bool]:
+    """The configs that share one dynamic-shape compilation of FlexAttention."""
+    return (dtype_name, int(head_dim), int(heads), bool(causal))
 
 
-def make_impl(name, causal, seqlen, device="cuda"):
+class FlexAttention:
+    """FlexAttention compiled with torch.compile, the anchor.
+
+    dynamic=True: one compilation per group (:func:`flex_group`), reused for every sequence length and
+    batch size and every mode (dynamo compiles once more for a batch of 1, as it specializes sizes of 1).
+    dynamic=False: one compilation per shape. Either way a new group (or shape) starts from
+    ``torch._dynamo.reset()``: dynamo keeps compiled entries on flex_attention's code object across
+    torch.compile wrappers, so without it the recompile limit would eventually be reached.
+    """
+
+    def __init__(self, dynamic: bool = True):
+        self.dynamic = dynamic
+        # Groups whose dynamic-shape compilation failed: compiled per shape instead (see run_config).
+        self.static_groups = set()
+        self._key = None
+        self._compiled = None
+
+    def is_dynamic(self, group) -> bool:
+        return self.dynamic and tuple(group) not in self.static_groups
+
+    def forward(self, group, causal: bool, seqlen: int, device):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        dynamic = self.is_dynamic(group)
+        key = tuple(group) if dynamic else tuple(group) + (seqlen,)
+        if key != self._key:
+            torch._dynamo.reset()
+            _configure_compile()
+            self._compiled = torch.compile(flex_attention, dynamic=dynamic)
+            self._key = key
+        compiled = self._compiled
+        block_mask = None
+        if causal:
+            block_mask = create_block_mask(flex_causal_mask, B=None, H=None, Q_LEN=seqlen, KV_LEN=seqlen,
+                                           device=str(device))
+
+        def forward(q, k, v):
+            out = compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask)
+            return out.transpose(1, 2)
+
+        return forward
+
+
+def make_impl(name, causal, seqlen, device="cuda", flex=None, group=None):
+    """forward(q, k, v) -> out of method `name` for (B, N, H, D) tensors. flex: the FlexAttention
+    compiler to use (a static one per call by default), group: its group key (see :func:`flex_group`)."""
     if name == "flashattn":
         return _flashattn_forward(causal)
     if name == "sdpa_flash":
@@ -190,8 +267,39 @@ def make_impl(name, causal, seqlen, device="cuda"):
     if name == "sdpa_math":
         return _sdpa_forward("MATH", causal)
     if name == "flex":
-        return _flex_forward(causal, seqlen, str(device))
+        flex = flex if flex is not None else FlexAttention(dynamic=False)
+        return flex.forward(group if group is not None else ("flex", seqlen), causal, seqlen, device)
     raise ValueError(name)
+
+
+def make_inputs(batch, seqlen, heads, head_dim, dtype, device):
+    """q, k, v (requiring grad) and dout, all (B, N, H, D)."""
+    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    dout = torch.randn(batch, seqlen, heads, head_dim, device=device, dtype=dtype)
+    return q, k, v, dout
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def warm_up(forward, q, k, v, dout, backward: bool, verbose: bool = False) -> float:
+    """The first call of a method, made as the timed calls make it (grad mode, and a backward with
+    retain_graph=True when a backward mode follows): selects SDPA's kernel, compiles FlexAttention.
+    Raises when the forward fails; a failing backward is left for the bwd and fwdbwd timings to report.
+    Returns the seconds it took (for FlexAttention mostly compilation)."""
+    start = time.perf_counter()
+    out = forward(q, k, v)
+    _sync(q.device)
+    if backward:
+        try:
+            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            _sync(q.device)
+        except Exception:  # noqa: BLE001
+            if verbose:
+                traceback.print_exc()
+    return time.perf_counter() - start
 
 
 def timed_fn(forward, mode, q, k, v, dout):
@@ -244,36 +352,51 @@ def _measure_memory(row, forwards, causal, mode, q, k, v, dout, device, verbose)
             if verbose:
                 traceback.print_exc()
         finally:
-            if device.type == "cuda":
+            # The peak counts allocated memory only, so blocks the allocator keeps cached do not change it;
+            # only the math backend's score-sized blocks are handed back.
+            if device.type == "cuda" and name in MEMORY_ONLY:
                 torch.cuda.empty_cache()
 
 
-def run_config(dtype_name, head_dim, seqlen, causal, modes, impl_names, opts, device="cuda", batch=None, heads=None):
+def run_config(dtype_name, head_dim, seqlen, causal, modes, impl_names, opts, device="cuda", batch=None, heads=None,
+               flex=None):
     """Times one (dtype, head dim, seqlen, causal) config in every mode; one result row per mode.
 
     opts: an object with warmup, rep, max_err, verbose and memory attributes (the parsed arguments).
+    flex: the :class:`FlexAttention` compiler shared by the configs of a run (a static one if None).
     """
     device = torch.device(device)
     dtype = DTYPES[dtype_name]
     batch, heads = config_shape(seqlen, head_dim, batch, heads)
     fwd_flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
-    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
-    dout = torch.randn(batch, seqlen, heads, head_dim, device=device, dtype=dtype)
-    config = {"dtype": dtype_name, "head_dim": head_dim, "seqlen": seqlen, "causal": causal, "batch": batch, "heads": heads}
+    q, k, v, dout = make_inputs(batch, seqlen, heads, head_dim, dtype, device)
+    config = {"dtype": dtype_name, "head_dim": head_dim, "seqlen": seqlen, "causal": causal, "batch": batch,
+              "heads": heads, "first_call_s": {}}
 
     impls, status = {}, {}
+    backward = any(mode != "fwd" for mode in modes)
+    group = flex_group(dtype_name, head_dim, heads, causal)
     for name in impl_names:
         try:
-            impls[name] = make_impl(name, causal, seqlen, device)
-            with torch.no_grad():
-                impls[name](q, k, v)  # also triggers compilation / backend selection
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            impls[name] = make_impl(name, causal, seqlen, device, flex=flex, group=group)
+            config["first_call_s"][name] = warm_up(impls[name], q, k, v, dout, backward, opts.verbose)
         except Exception as exc:  # noqa: BLE001  (an anchor that fails is reported, never fatal)
             impls.pop(name, None)
             status[name] = "unavailable: " + short_error(exc)
             if opts.verbose:
                 traceback.print_exc()
+            if name == "flex" and flex is not None and flex.is_dynamic(group):
+                # The dynamic-shape compilation failed: this group is compiled per shape from now on.
+                flex.static_groups.add(group)
+                try:
+                    impls[name] = make_impl(name, causal, seqlen, device, flex=flex, group=group)
+                    config["first_call_s"][name] = warm_up(impls[name], q, k, v, dout, backward, opts.verbose)
+                    status.pop(name)
+                    config["notes"] = {name: "compiled for this shape: the dynamic-shape compilation of its group "
+                                             "failed (" + short_error(exc) + ")"}
+                except Exception as exc2:  # noqa: BLE001
+                    impls.pop(name, None)
+                    status[name] += "; compiled for this shape: " + short_error(exc2)
 
     # Correctness before timing: flashattn against SDPA's flash backend (math backend if that is missing).
     if "flashattn" in impls:
@@ -319,6 +442,117 @@ def run_config(dtype_name, head_dim, seqlen, causal, modes, impl_names, opts, de
     return rows
 
 
+def skipped_rows(dtype_name, head_dim, seqlen, causal, modes, impl_names, reason, batch=None, heads=None):
+    """The rows of a config that was not run: every method marked with `reason`."""
+    batch, heads = config_shape(seqlen, head_dim, batch, heads)
+    config = {"dtype": dtype_name, "head_dim": head_dim, "seqlen": seqlen, "causal": causal, "batch": batch,
+              "heads": heads, "skipped": reason}
+    return [dict(config, mode=mode, ms={}, tflops={}, status={name: "skipped: " + reason for name in impl_names})
+            for mode in modes]
+
+
+# --------------------------------------------------------------------------------------------------
+# FlexAttention compilations ahead of the grid, in parallel worker processes
+# --------------------------------------------------------------------------------------------------
+
+
+def flex_compile_units(configs, batch=None, heads=None, dynamic=True) -> List[dict]:
+    """The FlexAttention compilations a grid needs, as independent units of work in run order: one per
+    group (dynamic) or per shape (static), each {"group": [...], "shapes": [[seqlen, batch, heads], ...]}.
+    configs: (dtype, head dim, causal, seqlen) tuples in the order the run makes them."""
+    units: Dict[tuple, dict] = {}
+    for dtype_name, head_dim, causal, seqlen in configs:
+        b, h = config_shape(seqlen, head_dim, batch, heads)
+        group = flex_group(dtype_name, head_dim, h, causal)
+        key = group if dynamic else group + (seqlen,)
+        units.setdefault(key, {"group": list(group), "shapes": []})["shapes"].append([seqlen, b, h])
+    return list(units.values())
+
+
+def _flex_prewarm_worker(spec_path: str) -> int:
+    """Worker process: compiles FlexAttention for its units exactly as the run will (same inputs, same
+    calls, same order), which leaves the compiled artifacts in torch's on-disk caches."""
+    with open(spec_path) as f:
+        spec = json.load(f)
+    device = torch.device(spec["device"])
+    flex = FlexAttention(dynamic=spec["dynamic"])
+    failed = 0
+    for unit in spec["units"]:
+        dtype_name, head_dim, heads, causal = unit["group"]
+        for seqlen, batch, _ in unit["shapes"]:
+            try:
+                q, k, v, dout = make_inputs(batch, seqlen, heads, head_dim, DTYPES[dtype_name], device)
+                forward = flex.forward(flex_group(dtype_name, head_dim, heads, causal), causal, seqlen, device)
+                seconds = warm_up(forward, q, k, v, dout, spec["backward"], verbose=True)
+                print(f"{dtype_name} D={head_dim} H={heads} causal={causal} N={seqlen} B={batch}: {seconds:.1f} s",
+                      flush=True)
+                del q, k, v, dout, forward
+            except Exception:  # noqa: BLE001  (the run compiles it again and reports what fails)
+                traceback.print_exc()
+                failed += 1
+                break
+    return 1 if failed else 0
+
+
+def prewarm_flex(units: List[dict], dynamic: bool, backward: bool, device="cuda", timeout_s: float = FLEX_PREWARM_TIMEOUT_S,
+                 max_workers: Optional[int] = None, log: Callable[[str], None] = print) -> dict:
+    """Runs the FlexAttention compilations of `units` in parallel worker processes and waits for them
+    (at most timeout_s, then stops the workers still running). Compilation is CPU work on one core per
+    worker; the GPU work of the workers is a handful of calls, all finished before the run times anything.
+    The run then compiles the same graphs itself and finds them in the caches, or compiles them again
+    where a worker failed. Returns a summary for the results' metadata."""
+    start = time.monotonic()
+    if max_workers is None:
+        try:
+            cores = len(os.sched_getaffinity(0))  # the cores this process may use (a container's share)
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 2
+        max_workers = min(FLEX_PREWARM_MAX_WORKERS, max(1, cores - 2))
+    n_workers = max(1, min(len(units), max_workers))
+    summary = {"units": len(units), "workers": n_workers, "seconds": None, "failed_workers": 0, "timed_out_workers": 0}
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # one core per worker; compile_threads is not part of the cache keys
+    env["PYTHONPATH"] = os.path.dirname(PACKAGE_DIR) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    log(f"FlexAttention: compiling {len(units)} {'group' if dynamic else 'shape'}{'s' if len(units) != 1 else ''} "
+        f"in {n_workers} worker processes first (fills torch's compile caches; every timing is made in this process)")
+    with tempfile.TemporaryDirectory(prefix="flashattn_flex_") as tmp:
+        procs = []
+        for index in range(n_workers):
+            spec_path = os.path.join(tmp, f"spec{index}.json")
+            with open(spec_path, "w") as f:
+                json.dump({"device": str(device), "dynamic": dynamic, "backward": backward,
+                           "units": units[index::n_workers]}, f)
+            log_path = os.path.join(tmp, f"worker{index}.log")
+            with open(log_path, "w") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-c",
+                     "import sys; from flashattn.benchmark import _flex_prewarm_worker; "
+                     "sys.exit(_flex_prewarm_worker(sys.argv[1]))", spec_path],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            procs.append((proc, log_path))
+        deadline = start + timeout_s
+        for proc, log_path in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                summary["timed_out_workers"] += 1
+                continue
+            if proc.returncode != 0:
+                summary["failed_workers"] += 1
+                with open(log_path) as f:
+                    lines = [line.rstrip() for line in f if line.strip()]
+                log(f"  a FlexAttention worker failed ({lines[-1] if lines else 'exit status ' + str(proc.returncode)}); "
+                    "the run compiles its groups itself")
+    summary["seconds"] = round(time.monotonic() - start, 1)
+    note = ""
+    if summary["timed_out_workers"]:
+        note = f", {summary['timed_out_workers']} stopped after {timeout_s:.0f} s"
+    log(f"FlexAttention: compilation workers done in {summary['seconds']:.0f} s{note}")
+    return summary
+
+
 # --------------------------------------------------------------------------------------------------
 # Reporting: table, progress, files
 # --------------------------------------------------------------------------------------------------
@@ -328,6 +562,8 @@ def _cell(row, name):
     if name in row["tflops"]:
         value = row["tflops"][name]
         return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
+    if row.get("skipped"):
+        return "skipped"
     return "n/a" if name in row["status"] else "-"
 
 
@@ -370,7 +606,7 @@ def memory_table(rows) -> List[str]:
         cells = [row["dtype"], str(row["head_dim"]), str(row["seqlen"]), "yes" if row["causal"] else "no", row["mode"]]
         for name in names:
             mib = row.get("peak_mib", {}).get(name)
-            cells.append(f"{mib:.0f}" if mib is not None else "n/a")
+            cells.append(f"{mib:.0f}" if mib is not None else "skipped" if row.get("skipped") else "n/a")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -441,6 +677,10 @@ def metadata(device="cuda") -> Dict[str, object]:
     except ImportError:
         triton_version = None
     on_cuda = device.type == "cuda" and torch.cuda.is_available()
+    try:
+        cudnn_version = torch.backends.cudnn.version() if on_cuda else None
+    except Exception:  # noqa: BLE001
+        cudnn_version = None
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "git_commit": _git_commit(),
@@ -449,6 +689,7 @@ def metadata(device="cuda") -> Dict[str, object]:
         "device": device.type,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "cudnn": cudnn_version,
         "triton": triton_version,
         "flashattn": flashattn.__version__,
         "timer": ("triton.testing.do_bench median" if triton_version else "CUDA events median") if on_cuda
@@ -456,20 +697,87 @@ def metadata(device="cuda") -> Dict[str, object]:
     }
 
 
+def _notes(rows) -> List[str]:
+    """Markdown list lines: why cells are missing (configs skipped as a whole get one line each)."""
+    notes = sorted({f"- {r['dtype']} D={r['head_dim']} N={r['seqlen']} causal={r['causal']}: {n}: {why}"
+                    for r in rows if not r.get("skipped")
+                    for n, why in list(r["status"].items()) + list(r.get("memory_status", {}).items())
+                    + list(r.get("notes", {}).items())})
+    skipped = []
+    for r in rows:
+        if not r.get("skipped"):
+            continue
+        line = f"- {r['dtype']} D={r['head_dim']} N={r['seqlen']} causal={r['causal']}: not run ({r['skipped']})"
+        if line not in skipped:
+            skipped.append(line)
+    return notes + skipped
+
+
+def run_summary(meta, rows) -> str:
+    """One sentence: how long the run took and whether every config ran."""
+    configs = {(r["dtype"], r["head_dim"], r["seqlen"], r["causal"]) for r in rows}
+    skipped = {(r["dtype"], r["head_dim"], r["seqlen"], r["causal"]) for r in rows if r.get("skipped")}
+    parts = []
+    if meta.get("elapsed_s") is not None:
+        parts.append(f"Run time {meta['elapsed_s']:.0f} s")
+    if skipped:
+        reason = next(r["skipped"] for r in rows if r.get("skipped"))
+        parts.append(f"INCOMPLETE: {len(skipped)} of {len(configs)} configs not run ({reason})")
+    elif meta.get("complete") is False:
+        parts.append("in progress or interrupted: the configs below are those finished so far")
+    else:
+        parts.append(f"all {len(configs)} configs ran")
+    return "; ".join(parts) + "."
+
+
+def _flex_line(meta, rows) -> Optional[str]:
+    flex = meta.get("flex")
+    if not flex:
+        return None
+    first_calls = {}
+    for r in rows:
+        seconds = (r.get("first_call_s") or {}).get("flex")
+        if seconds is not None:
+            first_calls[(r["dtype"], r["head_dim"], r["seqlen"], r["causal"])] = seconds
+    line = (f"FlexAttention: torch.compile(flex_attention, dynamic={flex['dynamic']}), "
+            + ("one compilation per dtype, head dim and causal mode (plus one for a batch of 1)"
+               if flex["dynamic"] else "one compilation per shape"))
+    prewarm = flex.get("prewarm")
+    if prewarm:
+        line += (f"; compiled first in {prewarm['workers']} worker processes ({prewarm['seconds']:.0f} s"
+                 + (f", {prewarm['failed_workers']} failed" if prewarm.get("failed_workers") else "")
+                 + (f", {prewarm['timed_out_workers']} stopped" if prewarm.get("timed_out_workers") else "") + ")")
+    if first_calls:
+        line += f"; first calls in this process (compiling or loading from the cache) {sum(first_calls.values()):.0f} s in all"
+    return line + "."
+
+
 def write_results(out_dir, meta, rows, impl_names, args_dict, charts=True) -> List[str]:
     """bench.json, bench.md and (matplotlib permitting) PNG charts in out_dir; returns the paths written."""
     os.makedirs(out_dir, exist_ok=True)
     written = []
     path = os.path.join(out_dir, "bench.json")
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:
         json.dump({"meta": meta, "args": args_dict, "results": rows}, f, indent=1)
+    os.replace(path + ".tmp", path)  # never a half-written file, even when the run is killed
     written.append(path)
     device = f"GPU {meta['gpu']} (sm_{str(meta['capability']).replace('.', '')})" if meta.get("gpu") else "CPU"
+    cudnn = f", cuDNN {meta['cudnn']}" if meta.get("cudnn") else ""
+    timing = ""
+    if args_dict.get("warmup") is not None and args_dict.get("rep") is not None:
+        timing = f" (warm-up {args_dict['warmup']:g} ms, then the calls that fit in {args_dict['rep']:g} ms)"
     lines = [
         f"# flashattn benchmark, {meta['date']}",
         "",
-        f"{device}, torch {meta['torch']} (CUDA {meta['cuda']}), triton {meta['triton']}, flashattn {meta['flashattn']} "
-        f"at commit {meta['git_commit']}. Timer: {meta['timer']}.",
+        f"{device}, torch {meta['torch']} (CUDA {meta['cuda']}{cudnn}), triton {meta['triton']}, flashattn {meta['flashattn']} "
+        f"at commit {meta['git_commit']}. Timer: {meta['timer']}{timing}.",
+    ]
+    if meta.get("command"):
+        lines += ["", f"Command: `{meta['command']}`. {run_summary(meta, rows)}"]
+    flex_line = _flex_line(meta, rows)
+    if flex_line:
+        lines += ["", flex_line]
+    lines += [
         "",
         "Cells are TFLOP/s (forward 4*B*H*N^2*D, halved when causal; backward 2.5x); `x anchor` is flashattn's "
         "throughput divided by the anchor's. `max err` is max |flashattn - SDPA flash| of the forward output. "
@@ -483,10 +791,9 @@ def write_results(out_dir, meta, rows, impl_names, args_dict, charts=True) -> Li
         lines += ["", "Peak extra memory (MiB) of one call: max_memory_allocated over the call minus memory allocated "
                   "before it (inputs, and for bwd the forward's saved tensors). sdpa_math materializes the N x N scores.",
                   ""] + mem_lines
-    notes = sorted({f"- {r['dtype']} D={r['head_dim']} N={r['seqlen']} causal={r['causal']}: {n}: {why}"
-                    for r in rows for n, why in list(r["status"].items()) + list(r.get("memory_status", {}).items())})
+    notes = _notes(rows)
     if notes:
-        lines += ["", "Unavailable, failed or skipped:", ""] + notes
+        lines += ["", "Unavailable, failed, skipped or otherwise noted:", ""] + notes
     path = os.path.join(out_dir, "bench.md")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -514,8 +821,17 @@ def parse_args(argv=None):
     p.add_argument("--anchors", nargs="*", choices=ANCHORS, default=ANCHORS, help="anchors to time beside flashattn")
     p.add_argument("--quick", action="store_true",
                    help="a small subset: bf16, D 64/128, N 1024/4096/16384, fwd and bwd")
-    p.add_argument("--warmup", type=float, default=25, help="warm-up per measurement, ms")
-    p.add_argument("--rep", type=float, default=100, help="measurement time per measurement, ms")
+    p.add_argument("--warmup", type=float, default=10, help="warm-up per measurement, ms (default 10)")
+    p.add_argument("--rep", type=float, default=50,
+                   help="time budget of the measured calls per measurement, ms (default 50: the median then covers "
+                        "at least 25 ms of calls, or a single call longer than that)")
+    p.add_argument("--time-budget", type=float, metavar="SECONDS",
+                   help="configs not started after this many seconds are not run; they are reported as skipped")
+    p.add_argument("--flex-static", action="store_true",
+                   help="compile FlexAttention once per shape instead of once per (dtype, head dim, causal) with "
+                        "dynamic shapes (slower to run)")
+    p.add_argument("--no-flex-prewarm", dest="flex_prewarm", action="store_false",
+                   help="compile FlexAttention only in this process, not first in parallel worker processes")
     p.add_argument("--max-err", type=float, default=5e-2, help="max |flashattn - SDPA flash| before a config is marked wrong")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory measurements")
     p.add_argument("--no-charts", dest="charts", action="store_false", help="write no PNG charts")
@@ -528,6 +844,10 @@ def parse_args(argv=None):
     for flag in ("batch", "heads"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag} must be at least 1")
+    if args.warmup < 0 or args.rep <= 0:
+        p.error("--warmup must be at least 0 and --rep more than 0")
+    if args.time_budget is not None and args.time_budget <= 0:
+        p.error("--time-budget must be more than 0")
     return args
 
 
@@ -543,32 +863,68 @@ def cuda_unusable_reason() -> Optional[str]:
     return None
 
 
-def run(args, device="cuda") -> List[dict]:
-    """Runs the grid described by the parsed arguments, printing the table as it goes; returns the rows."""
+def run(args, device="cuda", started: Optional[float] = None, on_config=None, meta: Optional[dict] = None) -> List[dict]:
+    """Runs the grid described by the parsed arguments, printing the table as it goes; returns the rows.
+
+    started: time.monotonic() at the start of the run (for --time-budget; now if None). on_config(rows)
+    is called after every config with the rows so far. meta: a dict that receives how FlexAttention was
+    compiled."""
+    started = time.monotonic() if started is None else started
+    device = torch.device(device)
     impl_names = ["flashattn"] + list(args.anchors)
     causal_values = {"both": [False, True], "true": [True], "false": [False]}[args.causal]
     configs = [(d, h, c, n) for d in args.dtype for h in args.headdim for c in causal_values for n in args.seqlen]
+    budget = getattr(args, "time_budget", None)
+
+    flex = None
+    if "flex" in impl_names:
+        flex = FlexAttention(dynamic=not getattr(args, "flex_static", False))
+        if meta is not None:
+            meta["flex"] = {"dynamic": flex.dynamic, "prewarm": None}
+        units = flex_compile_units(configs, args.batch, args.heads, flex.dynamic)
+        if device.type == "cuda" and getattr(args, "flex_prewarm", True) and len(units) > 1:
+            timeout = FLEX_PREWARM_TIMEOUT_S if budget is None else min(FLEX_PREWARM_TIMEOUT_S, max(30.0, budget / 3))
+            summary = prewarm_flex(units, flex.dynamic, any(mode != "fwd" for mode in args.mode), device, timeout,
+                                   log=lambda line: print(line, flush=True))
+            if meta is not None:
+                meta["flex"]["prewarm"] = summary
+
     progress = Progress(len(configs), enabled=args.progress)
     progress.write(table_header(impl_names))
     rows = []
+    skip_reason = None
     try:
         for dtype_name, head_dim, causal, seqlen in configs:
-            progress.start(f"{dtype_name} D={head_dim} N={seqlen} {'causal' if causal else 'full'}")
-            new_rows = run_config(dtype_name, head_dim, seqlen, causal, args.mode, impl_names, args, device,
-                                  args.batch, args.heads)
+            budget = getattr(args, "time_budget", None)
+            if skip_reason is None and budget is not None and time.monotonic() - started >= budget:
+                skip_reason = f"time budget of {budget:g} s reached"
+                left = len(configs) - progress.done
+                progress.write(f"    {skip_reason} after {time.monotonic() - started:.0f} s: the {left} configs left "
+                               "are not run (reported as skipped)")
+            if skip_reason is not None:
+                new_rows = skipped_rows(dtype_name, head_dim, seqlen, causal, args.mode, impl_names, skip_reason,
+                                        args.batch, args.heads)
+            else:
+                progress.start(f"{dtype_name} D={head_dim} N={seqlen} {'causal' if causal else 'full'}")
+                new_rows = run_config(dtype_name, head_dim, seqlen, causal, args.mode, impl_names, args, device,
+                                      args.batch, args.heads, flex=flex)
             for row in new_rows:
                 progress.write(table_row(row, impl_names))
                 for name, why in row["status"].items():
-                    if row["mode"] == args.mode[0] or why.startswith("failed"):
+                    if not row.get("skipped") and (row["mode"] == args.mode[0] or why.startswith("failed")):
                         progress.write(f"    {name}: {why}")
             rows += new_rows
             progress.step()
+            if on_config is not None:
+                on_config(rows)
     finally:
         progress.close()
     return rows
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    started = time.monotonic()
     args = parse_args(argv)
     reason = cuda_unusable_reason()
     if reason is not None:
@@ -577,14 +933,29 @@ def main(argv=None) -> int:
         return 1
     torch.manual_seed(0)
     meta = metadata("cuda")
+    meta["command"] = " ".join(["python -m flashattn bench"] + ([shlex.join(argv)] if argv else []))
+    meta["complete"] = False
     print(f"{meta['gpu']}, torch {meta['torch']}, flashattn {meta['flashattn']}, commit {meta['git_commit']}", flush=True)
-    rows = run(args)
+    impl_names = ["flashattn"] + list(args.anchors)
+
+    def save(rows, final):
+        meta["elapsed_s"] = round(time.monotonic() - started, 1)
+        meta["complete"] = final and not any(r.get("skipped") for r in rows)
+        return write_results(args.out, meta, rows, impl_names, vars(args), charts=final and args.charts)
+
+    rows = run(args, started=started, on_config=(lambda rows: save(rows, False)) if args.out else None, meta=meta)
+    meta["elapsed_s"] = round(time.monotonic() - started, 1)
+    meta["complete"] = not any(r.get("skipped") for r in rows)
     if args.out:
-        impl_names = ["flashattn"] + list(args.anchors)
-        for path in write_results(args.out, meta, rows, impl_names, vars(args), charts=args.charts):
+        for path in save(rows, True):
             print(f"wrote {path}")
     else:
         print("(pass --out DIR to save bench.json, bench.md and charts)")
+    flex_line = _flex_line(meta, rows)
+    if flex_line:
+        print(flex_line)
+    meta["elapsed_s"] = round(time.monotonic() - started, 1)
+    print(run_summary(meta, rows), flush=True)
     return 0
 
 

@@ -5,6 +5,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -192,6 +193,122 @@ def test_bench_memory_measurement_path(tmp_path, monkeypatch):
         names = [os.path.basename(p) for p in charts.write_charts(rows, str(tmp_path))]
         assert names == ["tflops_fp16_fwdbwd.png", "memory_fp16_fwdbwd.png"]
     assert len(written) == 2
+
+
+def test_bench_timing_defaults_measure_at_least_25_ms():
+    args = benchmark.parse_args([])
+    # do_bench runs floor(rep / t) calls (at least one): with rep = 50 ms that covers >= 25 ms for any t.
+    assert (args.warmup, args.rep) == (10, 50)
+    for t in (0.05, 0.3, 4.9, 12.6, 24.9, 25.1, 80.0):
+        assert max(1, int(args.rep / t)) * t >= 25
+    assert args.time_budget is None and not args.flex_static and args.flex_prewarm
+    args = benchmark.parse_args(["--time-budget", "420", "--flex-static", "--no-flex-prewarm"])
+    assert args.time_budget == 420 and args.flex_static and not args.flex_prewarm
+    for bad in (["--time-budget", "0"], ["--rep", "0"], ["--warmup", "-1"]):
+        with pytest.raises(SystemExit):
+            benchmark.parse_args(bad)
+
+
+def _tiny_args(*extra):
+    return benchmark.parse_args(
+        ["--dtype", "bf16", "--headdim", "16", "--seqlen", "32", "64", "--causal", "both", "--mode", "fwd", "bwd",
+         "--anchors", "sdpa_flash", "--batch", "1", "--heads", "2", "--warmup", "1", "--rep", "2", "--no-progress",
+         "--no-memory", *extra]
+    )
+
+
+def test_bench_time_budget_reports_the_configs_not_run(tmp_path, capsys):
+    args = _tiny_args("--time-budget", "1000")
+    seen = []
+
+    def after_config(rows):
+        seen.append(len(rows))
+        args.time_budget = 1e-9  # spent: the configs after the first are not started
+
+    rows = benchmark.run(args, device="cpu", on_config=after_config)
+    assert seen == [2, 4, 6, 8]  # called after every config, skipped ones included
+    assert [(r["seqlen"], r["causal"], bool(r.get("skipped"))) for r in rows[::2]] == [
+        (32, False, False), (64, False, True), (32, True, True), (64, True, True)]
+    for row in rows[2:]:
+        assert row["tflops"] == {} and row["skipped"] == "time budget of 1e-09 s reached"
+        assert row["status"] == {"flashattn": "skipped: time budget of 1e-09 s reached",
+                                 "sdpa_flash": "skipped: time budget of 1e-09 s reached"}
+        cells = [c.strip() for c in benchmark.table_row(row, ["flashattn", "sdpa_flash"]).strip("|").split("|")]
+        assert cells[6:8] == ["skipped", "skipped"]
+    assert "the 3 configs left are not run (reported as skipped)" in capsys.readouterr().out
+
+    meta = dict(benchmark.metadata("cpu"), command="python -m flashattn bench --time-budget 1000", elapsed_s=12.0,
+                complete=False)
+    benchmark.write_results(str(tmp_path), meta, rows, ["flashattn", "sdpa_flash"], vars(args), charts=False)
+    table = (tmp_path / "bench.md").read_text()
+    assert "INCOMPLETE: 3 of 4 configs not run (time budget of 1e-09 s reached)" in table
+    assert "- bf16 D=16 N=64 causal=True: not run (time budget of 1e-09 s reached)" in table
+    assert "Command: `python -m flashattn bench --time-budget 1000`" in table
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert sum(1 for r in saved["results"] if r.get("skipped")) == 6
+
+
+def test_bench_time_budget_spent_before_the_start_runs_nothing():
+    args = _tiny_args("--time-budget", "5")
+    rows = benchmark.run(args, device="cpu", started=time.monotonic() - 10)
+    assert len(rows) == 8 and all(r.get("skipped") for r in rows)
+
+
+def test_bench_flex_failure_is_reported_after_the_per_shape_retry(monkeypatch):
+    # FlexAttention has no CPU backward (torch 2.14): the dynamic-shape compilation fails, the run retries the
+    # shape with a per-shape compilation, and reports both errors without stopping.
+    made = []
+    real = benchmark.FlexAttention.forward
+
+    def recording_forward(self, group, causal, seqlen, device):
+        made.append((group, seqlen, self.is_dynamic(group)))
+        return real(self, group, causal, seqlen, device)
+
+    monkeypatch.setattr(benchmark.FlexAttention, "forward", recording_forward)
+    args = benchmark.parse_args(
+        ["--dtype", "bf16", "--headdim", "16", "--seqlen", "32", "64", "--causal", "true", "--mode", "fwd", "bwd",
+         "--anchors", "flex", "--batch", "1", "--heads", "2", "--warmup", "1", "--rep", "2", "--no-progress",
+         "--no-memory"]
+    )
+    meta = {}
+    rows = benchmark.run(args, device="cpu", meta=meta)
+    assert meta["flex"] == {"dynamic": True, "prewarm": None}  # no worker processes on the CPU
+    group = ("bf16", 16, 2, True)
+    assert made == [(group, 32, True), (group, 32, False), (group, 64, False)]
+    for row in rows:
+        assert row["tflops"].keys() == {"flashattn"}
+        why = row["status"]["flex"]
+        assert why.startswith("unavailable: NotImplementedError")
+        # Only the first config of the group tried both ways; the next ones go straight to per-shape.
+        assert ("; compiled for this shape: " in why) == (row["seqlen"] == 32)
+
+
+def test_flex_compile_units_of_the_standard_grid():
+    args = benchmark.parse_args([])
+    configs = [(d, h, c, n) for d in args.dtype for h in args.headdim for c in (False, True) for n in args.seqlen]
+    units = benchmark.flex_compile_units(configs)
+    assert len(units) == 12  # one dynamic-shape compilation per dtype, head dim and causal mode
+    assert units[0]["group"] == ["bf16", 64, 32, False]
+    assert units[0]["shapes"] == [[512, 32, 32], [1024, 16, 32], [2048, 8, 32], [4096, 4, 32], [8192, 2, 32],
+                                  [16384, 1, 32]]
+    assert units[-1]["group"] == ["fp16", 256, 8, True]
+    assert len(benchmark.flex_compile_units(configs, dynamic=False)) == 72
+    assert len(benchmark.flex_compile_units(configs, batch=2, heads=4)) == 12
+
+
+def test_flex_prewarm_reports_failing_and_stopped_workers(capsys):
+    # The workers are real subprocesses importing this checkout. On the CPU FlexAttention has no backward
+    # (torch 2.14), so they fail inside FlexAttention; the summary and the log say so and the caller goes on.
+    units = benchmark.flex_compile_units([("bf16", 16, True, 128), ("bf16", 16, False, 128)], batch=1, heads=2)
+    lines = []
+    summary = benchmark.prewarm_flex(units, True, True, device="cpu", timeout_s=240, max_workers=2, log=lines.append)
+    assert summary["workers"] == 2 and summary["timed_out_workers"] == 0
+    failures = [line for line in lines if "a FlexAttention worker failed" in line]
+    assert len(failures) == summary["failed_workers"]
+    assert all("FlexAttention does not support backward on CPU" in line for line in failures), failures
+    assert "compilation workers done" in lines[-1]
+    summary = benchmark.prewarm_flex(units, True, True, device="cpu", timeout_s=0, max_workers=2, log=lines.append)
+    assert summary["timed_out_workers"] == 2
 
 
 def test_table_marks_unavailable_anchors_and_ratios():
