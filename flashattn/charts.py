@@ -71,6 +71,35 @@ def _color(name: str, index: int) -> str:
     return _COLORS.get(name, fallback[index % len(fallback)])
 
 
+def _mark_missing(ax, panel_rows: List[dict], key: str) -> None:
+    """Says so in a panel where no figure was measured (rather than leaving it blank)."""
+    if any((r.get(key) or {}) for r in panel_rows):
+        return
+    reasons = {r["skipped"] for r in panel_rows if r.get("skipped")}
+    text = "not run: " + "; ".join(sorted(reasons)) if reasons else "no figure measured"
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize="small", color="#555555")
+    ax.set_yticks([])
+
+
+def _legend_and_title(fig, title: str) -> None:
+    """One legend for the figure (every method once), above the panels, under the title."""
+    handles, labels = [], []
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    fig.suptitle(title)
+    # In inches: the title and each line of the legend take a fixed height above the panels.
+    height = fig.get_figheight()
+    ncol = max(1, min(len(labels), int(fig.get_figwidth() / 1.3)))
+    legend_lines = math.ceil(len(labels) / ncol) if labels else 0
+    if handles:
+        fig.legend(handles, labels, loc="upper center", ncol=ncol, fontsize="small", frameon=False,
+                   bbox_to_anchor=(0.5, 1 - 0.3 / height))
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.35 + 0.22 * legend_lines) / height))
+
+
 def _throughput_chart(Figure, dtype: str, mode: str, rows: List[dict], path: str) -> None:
     methods = _ordered_methods(rows, "tflops")
     panels = _panels(rows)
@@ -91,6 +120,7 @@ def _throughput_chart(Figure, dtype: str, mode: str, rows: List[dict], path: str
                     xs.append(s_index + (m_index - (len(methods) - 1) / 2) * width)
                     heights.append(value)
             ax.bar(xs, heights, width=width, label=method, color=_color(method, m_index))
+        _mark_missing(ax, panel_rows, "tflops")
         ax.set_xticks(range(len(seqlens)))
         ax.set_xticklabels([str(s) for s in seqlens])
         ax.set_xlabel("sequence length N")
@@ -99,9 +129,7 @@ def _throughput_chart(Figure, dtype: str, mode: str, rows: List[dict], path: str
         ax.grid(axis="y", alpha=0.3)
     for index in range(len(panels), nrows * ncols):
         axes[index // ncols][index % ncols].set_visible(False)
-    axes[0][0].legend(fontsize="small")
-    fig.suptitle(f"attention throughput, {dtype}, {mode}")
-    fig.tight_layout()
+    _legend_and_title(fig, f"attention throughput, {dtype}, {mode}")
     fig.savefig(path, dpi=110)
 
 
@@ -121,6 +149,11 @@ def _memory_chart(Figure, dtype: str, mode: str, rows: List[dict], path: str) ->
             if points:
                 ax.plot([n for n, _ in points], [mib for _, mib in points], marker="o", label=method,
                         color=_color(method, m_index))
+        ax.set_title(f"D={head_dim}, {'causal' if causal else 'not causal'}")
+        if not ax.lines:
+            _mark_missing(ax, panel_rows, "peak_mib")
+            ax.set_xticks([])
+            continue
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ticks = sorted({r["seqlen"] for r in panel_rows})
@@ -129,20 +162,10 @@ def _memory_chart(Figure, dtype: str, mode: str, rows: List[dict], path: str) ->
         ax.set_xticks([], minor=True)
         ax.set_xlabel("sequence length N")
         ax.set_ylabel("peak extra memory (MiB)")
-        ax.set_title(f"D={head_dim}, {'causal' if causal else 'not causal'}")
         ax.grid(alpha=0.3)
     for index in range(len(panels), nrows * ncols):
         axes[index // ncols][index % ncols].set_visible(False)
-    handles, labels = [], []
-    for ax in fig.axes:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(handle)
-                labels.append(label)
-    if handles:
-        axes[0][0].legend(handles, labels, fontsize="small")
-    fig.suptitle(f"peak extra memory of one call, {dtype}, {mode}")
-    fig.tight_layout()
+    _legend_and_title(fig, f"peak extra memory of one call, {dtype}, {mode}")
     fig.savefig(path, dpi=110)
 
 
