@@ -65,9 +65,13 @@ CheckedShape check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k,
   TORCH_CHECK(s.heads_kv == 0 || s.heads_q % s.heads_kv == 0, op,
               ": the number of query heads must be a multiple of the number of key/value heads, got heads_q=",
               to_text(s.heads_q), " and heads_kv=", to_text(s.heads_kv));
+  // The kernels count positions and blocks in 32-bit ints, and a sequence end rounded up to a whole
+  // tile (at most 256 rows) must still fit.
   const int64_t int_max = std::numeric_limits<int>::max();
-  TORCH_CHECK(s.seqlen_q < int_max && s.seqlen_k < int_max && s.batch < int_max && s.heads_q < int_max, op,
-              ": sizes must be below 2^31, got q ", to_text(q.sizes()), " and k ", to_text(k.sizes()));
+  const int64_t max_seqlen = int_max - 1023;
+  TORCH_CHECK(s.seqlen_q <= max_seqlen && s.seqlen_k <= max_seqlen && s.batch < int_max && s.heads_q < int_max, op,
+              ": sequence lengths must be at most 2^31 - 1024 and batch and head counts below 2^31, got q ",
+              to_text(q.sizes()), " and k ", to_text(k.sizes()));
   s.causal_offset = causal_bottom_right ? s.seqlen_k - s.seqlen_q : 0;
   return s;
 }

@@ -212,8 +212,8 @@ def test_memory_is_linear_up_to_262144_tokens(kernel_path):
 
 def check_seqlen_just_below_2_31():
     """Runs in a child process (a fault there cannot spoil this one): q of 2^31 - 64 tokens (H = 1,
-    D = 1, fp16) passes flashattn's size check (sizes below 2^31 - 1), so the forward must either
-    compute it or refuse it with a size error."""
+    D = 1, fp16), past flashattn's limit of 2^31 - 1024 tokens: the forward must either compute it or
+    refuse it with a size error naming the limit, never fail inside a kernel."""
     child = r"""
 import json, sys, torch
 import flashattn

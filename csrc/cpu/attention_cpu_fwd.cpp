@@ -55,6 +55,12 @@ struct FwdScratch {
         probs(kBlockK) {}
 };
 
+// max that keeps a NaN (std::max drops it when it comes second): a NaN score must reach out and lse.
+template <typename acc_t>
+acc_t nan_propagating_max(acc_t a, acc_t b) {
+  return (std::isnan(a) || a > b) ? a : b;
+}
+
 // Folds the first n keys of a K/V tile into one query row's running softmax.
 template <typename acc_t>
 void fold_tile_into_row(const acc_t* q_row, const acc_t* kT_tile, const acc_t* v_tile, int64_t n, int64_t head_dim,
@@ -64,9 +70,9 @@ void fold_tile_into_row(const acc_t* q_row, const acc_t* kT_tile, const acc_t* v
   acc_t tile_max = kNegInf;
   for (int64_t j = 0; j < n; ++j) {
     probs[j] *= scale;
-    tile_max = std::max(tile_max, probs[j]);
+    tile_max = nan_propagating_max(tile_max, probs[j]);
   }
-  const acc_t new_max = std::max(row_max, tile_max);
+  const acc_t new_max = nan_propagating_max(row_max, tile_max);
   // Only -inf scores so far (infinite inputs): they add nothing, and exp(-inf - -inf) would be NaN.
   if (new_max == kNegInf) return;
   // exp(-inf) = 0 on the row's first visible tile, which discards the empty initial acc and l.
@@ -85,7 +91,7 @@ void fold_tile_into_row(const acc_t* q_row, const acc_t* kT_tile, const acc_t* v
 }
 
 // out = acc / l and lse = m + log(l) for the block's rows; a row that saw no key (l == 0) gets
-// out = 0 and lse = -inf, the values of an empty softmax.
+// out = 0 and lse = -inf, the values of an empty softmax; a NaN score gives NaN in both.
 template <typename scalar_t>
 void write_query_block(const FwdProblem<scalar_t>& p, FwdScratch<acc_type<scalar_t>>& s, int64_t b, int64_t h,
                        int64_t q0, int64_t rows) {
@@ -93,7 +99,7 @@ void write_query_block(const FwdProblem<scalar_t>& p, FwdScratch<acc_type<scalar
   acc_t* lse_row = p.lse + (b * p.heads_q + h) * p.seqlen_q;  // [Lq]
   for (int64_t r = 0; r < rows; ++r) {
     const acc_t l = s.row_sum[r];
-    const bool saw_keys = l > acc_t(0);
+    const bool saw_keys = l != acc_t(0);  // NaN (a NaN score) counts as seen: out and lse become NaN
     store_row(p.out, b, q0 + r, h, s.out_acc.data() + r * p.head_dim, saw_keys ? acc_t(1) / l : acc_t(0),
               p.head_dim);
     lse_row[q0 + r] = saw_keys ? s.row_max[r] + std::log(l) : -std::numeric_limits<acc_t>::infinity();

@@ -228,10 +228,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const float sum = quad_sum(row_sum[mt][half]);
-      const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+      // A NaN score makes sum NaN, and NaN must reach out and lse: test for exactly 0 (no key).
+      const float inv_sum = sum == 0.f ? 0.f : 1.f / sum;
       const int row = warp_row0 + mt * 16 + lane / 4 + half * 8;
       if (lane % 4 == 0 && m0 + row < s.seqlen_q) {
-        lse[row] = sum > 0.f ? (row_max[mt][half] + log2f(sum)) * 0.6931471805599453f : -INFINITY;
+        lse[row] = sum == 0.f ? -INFINITY : (row_max[mt][half] + log2f(sum)) * 0.6931471805599453f;
       }
 #pragma unroll
       for (int d = 0; d < kOTiles; ++d) {

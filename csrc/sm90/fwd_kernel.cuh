@@ -233,9 +233,10 @@ __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (
     sum += __shfl_xor_sync(0xffffffff, sum, 2);
     const int row = row0 + half * 8;
     if (row >= sh.seqlen_q) continue;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    // A NaN score makes sum NaN, and NaN must reach out and lse: test for exactly 0 (no key).
+    const float inv = sum == 0.f ? 0.f : 1.f / sum;
     if (lane % 4 == 0) {
-      lse[row] = sum > 0.f ? (softmax.row_max[half] * sh.scale_log2 + log2f(sum)) * 0.6931471805599453f : -INFINITY;
+      lse[row] = sum == 0.f ? -INFINITY : (softmax.row_max[half] * sh.scale_log2 + log2f(sum)) * 0.6931471805599453f;
     }
     T* out_row = out + row * p.out_strides.row;
 #pragma unroll
