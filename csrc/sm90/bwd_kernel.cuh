@@ -51,15 +51,13 @@ struct BwdConfig {
   static constexpr int kDsColBlockBytes = 64 * 128;
   static constexpr int kDsBytes = (kBlockM / 64) * kDsColBlockBytes;
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4;         // dQ partial of one consumer, fp32
-  // K, V, the Q ring, the dO ring, dS^T per consumer, dQ staging per consumer, LSE and delta of the
-  // step per consumer, then the mbarriers.
+  // K, V, the Q ring, the dO ring, dS^T per consumer, dQ staging per consumer, then the mbarriers.
   static constexpr int kVOffset = kKVBytes;
   static constexpr int kQOffset = 2 * kKVBytes;
   static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
   static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;
   static constexpr int kDqOffset = kDsOffset + kConsumers * kDsBytes;
-  static constexpr int kRowStatsOffset = kDqOffset + kConsumers * kDqBytes;
-  static constexpr int kBarriersOffset = kRowStatsOffset + kConsumers * 2 * kBlockM * 4;
+  static constexpr int kBarriersOffset = kDqOffset + kConsumers * kDqBytes;
   static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + 2 * kStages) * 8;
 
   static_assert(kHeadDim % 64 == 0 && kBlockM % 64 == 0, "whole 64-column blocks");
@@ -225,8 +223,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const unsigned char* v_rows = base + Cfg::kVOffset + consumer * 64 * 128;
   unsigned char* ds_tile = base + Cfg::kDsOffset + consumer * Cfg::kDsBytes;
   float* dq_stage = reinterpret_cast<float*>(base + Cfg::kDqOffset + consumer * Cfg::kDqBytes);  // [kBlockM][kHeadDim]
-  float* lse_smem = reinterpret_cast<float*>(base + Cfg::kRowStatsOffset) + consumer * 2 * kBlockM;  // [kBlockM]
-  float* delta_smem = lse_smem + kBlockM;                                                              // [kBlockM]
 
   float dk[Cfg::kHeadDim / 2], dv[Cfg::kHeadDim / 2];
 #pragma unroll
@@ -240,12 +236,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     const unsigned char* q_tile = base + Cfg::kQOffset + stage * Cfg::kQBytes;
     const unsigned char* do_tile = base + Cfg::kDoOffset + stage * Cfg::kQBytes;
 
-    // The step's LSE (base 2; +inf past the end, so P = 0 there) and delta, staged in shared memory.
+    // This thread's query columns: LSE (base 2; +inf past the end, so P = 0 there) and delta, loaded
+    // into registers before the GEMMs so their latency hides behind them.
+    constexpr int kCols = kBlockM / 4;
     const int64_t row_offset = (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;
-    for (int r = thread_in_group; r < kBlockM; r += 128) {
-      const bool valid = m0 + r < sh.seqlen_q;
-      lse_smem[r] = valid ? p.lse_log2[row_offset + m0 + r] : INFINITY;
-      delta_smem[r] = valid ? p.delta[row_offset + m0 + r] : 0.f;
+    float lse[kCols], delta[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int query = m0 + accumulator_col(c % 2 + 4 * (c / 2), lane);
+      const bool valid = query < sh.seqlen_q;
+      lse[c] = valid ? p.lse_log2[row_offset + query] : INFINITY;
+      delta[c] = valid ? p.delta[row_offset + query] : 0.f;
     }
 
     float s[kBlockM / 2], dp[kBlockM / 2];
@@ -255,24 +256,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     wgmma_commit();
     issue_keys_by_queries<T, Cfg>(dp, v_rows, do_tile);
     wgmma_commit();
-    named_barrier_sync(1 + consumer, 128);  // LSE and delta staged
     wgmma_wait<1>();
     fence_registers(s);
     // P^T; keys this query may not see get 0 (only blocks on the causal diagonal or past the end).
     const bool needs_mask = key0 + 64 > sh.seqlen_k || (sh.is_causal && key0 + 63 > m0 + sh.causal_offset);
 #pragma unroll
     for (int i = 0; i < kBlockM / 2; ++i) {
-      const int query = accumulator_col(i, lane);
-      s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse_smem[query]));
+      const int c = 2 * (i / 4) + i % 2;  // index of this element's query column in lse / delta
+      s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[c]));
       if (needs_mask) {
         const int key = key0 + accumulator_row(i, warp_in_group, lane);
-        s[i] = key_visible(m0 + query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset) ? s[i] : 0.f;
+        const int query = m0 + accumulator_col(i, lane);
+        s[i] = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset) ? s[i] : 0.f;
       }
     }
     wgmma_wait<0>();
     fence_registers(dp);
 #pragma unroll
-    for (int i = 0; i < kBlockM / 2; ++i) dp[i] = s[i] * (dp[i] - delta_smem[accumulator_col(i, lane)]);  // dS^T
+    for (int i = 0; i < kBlockM / 2; ++i) dp[i] = s[i] * (dp[i] - delta[2 * (i / 4) + i % 2]);  // dS^T
 
     uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
     accumulator_to_a<T, kBlockM>(p_frag, s);
