@@ -3,7 +3,6 @@
 #include "variants.h"
 using flashattn::sm90::BwdConfig;
 void add_bwd_variants_sm90(std::vector<BwdVariant>& out) {
-  FLASHATTN_SM90_BWD_VARIANT(64, BwdConfig<64, 128>)
-  FLASHATTN_SM90_BWD_VARIANT(64, BwdConfig<64, 64>)
-  FLASHATTN_SM90_BWD_VARIANT(128, BwdConfig<128, 64>)
+  FLASHATTN_SM90_BWD_VARIANT(64, BwdConfig<64>)
+  FLASHATTN_SM90_BWD_VARIANT(128, BwdConfig<128>)
 }

@@ -5,7 +5,7 @@
 //
 // Main kernel: one CTA per (128-key block, kv head, batch), three warpgroups.
 //   Warpgroup 0, the producer: one thread loads the CTA's K and V blocks once, then for every step
-//     (query head of the GQA group x kBlockM-query block that sees these keys) Q and dO into a ring of
+//     (query head of the GQA group x 64-query block that sees these keys) Q and dO into a ring of
 //     kStages stages, each released by the consumer warps when their GEMMs are done with it.
 //   Warpgroups 1 and 2, the consumers: each owns 64 of the keys and works independently:
 //     S^T = K Q^T and dP^T = V dO^T (wgmma from shared memory), P^T = exp2(S^T scale - LSE) and
@@ -31,10 +31,10 @@
 namespace flashattn {
 namespace sm90 {
 
-template <int kHeadDim_, int kBlockM_>
+template <int kHeadDim_>
 struct BwdConfig {
   static constexpr int kHeadDim = kHeadDim_;  // tile width (64 or 128), equal to the dq workspace width
-  static constexpr int kBlockM = kBlockM_;    // queries per step (64 or 128)
+  static constexpr int kBlockM = 64;          // queries per step
   static constexpr int kBlockN = 128;         // keys per CTA: 64 per consumer warpgroup
   static constexpr int kStages = 2;           // Q / dO ring depth
   static constexpr int kConsumers = 2;
@@ -43,13 +43,11 @@ struct BwdConfig {
   static constexpr int kProducerRegisters = 24;
 
   static constexpr int kColBlocks = kHeadDim / 64;
-  static constexpr int kQColBlockBytes = kBlockM * 128;   // one [kBlockM queries][64] column block
+  static constexpr int kQColBlockBytes = kBlockM * 128;   // one [64 queries][64] column block
   static constexpr int kKVColBlockBytes = kBlockN * 128;  // one [128 keys][64] column block
   static constexpr int kQBytes = kColBlocks * kQColBlockBytes;    // a Q or dO tile
   static constexpr int kKVBytes = kColBlocks * kKVColBlockBytes;  // a K or V tile
-  // dS^T of one consumer: [64 keys][kBlockM queries] as kBlockM / 64 column blocks of [64][64].
-  static constexpr int kDsColBlockBytes = 64 * 128;
-  static constexpr int kDsBytes = (kBlockM / 64) * kDsColBlockBytes;
+  static constexpr int kDsBytes = 64 * kBlockM * 2;               // dS^T of one consumer: [64 keys][64 queries]
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4;         // dQ partial of one consumer, fp32
   // K, V, the Q ring, the dO ring, dS^T per consumer, dQ staging per consumer, then the mbarriers.
   static constexpr int kVOffset = kKVBytes;
@@ -60,16 +58,9 @@ struct BwdConfig {
   static constexpr int kBarriersOffset = kDqOffset + kConsumers * kDqBytes;
   static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + 2 * kStages) * 8;
 
-  static_assert(kHeadDim % 64 == 0 && kBlockM % 64 == 0, "whole 64-column blocks");
+  static_assert(kHeadDim % 64 == 0, "whole 64-column blocks");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
 };
-
-template <int kHeadDim>
-struct DefaultBwdConfig;
-// 64-query steps: with 128 (fewer fixed costs per FLOP) S^T and dP^T alone take 128 registers per
-// thread, and at D=64 ptxas then spills and serialises the wgmmas.
-template <> struct DefaultBwdConfig<64> { using type = BwdConfig<64, 64>; };
-template <> struct DefaultBwdConfig<128> { using type = BwdConfig<128, 64>; };
 
 struct BwdTensorMaps {
   CUtensorMap q, k, v, dout;  // [B, L, H, D] read in [rows][64] boxes, 128-byte swizzle
@@ -112,24 +103,24 @@ __device__ void produce_bwd(const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, u
   }
 }
 
-// GEMM of one consumer: acc (64 keys x kBlockM queries) = rows of `kv` (64 keys x D, a K-major tile)
-// times a [kBlockM queries][D] K-major tile, transposed. Used for S^T = K Q^T and dP^T = V dO^T.
+// X^T Y^T-shaped GEMM of one consumer: acc (64 keys x 64 queries) = rows of `kv` (64 keys x D, a
+// K-major tile) times a [64 queries][D] K-major tile, transposed. Used for S^T = K Q^T and dP^T = V dO^T.
 template <typename T, typename Cfg>
-__device__ __forceinline__ void issue_keys_by_queries(float (&acc)[Cfg::kBlockM / 2], const unsigned char* kv_rows,
+__device__ __forceinline__ void issue_keys_by_queries(float (&acc)[32], const unsigned char* kv_rows,
                                                       const unsigned char* q_tile) {
 #pragma unroll
   for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
     const int offset = (ks % 4) * 32;
     const uint64_t desc_a = smem_desc_sw128(kv_rows + (ks / 4) * Cfg::kKVColBlockBytes + offset, 16, 1024);
     const uint64_t desc_b = smem_desc_sw128(q_tile + (ks / 4) * Cfg::kQColBlockBytes + offset, 16, 1024);
-    Wgmma<T, Cfg::kBlockM>::ss(acc, desc_a, desc_b, ks > 0);
+    Wgmma<T, 64>::ss(acc, desc_a, desc_b, ks > 0);
   }
 }
 
-// acc (64 keys x D) += A (64 keys x kBlockM queries, registers) times a [kBlockM queries][D] tile
-// (MN-major B). Used for dV += P^T dO and dK += dS^T Q.
+// acc (64 keys x D) += A (64 keys x 64 queries, registers) times a [64 queries][D] tile (MN-major B).
+// Used for dV += P^T dO and dK += dS^T Q.
 template <typename T, typename Cfg>
-__device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 2], uint32_t (&a)[Cfg::kBlockM / 16][4],
+__device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 2], uint32_t (&a)[4][4],
                                                    const unsigned char* q_tile) {
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk) {
@@ -138,32 +129,32 @@ __device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 
   }
 }
 
-// dq (64 queries of query half qh x 64 columns of column block cb) = dS (from column block qh of the
-// dS^T tile, MN-major A) times this consumer's 64 rows of K (MN-major B).
+// dq (64 queries x 64 columns of column block cb) = dS (from the dS^T tile, MN-major A) times this
+// consumer's 64 rows of K (MN-major B).
 template <typename T, typename Cfg>
 __device__ __forceinline__ void issue_dq(float (&dq)[32], const unsigned char* ds_tile, const unsigned char* k_rows,
-                                         int qh, int cb) {
+                                         int cb) {
 #pragma unroll
   for (int kk = 0; kk < 64 / 16; ++kk) {
-    const uint64_t desc_a = smem_desc_sw128(ds_tile + qh * Cfg::kDsColBlockBytes + kk * 16 * 128, Cfg::kDsColBlockBytes, 1024);
+    const uint64_t desc_a = smem_desc_sw128(ds_tile + kk * 16 * 128, 64 * 128, 1024);
     const uint64_t desc_b = smem_desc_sw128(k_rows + cb * Cfg::kKVColBlockBytes + kk * 16 * 128, Cfg::kKVColBlockBytes, 1024);
     Wgmma<T, 64>::ss_mn(dq, desc_a, desc_b, kk > 0);
   }
 }
 
-// Writes dS^T (this thread's elements, already packed as A fragments: see accumulator_to_a) into a
-// [64 keys][kQueries] tile stored as column blocks of [64][64] with the 128-byte swizzle: the 16-byte
-// chunk c of row r lives at chunk c ^ (r % 8).
-template <int kQueries>
-__device__ __forceinline__ void store_ds_swizzled(unsigned char* ds_tile, const uint32_t (&ds)[kQueries / 16][4],
-                                                  int warp_in_group, int lane) {
+// Writes dS^T (this thread's accumulator elements) into a [64 keys][64 queries] tile with the 128-byte
+// swizzle: the 16-byte chunk c of row r lives at chunk c ^ (r % 8).
+template <typename T>
+__device__ __forceinline__ void store_ds_swizzled(unsigned char* ds_tile, const float (&ds)[32], int warp_in_group,
+                                                  int lane) {
+  using Ops = sm80::ElementOps<T>;
 #pragma unroll
-  for (int j = 0; j < kQueries / 8; ++j) {  // n8 column block of the accumulator
+  for (int j = 0; j < 8; ++j) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = warp_in_group * 16 + lane / 4 + half * 8;
-      const int offset = (j / 8) * 64 * 128 + row * 128 + (((j % 8) ^ (row % 8)) << 4) + (lane % 4) * 4;
-      *reinterpret_cast<uint32_t*>(ds_tile + offset) = ds[j / 2][2 * (j % 2) + half];
+      const int offset = row * 128 + ((j ^ (row % 8)) << 4) + (lane % 4) * 4;
+      *reinterpret_cast<uint32_t*>(ds_tile + offset) = Ops::pack(ds[4 * j + 2 * half], ds[4 * j + 2 * half + 1]);
     }
   }
 }
@@ -222,7 +213,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const unsigned char* k_rows = base + consumer * 64 * 128;
   const unsigned char* v_rows = base + Cfg::kVOffset + consumer * 64 * 128;
   unsigned char* ds_tile = base + Cfg::kDsOffset + consumer * Cfg::kDsBytes;
-  float* dq_stage = reinterpret_cast<float*>(base + Cfg::kDqOffset + consumer * Cfg::kDqBytes);  // [kBlockM][kHeadDim]
+  float* dq_stage = reinterpret_cast<float*>(base + Cfg::kDqOffset + consumer * Cfg::kDqBytes);  // [64][kHeadDim]
 
   float dk[Cfg::kHeadDim / 2], dv[Cfg::kHeadDim / 2];
 #pragma unroll
@@ -236,20 +227,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     const unsigned char* q_tile = base + Cfg::kQOffset + stage * Cfg::kQBytes;
     const unsigned char* do_tile = base + Cfg::kDoOffset + stage * Cfg::kQBytes;
 
-    // This thread's query columns: LSE (base 2; +inf past the end, so P = 0 there) and delta, loaded
-    // into registers before the GEMMs so their latency hides behind them.
-    constexpr int kCols = kBlockM / 4;
+    // This thread's 16 query columns: LSE (base 2; +inf past the end, so P = 0 there) and delta.
     const int64_t row_offset = (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;
-    float lse[kCols], delta[kCols];
+    float lse[16], delta[16];
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) {
+    for (int c = 0; c < 16; ++c) {
       const int query = m0 + accumulator_col(c % 2 + 4 * (c / 2), lane);
       const bool valid = query < sh.seqlen_q;
       lse[c] = valid ? p.lse_log2[row_offset + query] : INFINITY;
       delta[c] = valid ? p.delta[row_offset + query] : 0.f;
     }
 
-    float s[kBlockM / 2], dp[kBlockM / 2];
+    float s[32], dp[32];
     mbar_wait(&bars.qdo_full[stage], (step / kStages) & 1);
     wgmma_fence();
     issue_keys_by_queries<T, Cfg>(s, k_rows, q_tile);
@@ -261,7 +250,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     // P^T; keys this query may not see get 0 (only blocks on the causal diagonal or past the end).
     const bool needs_mask = key0 + 64 > sh.seqlen_k || (sh.is_causal && key0 + 63 > m0 + sh.causal_offset);
 #pragma unroll
-    for (int i = 0; i < kBlockM / 2; ++i) {
+    for (int i = 0; i < 32; ++i) {
       const int c = 2 * (i / 4) + i % 2;  // index of this element's query column in lse / delta
       s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[c]));
       if (needs_mask) {
@@ -273,12 +262,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     wgmma_wait<0>();
     fence_registers(dp);
 #pragma unroll
-    for (int i = 0; i < kBlockM / 2; ++i) dp[i] = s[i] * (dp[i] - delta[2 * (i / 4) + i % 2]);  // dS^T
+    for (int i = 0; i < 32; ++i) dp[i] = s[i] * (dp[i] - delta[2 * (i / 4) + i % 2]);  // dS^T
 
-    uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
-    accumulator_to_a<T, kBlockM>(p_frag, s);
-    accumulator_to_a<T, kBlockM>(ds_frag, dp);
-    store_ds_swizzled<kBlockM>(ds_tile, ds_frag, warp_in_group, lane);
+    uint32_t p_frag[4][4], ds_frag[4][4];
+    accumulator_to_a<T, 64>(p_frag, s);
+    accumulator_to_a<T, 64>(ds_frag, dp);
+    store_ds_swizzled<T>(ds_tile, dp, warp_in_group, lane);
     fence_proxy_async_shared();
     if (thread_in_group == 0) bulk_wait_read();  // the previous step's dQ reduction has left dq_stage
     named_barrier_sync(1 + consumer, 128);       // dS^T tile complete, dq_stage free
@@ -288,15 +277,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
     wgmma_commit();
 #pragma unroll
-    for (int part = 0; part < (kBlockM / 64) * Cfg::kColBlocks; ++part) {
-      const int qh = part / Cfg::kColBlocks, cb = part % Cfg::kColBlocks;  // query half, column block
+    for (int cb = 0; cb < Cfg::kColBlocks; ++cb) {
       float dq[32];
-      // The previous part's dq registers were just read by the staging stores: fence before the GEMM
-      // may write them again.
-      wgmma_fence();
-      issue_dq<T, Cfg>(dq, ds_tile, k_rows, qh, cb);
+      // The previous column block's dq registers were just read by the staging stores: fence before
+      // the GEMM may write them again.
+      if (cb > 0) wgmma_fence();
+      issue_dq<T, Cfg>(dq, ds_tile, k_rows, cb);
       wgmma_commit();
-      if (part == 0) {
+      if (cb == 0) {
         wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO
         fence_registers(dv);
         fence_registers(dk);
@@ -308,7 +296,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       fence_registers(dq);
 #pragma unroll
       for (int i = 0; i < 32; i += 2) {
-        const int row = qh * 64 + accumulator_row(i, warp_in_group, lane);
+        const int row = accumulator_row(i, warp_in_group, lane);
         const int col = cb * 64 + accumulator_col(i, lane);
         *reinterpret_cast<float2*>(dq_stage + row * Cfg::kHeadDim + col) = make_float2(dq[i], dq[i + 1]);
       }
@@ -388,7 +376,7 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
 
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  return launch_bwd_with_config<T, typename DefaultBwdConfig<kHeadDim>::type>(p, stream);
+  return launch_bwd_with_config<T, BwdConfig<kHeadDim>>(p, stream);
 }
 
 }  // namespace sm90
