@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build in place, then the requested steps, logs under $OUT.
-#   scripts/device_run.sh smoke      build + scripts/gpu_smoke.py (kernel oracle + quick timings)
-#   scripts/device_run.sh test       build + the full pytest suite
-#   scripts/device_run.sh bench      build + benchmarks/bench.py
-#   scripts/device_run.sh all        build + smoke + test + bench
-#   scripts/device_run.sh smoke+tune build + smoke + benchmarks/tuning/tune.py (kernel configurations)
-# The copy on the GPU machine has no .git: pass the commit as FLASHATTN_GIT_COMMIT=<hash> so the
-# benchmark records it.
+#   scripts/device_run.sh smoke        build + scripts/gpu_smoke.py (kernel oracle + quick timings)
+#   scripts/device_run.sh test         build + the GPU tests (test_gpu_*, CLI, transformers), `large` ones apart
+#   scripts/device_run.sh large        build + the `large` tests (tens of GiB, inputs past 2^31 elements)
+#   scripts/device_run.sh sanitize     build + scripts/sanitize.py (compute-sanitizer, about 4 minutes)
+#   scripts/device_run.sh fuzz         build + the fuzz tests' GPU profile (FUZZ_EXAMPLES per test, default 300)
+#   scripts/device_run.sh bench        build + benchmarks/bench.py (the full grid, about 4 minutes)
+#   scripts/device_run.sh tune         build + benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
+#   scripts/device_run.sh all          build + test + bench
+# Steps combine with "+", e.g. test+large+fuzz. Each step runs under its own timeout so one hang cannot
+# eat the call. The copy on the GPU machine has no .git: pass FLASHATTN_GIT_COMMIT=<hash> so results
+# record the commit.
 set -uo pipefail
 OUT=${OUT:-/tmp/flashattn_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 steps=${1:-all}
+[[ $steps == all ]] && steps=test+bench
+has() { [[ "+$steps+" == *"+$1+"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 start=$(date +%s)
 # A warm machine keeps ignored build outputs between calls, with timestamps that can make ninja reuse
@@ -21,16 +27,19 @@ FLASHATTN_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inp
   || { tail -50 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 status=0
-if [[ $steps == *smoke* || $steps == all ]]; then
-  python3 scripts/gpu_smoke.py ${SMOKE_ARGS---bench} 2>&1 | tee "$OUT/smoke.log" | grep -v "^ok " || status=1
-fi
-if [[ $steps == *tune* ]]; then
-  python3 benchmarks/tuning/tune.py ${TUNE_WHICH:-both} 2>&1 | tee "$OUT/tune.log" || status=1
-fi
-if [[ $steps == test || $steps == all ]]; then
-  python3 -m pytest tests -q --timeout=900 2>&1 | tee "$OUT/tests.log" | tail -30 || status=1
-fi
-if [[ $steps == bench || $steps == all ]]; then
-  python3 benchmarks/bench.py --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60 || status=1
-fi
+run() {  # run NAME TIMEOUT COMMAND...: logs to $OUT/NAME.log, prints the tail
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || status=1
+  tail -${TAIL:-15} "$OUT/$name.log"
+}
+GPU_TESTS="tests/test_gpu_attention.py tests/test_gpu_integration.py tests/test_gpu_paths.py tests/test_gpu_reliability.py tests/test_cli.py tests/test_transformers.py"
+has smoke && run smoke 300 python3 scripts/gpu_smoke.py ${SMOKE_ARGS---bench}
+has test && run tests 300 python3 -m pytest $GPU_TESTS -m "not large" -q -rfEs --timeout=120
+has large && run tests_large 300 python3 -m pytest tests/test_gpu_reliability.py -m large -q -rfEs --timeout=120
+has sanitize && run sanitize 300 python3 scripts/sanitize.py --out "$OUT/sanitize"
+has fuzz && run fuzz_gpu 300 env FLASHATTN_FUZZ_PROFILE=gpu FLASHATTN_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-300} \
+  python3 -m pytest tests/test_fuzz.py -q -rfE
+has tune && run tune 400 python3 benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
+has bench && run bench 540 python3 benchmarks/bench.py --out "$OUT/bench" --no-progress ${BENCH_ARGS:-}
+echo "total: $(( $(date +%s) - start )) s"
 exit $status
