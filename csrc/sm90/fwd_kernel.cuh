@@ -2,7 +2,7 @@
 //
 // CTAs walk the tiles: (128-query block, query head, batch); persistent (one per SM) without causal
 // masking, one per tile with it (see launch_fwd_with_config). Three warpgroups:
-//   warpgroup 0, the producer: one thread issues TMA loads of the Q block (once) and of the K and V
+//   warpgroup 0, the producer: one thread issues TMA loads of each tile's Q block and of its K and V
 //     blocks into rings of kStages shared-memory stages. A stage is "full" when its bytes have landed
 //     (an mbarrier with the transaction count) and "empty" when every consumer warp is done with it.
 //     The producer gives most of its registers to the consumers (setmaxnreg).
