@@ -157,8 +157,9 @@ support matrix
   autograd        dq, dk, dv (the log-sum-exp is not differentiable); torch.compile(fullgraph=True),
                   CUDA graphs, torch.library.opcheck-clean registration
   reproducible    forward: always, bit for bit; backward: on the CPU always, on CUDA with
-                  flash_attn_*(deterministic=True) only (sm80 kernels; the default adds dq with atomics
-                  in no fixed order)
+                  flash_attn_*(deterministic=True) or, for scaled_dot_product_attention, under
+                  torch.use_deterministic_algorithms(True) (sm80 kernels; the default adds dq with
+                  atomics in no fixed order)
   not supported   attention masks, dropout, sliding windows, softcap, ALiBi,
                   variable-length (varlen) and KV-cache entry points
   fallbacks       scaled_dot_product_attention passes to torch SDPA (one warning per reason): attn_mask,

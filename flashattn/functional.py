@@ -150,9 +150,10 @@ def scaled_dot_product_attention(
     broadcasting between batch dims (or of a size-1 query head dim), nested tensors, other devices.
 
     Autograd, ``torch.compile(fullgraph=True)`` and CUDA graph capture work on the flashattn path.
-    The forward is bitwise reproducible; the CUDA backward is not (dq is summed with atomics in no fixed
-    order, so its last bits can change between runs): :func:`flash_attn_func` with
-    ``deterministic=True`` has a reproducible backward.
+    The forward is bitwise reproducible; the CUDA backward is not by default (dq is summed with atomics
+    in no fixed order, so its last bits can change between runs). Under
+    ``torch.use_deterministic_algorithms(True)`` it is: the backward then runs in the fixed-order mode
+    of :func:`flash_attn_func`'s ``deterministic=True``.
     """
     reason = _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa)
     if reason is not None:
@@ -174,7 +175,10 @@ def scaled_dot_product_attention(
         batch *= size
     q, k, v = (t.reshape((batch,) + tuple(t.shape[-3:])) for t in (query, key, value))  # (N, H, L, E)
     q, k, v = (_contiguous_last_dim(t.transpose(1, 2)) for t in (q, k, v))  # (N, L, H, E) views
-    out, _ = ops.fwd(q, k, v, float(scale), bool(is_causal), False)  # (N, L, Hq, E)
+    # torch.use_deterministic_algorithms(True) asks every op for reproducible results: the backward
+    # then adds dq in a fixed order (the FlashAttention-2 API's deterministic=True).
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    out, _ = ops.attention(q, k, v, float(scale), bool(is_causal), False, deterministic)  # (N, L, Hq, E)
     out = out.transpose(1, 2)  # (N, Hq, L, E)
     out = out.reshape(lead_shape + tuple(out.shape[1:]))
     if ndim == 2:

@@ -670,3 +670,17 @@ def test_command_line(command):
     result = subprocess.run([sys.executable, "-m", "flashattn", command], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "flashattn" in result.stdout
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_sdpa_backward_follows_torch_deterministic_algorithms(enabled):
+    q, k, v = (torch.randn(2, 4, 9, 8, requires_grad=True) for _ in range(3))
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(enabled)
+    try:
+        out = flashattn.scaled_dot_product_attention(q, k, v, is_causal=True)
+        with _BwdCalls() as calls:
+            torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert calls.flags == [enabled]
