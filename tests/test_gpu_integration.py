@@ -323,3 +323,24 @@ def test_cuda_graph_attention_block_step(kernel_path):
             # dq is summed with atomics (last bits vary between runs), so compare within bf16 rounding.
             err = (got.float() - want.float()).abs().max().item()
             assert err <= 2e-2 * want.float().abs().max().item() + 1e-3, f"replayed {name} differs by {err:.3e}"
+
+
+def test_sdpa_backward_is_reproducible_under_deterministic_algorithms():
+    # torch.use_deterministic_algorithms(True) makes the drop-in's backward add dq in a fixed order:
+    # two runs give the same bits. Many key blocks per query block, GQA, causal.
+    torch.manual_seed(0)
+    q = torch.randn(2, 8, 1500, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(2, 2, 1500, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    dout = torch.randn(2, 8, 1500, 64, device="cuda", dtype=torch.bfloat16)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = []
+        for _ in range(3):
+            out = flashattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            runs.append(torch.autograd.grad(out, (q, k, v), dout))
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    for grads in runs[1:]:
+        for g, g0 in zip(grads, runs[0]):
+            assert torch.equal(g, g0)
