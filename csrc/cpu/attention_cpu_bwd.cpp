@@ -10,6 +10,9 @@
 //   dQ_i += scale * dS_ij k_j                    dK_j += scale * dS_ij q_i
 // q, dO and the dq accumulator of the group are converted/held in the accumulation type once per
 // task (O(group * Lq * D) memory), since every key block revisits them.
+// With an attention mask the scores are  scale * q_i.k_j + mask_ij  (the forward's), and dS, the
+// gradient of the loss w.r.t. that pre-softmax score, is also the mask's gradient: when asked for, it
+// is written to dmask, whose rows of a head belong to the one task that owns the head's group.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "cpu/attention_cpu.h"
+#include "cpu/attention_cpu_mask.h"
 #include "cpu/attention_cpu_tiles.h"
 
 namespace flashattn {
@@ -42,6 +46,8 @@ struct BwdProblem {
   int64_t group;  // query heads per key/value head
   acc_t scale;
   KeyLimit keys;
+  MaskView<scalar_t> mask;  // [B, Hq, Lq, Lk] any strides, or none
+  scalar_t* dmask;          // [B, Hq, Lq, Lk] contiguous, zero-filled by the caller, or null
 };
 
 // Working memory of one (batch, kv head) task, allocated once per thread and reused.
@@ -61,6 +67,7 @@ struct BwdScratch {
   std::vector<acc_t> dv_acc;   // [kBlockK, D]
   std::vector<acc_t> probs;    // [kBlockK]     P_ij of one query row
   std::vector<acc_t> dscores;  // [kBlockK]     dP_ij, then dS_ij, of one query row
+  std::vector<acc_t> bias;     // [kBlockK]     one query row's additive mask (with a mask only)
 
   BwdScratch(int64_t group, int64_t seqlen_q, int64_t head_dim)
       : q_rows(group * seqlen_q * head_dim),
@@ -74,7 +81,8 @@ struct BwdScratch {
         dk_acc(kBlockK * head_dim),
         dv_acc(kBlockK * head_dim),
         probs(kBlockK),
-        dscores(kBlockK) {}
+        dscores(kBlockK),
+        bias(kBlockK) {}
 };
 
 // Loads the group's q, dout and lse, computes delta, and clears the dq accumulator.
@@ -100,9 +108,11 @@ void load_query_group(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_
 }
 
 // One query row against the first n keys of the current key block: recomputes P and dS for the row
-// and adds the row's share to dv_acc, dk_acc and its own dq accumulator.
-template <typename acc_t>
-void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim, acc_t scale) {
+// and adds the row's share to dv_acc, dk_acc and its own dq accumulator. bias: the row's additive
+// mask for those keys, or null; dmask_row: where the row's dS goes (its first key's element), or null.
+template <typename scalar_t, typename acc_t>
+void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim, acc_t scale, const acc_t* bias,
+                  scalar_t* dmask_row) {
   const acc_t* q_row = s.q_rows.data() + row * head_dim;        // [D]
   const acc_t* dout_row = s.dout_rows.data() + row * head_dim;  // [D]
   acc_t* dq_row = s.dq_acc.data() + row * head_dim;             // [D]
@@ -111,9 +121,17 @@ void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim
   acc_t* dscores = s.dscores.data();
 
   row_times_tile_transposed(probs, q_row, s.kT_tile.data(), n, head_dim);
-  for (int64_t j = 0; j < n; ++j) probs[j] = std::exp(probs[j] * scale - lse);
+  if (bias == nullptr) {
+    for (int64_t j = 0; j < n; ++j) probs[j] = std::exp(probs[j] * scale - lse);
+  } else {
+    // The forward's score, summed in the same order; a masked-out key gets P = exp(-inf) = 0.
+    for (int64_t j = 0; j < n; ++j) probs[j] = std::exp(probs[j] * scale + bias[j] - lse);
+  }
   row_times_tile_transposed(dscores, dout_row, s.vT_tile.data(), n, head_dim);
   for (int64_t j = 0; j < n; ++j) dscores[j] = probs[j] * (dscores[j] - delta);
+  if (dmask_row != nullptr) {
+    for (int64_t j = 0; j < n; ++j) dmask_row[j] = static_cast<scalar_t>(dscores[j]);
+  }
 
   add_outer(s.dv_acc.data(), probs, dout_row, n, head_dim);
   add_outer(s.dk_acc.data(), dscores, q_row, n, head_dim);
@@ -135,11 +153,22 @@ void bwd_key_block(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_t>>
 
   const int64_t first_query = p.keys.first_query_seeing(k0, Lq);
   for (int64_t g = 0; g < p.group; ++g) {
+    const int64_t h = kv_head * p.group + g;
+    // dS of (b, h, i, k0 + j) lives at dmask_head[i * Lk + j].
+    scalar_t* dmask_head = p.dmask == nullptr ? nullptr : p.dmask + ((b * p.heads_q + h) * Lq) * p.seqlen_k + k0;
     for (int64_t i = first_query; i < Lq; ++i) {
-      // A row that saw no key in the forward (lse = -inf) has no probabilities to differentiate.
+      // A row that saw no key in the forward (lse = -inf) has no probabilities to differentiate (its
+      // dmask row stays zero).
       if (s.lse[g * Lq + i] == -std::numeric_limits<acc_t>::infinity()) continue;
       const int64_t n = p.keys.visible_in_tile(i, k0, cols);
-      if (n > 0) backprop_row(s, g * Lq + i, n, D, p.scale);
+      if (n == 0) continue;
+      const acc_t* bias = nullptr;
+      if (p.mask.present()) {
+        p.mask.load_row(s.bias.data(), b, h, i, k0, n);
+        bias = s.bias.data();
+      }
+      scalar_t* dmask_row = dmask_head == nullptr ? nullptr : dmask_head + i * p.seqlen_k;
+      backprop_row(s, g * Lq + i, n, D, p.scale, bias, dmask_row);
     }
   }
   for (int64_t j = 0; j < cols; ++j) {
@@ -173,7 +202,9 @@ void run_bwd(const BwdProblem<scalar_t>& p, int64_t batch) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                                                   double scale, bool is_causal, int64_t causal_offset) {
+                                                   double scale, bool is_causal, int64_t causal_offset,
+                                                   const std::optional<at::Tensor>& attn_mask,
+                                                   const std::optional<at::Tensor>& dmask) {
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2), head_dim = q.size(3);
   const int64_t seqlen_k = k.size(1), heads_kv = k.size(2);
   at::Tensor dq = at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
@@ -206,7 +237,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                            head_dim,
                            heads_q / heads_kv,
                            static_cast<acc_t>(scale),
-                           KeyLimit{is_causal, causal_offset, seqlen_k}};
+                           KeyLimit{is_causal, causal_offset, seqlen_k},
+                           mask_view<scalar_t>(attn_mask),
+                           dmask.has_value() && dmask->defined() ? dmask->data_ptr<scalar_t>() : nullptr};
     run_bwd(p, batch);
   });
   return {dq, dk, dv};

@@ -4,6 +4,8 @@
 // blocks its rows can see, keeping per row a running max m, a running sum l and an unnormalized output
 // acc; when a new block raises m, acc and l are rescaled by exp(m_old - m_new). At the end
 // out = acc / l and lse = m + log(l). Only O(kBlockQ * kBlockK) scores ever exist at once.
+// An attention mask is read row by row into a small additive bias (attention_cpu_mask.h) and added to
+// the scaled scores of the keys the causal limit leaves; without a mask that step is skipped.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "cpu/attention_cpu.h"
+#include "cpu/attention_cpu_mask.h"
 #include "cpu/attention_cpu_tiles.h"
 
 namespace flashattn {
@@ -32,6 +35,7 @@ struct FwdProblem {
   int64_t group;  // query heads per key/value head
   acc_t scale;
   KeyLimit keys;
+  MaskView<scalar_t> mask;  // [B, Hq, Lq, Lk] any strides, or none
 };
 
 // Working memory of one query block, allocated once per thread and reused across its tasks.
@@ -44,6 +48,7 @@ struct FwdScratch {
   std::vector<acc_t> row_max;  // [kBlockQ]     running max of the scaled scores (m)
   std::vector<acc_t> row_sum;  // [kBlockQ]     running sum of exp(score - m) (l)
   std::vector<acc_t> probs;    // [kBlockK]     one row's scores, then their exponentials
+  std::vector<acc_t> bias;     // [kBlockK]     one row's additive mask (with a mask only)
 
   explicit FwdScratch(int64_t head_dim)
       : q_tile(kBlockQ * head_dim),
@@ -52,7 +57,8 @@ struct FwdScratch {
         out_acc(kBlockQ * head_dim),
         row_max(kBlockQ),
         row_sum(kBlockQ),
-        probs(kBlockK) {}
+        probs(kBlockK),
+        bias(kBlockK) {}
 };
 
 // max that keeps a NaN (std::max drops it when it comes second): a NaN score must reach out and lse.
@@ -61,19 +67,29 @@ acc_t nan_propagating_max(acc_t a, acc_t b) {
   return (std::isnan(a) || a > b) ? a : b;
 }
 
-// Folds the first n keys of a K/V tile into one query row's running softmax.
+// Folds the first n keys of a K/V tile into one query row's running softmax. bias: the row's additive
+// mask for those keys, or null without a mask.
 template <typename acc_t>
-void fold_tile_into_row(const acc_t* q_row, const acc_t* kT_tile, const acc_t* v_tile, int64_t n, int64_t head_dim,
-                        acc_t scale, acc_t* probs, acc_t& row_max, acc_t& row_sum, acc_t* out_acc_row) {
+void fold_tile_into_row(const acc_t* q_row, const acc_t* kT_tile, const acc_t* v_tile, const acc_t* bias,
+                        int64_t n, int64_t head_dim, acc_t scale, acc_t* probs, acc_t& row_max, acc_t& row_sum,
+                        acc_t* out_acc_row) {
   constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
   row_times_tile_transposed(probs, q_row, kT_tile, n, head_dim);
   acc_t tile_max = kNegInf;
-  for (int64_t j = 0; j < n; ++j) {
-    probs[j] *= scale;
-    tile_max = nan_propagating_max(tile_max, probs[j]);
+  if (bias == nullptr) {
+    for (int64_t j = 0; j < n; ++j) {
+      probs[j] *= scale;
+      tile_max = nan_propagating_max(tile_max, probs[j]);
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      probs[j] = probs[j] * scale + bias[j];
+      tile_max = nan_propagating_max(tile_max, probs[j]);
+    }
   }
   const acc_t new_max = nan_propagating_max(row_max, tile_max);
-  // Only -inf scores so far (infinite inputs): they add nothing, and exp(-inf - -inf) would be NaN.
+  // Only -inf scores so far (masked keys, infinite inputs): they add nothing, and exp(-inf - -inf)
+  // would be NaN. A row whose every key is masked stays empty here.
   if (new_max == kNegInf) return;
   // exp(-inf) = 0 on the row's first visible tile, which discards the empty initial acc and l.
   const acc_t rescale = std::exp(row_max - new_max);
@@ -128,7 +144,12 @@ void fwd_query_block(const FwdProblem<scalar_t>& p, FwdScratch<acc_type<scalar_t
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t n = p.keys.visible_in_tile(q0 + r, k0, cols);
       if (n == 0) continue;
-      fold_tile_into_row(s.q_tile.data() + r * D, s.kT_tile.data(), s.v_tile.data(), n, D, p.scale,
+      const acc_t* bias = nullptr;
+      if (p.mask.present()) {
+        p.mask.load_row(s.bias.data(), b, h, q0 + r, k0, n);
+        bias = s.bias.data();
+      }
+      fold_tile_into_row(s.q_tile.data() + r * D, s.kT_tile.data(), s.v_tile.data(), bias, n, D, p.scale,
                          s.probs.data(), s.row_max[r], s.row_sum[r], s.out_acc.data() + r * D);
     }
   }
@@ -154,7 +175,8 @@ void run_fwd(const FwdProblem<scalar_t>& p, int64_t batch) {
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                                       bool is_causal, int64_t causal_offset) {
+                                       bool is_causal, int64_t causal_offset,
+                                       const std::optional<at::Tensor>& attn_mask) {
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2), head_dim = q.size(3);
   const int64_t seqlen_k = k.size(1), heads_kv = k.size(2);
   const at::ScalarType lse_dtype = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -174,7 +196,8 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                            head_dim,
                            heads_q / heads_kv,
                            static_cast<acc_t>(scale),
-                           KeyLimit{is_causal, causal_offset, seqlen_k}};
+                           KeyLimit{is_causal, causal_offset, seqlen_k},
+                           mask_view<scalar_t>(attn_mask)};
     run_fwd(p, batch);
   });
   return {out, lse};
