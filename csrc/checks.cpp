@@ -99,4 +99,30 @@ void check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Ten
               ": lse must be float32 (float64 for float64 inputs), got ", lse.scalar_type());
 }
 
+void check_attn_mask(const char* op, const at::Tensor& mask, const at::Tensor& q, const CheckedShape& s) {
+  const std::vector<int64_t> expected = {s.batch, s.heads_q, s.seqlen_q, s.seqlen_k};
+  TORCH_CHECK(mask.sizes() == at::IntArrayRef(expected), op,
+              ": attn_mask must have shape [batch, heads_q, seqlen_q, seqlen_k] = ", to_text(expected),
+              " (a broadcast view is fine), got ", to_text(mask.sizes()));
+  TORCH_CHECK(mask.scalar_type() == at::kBool || mask.scalar_type() == q.scalar_type() ||
+                  mask.scalar_type() == at::kFloat,
+              op, ": attn_mask must be bool, float32 or q's dtype ", q.scalar_type(), ", got ", mask.scalar_type());
+  TORCH_CHECK(mask.device() == q.device(), op, ": attn_mask must be on q's device ", q.device().str(), ", got ",
+              mask.device().str());
+}
+
+void check_dmask(const at::Tensor& dmask, const std::optional<at::Tensor>& mask, const at::Tensor& q,
+                 const CheckedShape& s) {
+  const char* op = "flashattn.bwd";
+  TORCH_CHECK(mask.has_value() && mask->scalar_type() != at::kBool, op,
+              ": dmask (the gradient of attn_mask) needs a floating attn_mask");
+  const std::vector<int64_t> expected = {s.batch, s.heads_q, s.seqlen_q, s.seqlen_k};
+  TORCH_CHECK(dmask.sizes() == at::IntArrayRef(expected) && dmask.is_contiguous(), op,
+              ": dmask must be a contiguous tensor of shape ", to_text(expected), ", got shape ",
+              to_text(dmask.sizes()), " and strides ", to_text(dmask.strides()));
+  TORCH_CHECK(dmask.scalar_type() == mask->scalar_type(), op, ": dmask must have attn_mask's dtype ",
+              mask->scalar_type(), ", got ", dmask.scalar_type());
+  TORCH_CHECK(dmask.device() == q.device(), op, ": dmask must be on q's device ", q.device().str());
+}
+
 }  // namespace flashattn

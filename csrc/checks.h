@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
 
 namespace flashattn {
@@ -27,5 +28,14 @@ std::string to_text(at::IntArrayRef values);
 // Checks the extra backward inputs against the forward's shapes.
 void check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
                       const at::Tensor& lse, const CheckedShape& shape);
+
+// Checks an attn_mask against the checked shape: a 4-dim [batch, heads_q, seqlen_q, seqlen_k] tensor
+// (any strides, 0 on broadcast dims), bool, float32 or q's dtype, on q's device.
+void check_attn_mask(const char* op, const at::Tensor& mask, const at::Tensor& q, const CheckedShape& shape);
+
+// Checks the dmask output of the backward: a floating attn_mask must be given, and dmask must be a
+// contiguous [batch, heads_q, seqlen_q, seqlen_k] tensor of the mask's dtype on q's device.
+void check_dmask(const at::Tensor& dmask, const std::optional<at::Tensor>& mask, const at::Tensor& q,
+                 const CheckedShape& shape);
 
 }  // namespace flashattn

@@ -38,6 +38,31 @@ struct AttentionShape {
   bool rows_aligned_16;
 };
 
+// An attention mask read in place through its strides (0 on broadcast dims): element (b, h, i, j) of
+// a [B, Hq, Lq, Lk] view, at data + b * batch_stride + h * head_stride + i * row_stride + j * col_stride.
+enum class MaskKind : int {
+  kNone = 0,
+  kBool = 1,      // 1 byte per element: nonzero = the key takes part
+  kAdditive = 2,         // q's element type, added to scale * q.k before the softmax (-inf excludes the key)
+  kAdditiveFloat32 = 3,  // the same in float32
+};
+
+// Bits of a tile class (sm80::classify_mask_tiles): what a kernel tile of the mask holds.
+constexpr unsigned char kTileAnyVisible = 1;  // some element lets its key take part (else: skip the tile)
+constexpr unsigned char kTileNeedsMask = 2;   // some element is not neutral (False, or a value != 0)
+
+struct MaskParams {
+  MaskKind kind = MaskKind::kNone;
+  const void* data = nullptr;
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 0;  // in elements
+  // Optional per-tile summary: class of query tile tq, key tile tk of (b, h) at
+  // tile_class[b * class_batch_stride + h * class_head_stride + tq * tiles_k + tk], for tiles of
+  // tile_q x tile_k (the kernel's own tile shape). nullptr: every tile is read element by element.
+  const unsigned char* tile_class = nullptr;
+  int64_t class_batch_stride = 0, class_head_stride = 0;
+  int tile_q = 0, tile_k = 0, tiles_k = 0;
+};
+
 struct FwdParams {
   AttentionShape shape;
   const void* q;  // [B, Lq, Hq, D]
@@ -46,6 +71,7 @@ struct FwdParams {
   void* out;      // [B, Lq, Hq, D]
   float* lse;     // [B, Hq, Lq] contiguous, natural log; -inf for a row that sees no key
   TensorStrides q_strides, k_strides, v_strides, out_strides;
+  MaskParams mask;
 };
 
 struct BwdParams {
@@ -72,6 +98,10 @@ struct BwdParams {
   int* dq_keys_done = nullptr;
   TensorStrides q_strides, k_strides, v_strides, out_strides, dout_strides;
   TensorStrides dq_strides, dk_strides, dv_strides;
+  MaskParams mask;
+  // With an additive mask: its gradient dS (d loss / d (scale * q.k + mask)) for every element,
+  // [B, Hq, Lq, Lk] contiguous in the mask's element type, zeroed by the host (skipped tiles stay 0).
+  void* dmask = nullptr;
 };
 
 }  // namespace flashattn

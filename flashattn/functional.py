@@ -64,8 +64,8 @@ def _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):  # as torch's SDPA does, rather than an AttributeError below
             raise TypeError(f"scaled_dot_product_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if attn_mask is not None:
-        return "attn_mask is not supported by flashattn yet"
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"scaled_dot_product_attention: attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
     if dropout_p > 0.0:
         return "dropout_p > 0 is not supported by flashattn yet"
     if query.is_nested or key.is_nested or value.is_nested:
@@ -91,6 +91,10 @@ def _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -
                 )
             return "broadcasting a size-1 head dim of query/key/value is not supported by flashattn"
     device_type = query.device.type
+    if attn_mask is not None and attn_mask.device != query.device:
+        return "an attn_mask on another device than query is not supported by flashattn"
+    if attn_mask is not None and attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
+        return f"a {attn_mask.dtype} attn_mask with {query.dtype} inputs is not supported by flashattn"
     if device_type == "cuda":
         if not _CUDA_KERNELS_BUILT:
             return "flashattn was built without its CUDA kernels"
@@ -105,6 +109,20 @@ def _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -
             return f"{query.dtype} inputs are not supported by flashattn"
         return None
     return f"{device_type} tensors are not supported by flashattn"
+
+
+def _mask_for_kernels(attn_mask: torch.Tensor, lead_shape, batch: int, heads_q: int, seqlen_q: int,
+                      seqlen_k: int) -> torch.Tensor:
+    """attn_mask broadcast to the ``(N, Hq, L, S)`` view the op takes: an expand (stride 0 on the
+    broadcast dims, no copy) except that more than one leading batch dim may need a reshape copy."""
+    full = tuple(lead_shape) + (heads_q, seqlen_q, seqlen_k)
+    if attn_mask.dim() > len(full):
+        raise RuntimeError(
+            f"scaled_dot_product_attention: attn_mask of shape {tuple(attn_mask.shape)} has more dims than the "
+            f"attention weights {full}"
+        )
+    expanded = attn_mask.expand(full)  # raises torch's own error when the shapes do not broadcast
+    return expanded.reshape((batch, heads_q, seqlen_q, seqlen_k))
 
 
 def _contiguous_last_dim(t: torch.Tensor) -> torch.Tensor:
@@ -133,6 +151,11 @@ def scaled_dot_product_attention(
     * ``is_causal`` masks key j from query i unless ``j <= i`` (top-left alignment, also when
       ``L != S``, as in torch).
     * ``scale`` defaults to ``1 / sqrt(E)``.
+    * ``attn_mask`` broadcastable to ``(..., Hq, L, S)``: bool (True = the key takes part) or
+      floating (float32 or the query's dtype, added to the scaled scores; its gradient is computed
+      when it requires grad). It is read in place through its strides, never expanded in memory, and
+      on CUDA key tiles it excludes entirely are skipped. A row whose keys are all masked gives zeros
+      (and zero gradients). As in torch, ``attn_mask`` together with ``is_causal=True`` is an error.
     * Different head counts need ``enable_gqa=True`` (Hq a multiple of Hk) and raise otherwise, except
       that key/value with a single head broadcast over the query heads, as they do in torch.
     * Returns ``(..., Hq, L, E)`` in the query's dtype; for 4-dim inputs it is a transposed view of a
@@ -144,8 +167,8 @@ def scaled_dot_product_attention(
     Served by flashattn's kernels: CPU tensors of float16, bfloat16, float32 or float64, and CUDA
     float16/bfloat16 tensors on GPUs of compute capability 8.0 or newer, with head dims 1..256.
     Every other call is passed unchanged to ``torch.nn.functional.scaled_dot_product_attention``, with
-    a warning naming the reason (once per reason, and only outside ``torch.compile``): ``attn_mask``
-    given, ``dropout_p > 0``, float32/float64 CUDA tensors, a head dim above 256, a value head dim
+    a warning naming the reason (once per reason, and only outside ``torch.compile``): ``dropout_p >
+    0``, an ``attn_mask`` of another dtype or device, float32/float64 CUDA tensors, a head dim above 256, a value head dim
     different from the query's, a GPU older than sm_80, an extension built without CUDA kernels,
     broadcasting between batch dims (or of a size-1 query head dim), nested tensors, other devices.
 
@@ -155,6 +178,8 @@ def scaled_dot_product_attention(
     ``torch.use_deterministic_algorithms(True)`` it is: the backward then runs in the fixed-order mode
     of :func:`flash_attn_func`'s ``deterministic=True``.
     """
+    if attn_mask is not None and is_causal:
+        raise RuntimeError("scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
     reason = _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa)
     if reason is not None:
         _warn_fallback_once(reason)
@@ -175,10 +200,13 @@ def scaled_dot_product_attention(
         batch *= size
     q, k, v = (t.reshape((batch,) + tuple(t.shape[-3:])) for t in (query, key, value))  # (N, H, L, E)
     q, k, v = (_contiguous_last_dim(t.transpose(1, 2)) for t in (q, k, v))  # (N, L, H, E) views
+    mask = None
+    if attn_mask is not None:
+        mask = _mask_for_kernels(attn_mask, lead_shape, batch, q.size(2), q.size(1), k.size(1))  # (N, Hq, L, S)
     # torch.use_deterministic_algorithms(True) asks every op for reproducible results: the backward
     # then adds dq in a fixed order (the FlashAttention-2 API's deterministic=True).
     deterministic = torch.are_deterministic_algorithms_enabled()
-    out, _ = ops.attention(q, k, v, float(scale), bool(is_causal), False, deterministic)  # (N, L, Hq, E)
+    out, _ = ops.attention(q, k, v, float(scale), bool(is_causal), False, deterministic, mask)  # (N, L, Hq, E)
     out = out.transpose(1, 2)  # (N, Hq, L, E)
     out = out.reshape(lead_shape + tuple(out.shape[1:]))
     if ndim == 2:

@@ -3,15 +3,23 @@
 Importing this module loads the compiled extension ``flashattn._C``, whose C++ code registers two ops
 in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/flash_api.cpp``):
 
-``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right) -> (out, lse)``
+``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None) -> (out, lse)``
     q ``[B, Lq, Hq, D]``, k and v ``[B, Lk, Hk, D]`` (any strides, contiguous last dim, Hq a multiple
     of Hk, 1 <= D <= 256). out ``[B, Lq, Hq, D]`` contiguous in q's dtype; lse ``[B, Hq, Lq]``, the
-    natural-log log-sum-exp of each row's scaled scores, float32 (float64 for float64 inputs), -inf
-    for a row that sees no key (whose out row is 0). With ``is_causal``, key j is visible to query i
-    iff ``j <= i + offset`` where offset is 0 (top-left) or ``Lk - Lq`` (``causal_bottom_right``).
+    natural-log log-sum-exp of each row's scaled (and masked) scores, float32 (float64 for float64
+    inputs), -inf for a row that sees no key (whose out row is 0). With ``is_causal``, key j is visible
+    to query i iff ``j <= i + offset`` where offset is 0 (top-left) or ``Lk - Lq``
+    (``causal_bottom_right``). ``attn_mask``, if given, is a ``[B, Hq, Lq, Lk]`` tensor (a broadcast
+    view made with ``expand`` is read in place, never copied), bool (True = the key takes part), or
+    float32 or q's dtype (added to ``scale * q.k``; -inf excludes the key); it combines with ``is_causal``. On
+    CUDA, tiles the mask excludes entirely are skipped without loading K and V. Additive values below
+    about -5.9e37 are raised to that on CUDA, so a row whose every key carries ``finfo.min`` gets the
+    uniform softmax the reference gives.
 
-``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False) -> (dq, dk, dv)``
-    Gradients of fwd's out; dq like q, dk/dv like k (summed over each group of query heads). The CUDA
+``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, dmask=None) -> (dq, dk, dv)``
+    Gradients of fwd's out; dq like q, dk/dv like k (summed over each group of query heads). With a
+    floating ``attn_mask``, ``dmask`` (a contiguous ``[B, Hq, Lq, Lk]`` tensor of the mask's dtype) is
+    overwritten with the mask's gradient (dS, zero where the key takes no part). The CUDA
     kernel adds each key block's share of dq into an fp32 buffer with atomics, in whatever order the
     blocks happen to run, so dq's last bits can differ between runs (dk and dv cannot: each key block
     owns its rows). ``deterministic=True`` makes the key blocks add in a fixed order (increasing key
@@ -85,9 +93,24 @@ def _check_qkv_meta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     )
 
 
+def _check_mask_meta(op, q, k, attn_mask):
+    if attn_mask is None:
+        return
+    expected = (q.size(0), q.size(2), q.size(1), k.size(1))
+    torch._check(
+        tuple(attn_mask.shape) == expected,
+        lambda: f"{op}: attn_mask must have shape [batch, heads_q, seqlen_q, seqlen_k] = {list(expected)}, got {tuple(attn_mask.shape)}",
+    )
+    torch._check(
+        attn_mask.dtype in (torch.bool, torch.float32, q.dtype),
+        lambda: f"{op}: attn_mask must be bool, float32 or q's dtype {q.dtype}, got {attn_mask.dtype}",
+    )
+
+
 @torch.library.register_fake("flashattn::fwd")
-def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right):
+def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None):
     _check_qkv_meta(q, k, v)
+    _check_mask_meta("flashattn.fwd", q, k, attn_mask)
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
     lse = q.new_empty((batch, heads_q, seqlen_q), dtype=_lse_dtype(q.dtype))
@@ -95,8 +118,15 @@ def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right):
 
 
 @torch.library.register_fake("flashattn::bwd")
-def _bwd_fake(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False):
+def _bwd_fake(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None,
+              dmask=None):
     _check_qkv_meta(q, k, v)
+    _check_mask_meta("flashattn.bwd", q, k, attn_mask)
+    if dmask is not None:
+        torch._check(
+            attn_mask is not None and attn_mask.dtype != torch.bool,
+            lambda: "flashattn.bwd: dmask (the gradient of attn_mask) needs a floating attn_mask",
+        )
     torch._check(dout.shape == q.shape, lambda: f"flashattn.bwd: dout must have q's shape {tuple(q.shape)}, got {tuple(dout.shape)}")
     torch._check(out.shape == q.shape, lambda: f"flashattn.bwd: out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
     torch._check(
@@ -118,9 +148,10 @@ def _bwd_fake(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, de
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, scale, is_causal, causal_bottom_right = inputs
+    q, k, v, scale, is_causal, causal_bottom_right = inputs[:6]
+    attn_mask = inputs[6] if len(inputs) > 6 else None
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, attn_mask)
     ctx.scale = scale
     ctx.is_causal = is_causal
     ctx.causal_bottom_right = causal_bottom_right
@@ -128,19 +159,26 @@ def _fwd_setup_context(ctx, inputs, output):
 
 
 def _input_grads(ctx, grad_out, deterministic):
-    """(dq, dk, dv) from what _fwd_setup_context saved and the gradient of out."""
-    q, k, v, out, lse = ctx.saved_tensors
+    """(dq, dk, dv, dmask) from what _fwd_setup_context saved and the gradient of out; dmask is None
+    unless a floating attn_mask needs its gradient."""
+    q, k, v, out, lse, attn_mask = ctx.saved_tensors
     if grad_out.size(-1) > 1 and grad_out.stride(-1) != 1:
         # The kernels take any strides but need a contiguous last dim (e.g. an expanded grad of sum()).
         # Not .contiguous(): it returns an empty tensor (e.g. batch 0) unchanged, strides and all.
         grad_out = grad_out.clone(memory_format=torch.contiguous_format)
-    return bwd(grad_out, q, k, v, out, lse, ctx.scale, ctx.is_causal, ctx.causal_bottom_right, deterministic)
+    dmask = None
+    if attn_mask is not None and len(ctx.needs_input_grad) > 6 and ctx.needs_input_grad[6]:
+        # Full size: the expand that made the [B, Hq, Lq, Lk] view sums it back to the mask's shape.
+        dmask = torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=q.device)
+    dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.scale, ctx.is_causal, ctx.causal_bottom_right, deterministic,
+                     attn_mask, dmask)
+    return dq, dk, dv, dmask
 
 
 def _fwd_backward(ctx, grad_out, grad_lse):
     # grad_lse is ignored: lse is marked non-differentiable.
-    dq, dk, dv = _input_grads(ctx, grad_out, False)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv, dmask = _input_grads(ctx, grad_out, False)
+    return dq, dk, dv, None, None, None, dmask
 
 
 torch.library.register_autograd("flashattn::fwd", _fwd_backward, setup_context=_fwd_setup_context)
@@ -151,23 +189,25 @@ class _FwdWithDeterministicBwd(torch.autograd.Function):
     (the op's own autograd formula above always runs the default backward), so it travels here."""
 
     @staticmethod
-    def forward(q, k, v, scale, is_causal, causal_bottom_right):
-        return fwd(q, k, v, scale, is_causal, causal_bottom_right)
+    def forward(q, k, v, scale, is_causal, causal_bottom_right, attn_mask):
+        return fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask)
 
     setup_context = staticmethod(_fwd_setup_context)
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        dq, dk, dv = _input_grads(ctx, grad_out, True)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv, dmask = _input_grads(ctx, grad_out, True)
+        return dq, dk, dv, None, None, None, dmask
 
 
-def attention(q, k, v, scale: float, is_causal: bool, causal_bottom_right: bool, deterministic: bool = False):
-    """``fwd(q, k, v, scale, is_causal, causal_bottom_right) -> (out, lse)`` with autograd.
+def attention(q, k, v, scale: float, is_causal: bool, causal_bottom_right: bool, deterministic: bool = False,
+              attn_mask=None):
+    """``fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask) -> (out, lse)`` with autograd
+    (a floating ``attn_mask`` that requires grad gets one).
 
     With ``deterministic=True`` the backward runs ``bwd(..., deterministic=True)`` (bitwise reproducible
     gradients on CUDA); otherwise this is ``fwd`` itself, whose backward is the default one.
     """
     if deterministic:
-        return _FwdWithDeterministicBwd.apply(q, k, v, scale, is_causal, causal_bottom_right)
-    return fwd(q, k, v, scale, is_causal, causal_bottom_right)
+        return _FwdWithDeterministicBwd.apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask)
+    return fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask)

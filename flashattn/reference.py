@@ -35,6 +35,7 @@ def attention_reference(
     causal_bottom_right: bool = False,
     upcast: bool = True,
     return_lse: bool = False,
+    attn_mask: Optional[torch.Tensor] = None,
 ):
     """softmax(q k^T * scale) v in the ``(B, S, H, D)`` layout of the flashattn ops.
 
@@ -47,11 +48,14 @@ def attention_reference(
         causal_bottom_right: offset ``Lk - Lq`` instead of 0 (see :func:`causal_visibility`).
         upcast: compute in float32 (float64 stays float64) and return the result in that precision;
             ``False`` runs the same math in the inputs' dtype (the "baseline" of the test oracle).
-        return_lse: also return the natural-log log-sum-exp of each row's scaled scores,
+        return_lse: also return the natural-log log-sum-exp of each row's scaled (and masked) scores,
             ``[B, Hq, Lq]`` in the compute dtype.
+        attn_mask: broadcastable to ``[B, Hq, Lq, Lk]``; bool (True = the key takes part) or floating
+            (added to the scaled scores, in the compute dtype; -inf excludes the key). It combines with
+            ``is_causal``. Autograd reaches a floating mask that requires grad.
 
-    A query row that sees no key (bottom-right causal with Lq > Lk, or Lk == 0) gets a zero output
-    row and an lse of -inf, with zero gradients; no NaN is produced.
+    A query row that sees no key (bottom-right causal with Lq > Lk, Lk == 0, or every key masked)
+    gets a zero output row and an lse of -inf, with zero gradients; no NaN is produced.
 
     Returns:
         out ``[B, Lq, Hq, D]`` contiguous, or ``(out, lse)`` with ``return_lse``.
@@ -79,12 +83,22 @@ def attention_reference(
         visible = causal_visibility(seqlen_q, seqlen_k, causal_bottom_right, device=q.device)
     else:
         visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
-    row_empty = ~visible.any(dim=1, keepdim=True)  # [Lq, 1]
+    additive = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            visible = visible & attn_mask
+        else:
+            additive = attn_mask.to(compute_dtype)
+            visible = visible & (additive != float("-inf"))
+    row_empty = ~visible.any(dim=-1, keepdim=True)  # [..., Lq, 1]
+    if additive is not None:
+        # Leave the -inf out of rows that end up empty (they are zeroed below) so softmax stays finite.
+        scores = scores + additive.masked_fill(row_empty & (additive == float("-inf")), 0.0)
     # Leave empty rows unmasked so softmax stays finite (no NaN in values or gradients), then zero them.
     scores = scores.masked_fill(~(visible | row_empty), float("-inf"))
     probs = torch.softmax(scores, dim=-1).masked_fill(row_empty, 0.0)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v_).contiguous()
     if not return_lse:
         return out
-    lse = torch.logsumexp(scores.detach(), dim=-1).masked_fill(row_empty.squeeze(1), float("-inf"))
+    lse = torch.logsumexp(scores.detach(), dim=-1).masked_fill(row_empty.squeeze(-1), float("-inf"))
     return out, lse

@@ -22,10 +22,12 @@ def main():
     for pass_name, (header, launcher, params) in PASSES.items():
         for dtype, element in ELEMENTS.items():
             for head_dim in HEAD_DIMS:
-                text = (f"{HEADER}#include \"sm80/{header}\"\n\n"
-                        f"template cudaError_t flashattn::sm80::{launcher}<{element}, {head_dim}>(\n"
-                        f"    const flashattn::{params}&, cudaStream_t);\n")
-                (out_dir / f"{pass_name}_{dtype}_hdim{head_dim}_sm80.cu").write_text(text)
+                # The masked variant in a file of its own, so the two compile in parallel.
+                for suffix in ("", "_masked"):
+                    text = (f"{HEADER}#include \"sm80/{header}\"\n\n"
+                            f"template cudaError_t flashattn::sm80::{launcher}{suffix}<{element}, {head_dim}>(\n"
+                            f"    const flashattn::{params}&, cudaStream_t);\n")
+                    (out_dir / f"{pass_name}{suffix}_{dtype}_hdim{head_dim}_sm80.cu").write_text(text)
     for dtype, element in ELEMENTS.items():
         for head_dim in SM90_HEAD_DIMS:
             text = (f"{HEADER}#include \"sm90/fwd_kernel.cuh\"\n\n"

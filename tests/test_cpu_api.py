@@ -382,7 +382,7 @@ def _fallback_cases():
     q, k, v = _rand(2, 4, 9, 8), _rand(2, 4, 11, 8), _rand(2, 4, 11, 8)
     mask = torch.rand(9, 11) > 0.3
     return {
-        "attn_mask": ((q, k, v), {"attn_mask": mask}),
+        "torch.int64 attn_mask": ((q, k, v), {"attn_mask": mask.long()}),
         "dropout_p": ((q, k, v), {"dropout_p": 0.3}),
         "head dims outside": ((_rand(1, 2, 5, 300), _rand(1, 2, 5, 300), _rand(1, 2, 5, 300)), {}),
         "value head dim": ((q, k, _rand(2, 4, 11, 16)), {}),
@@ -394,7 +394,7 @@ def _fallback_cases():
 @pytest.mark.parametrize("reason", list(_fallback_cases()))
 def test_sdpa_fallback_warns_once_and_matches_torch(reason, fresh_fallback_warnings):
     (q, k, v), kwargs = _fallback_cases()[reason]
-    if reason == "int":
+    if reason in ("int", "torch.int64 attn_mask"):
         # torch itself rejects integer attention; the fallback must surface torch's error after warning.
         with pytest.warns(UserWarning, match="falling back to torch SDPA"), pytest.raises(RuntimeError):
             flashattn.scaled_dot_product_attention(q, k, v, **kwargs)
@@ -538,10 +538,12 @@ class _BwdCalls(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def test_bwd_schema_has_a_trailing_deterministic_flag():
+def test_bwd_schema_has_the_optional_arguments_last():
     schema = torch.ops.flashattn.bwd.default._schema
-    assert [a.name for a in schema.arguments][-2:] == ["causal_bottom_right", "deterministic"]
-    assert schema.arguments[-1].default_value is False
+    names = [a.name for a in schema.arguments]
+    assert names[-4:] == ["causal_bottom_right", "deterministic", "attn_mask", "dmask"]
+    assert [schema.arguments[i].default_value for i in (-3, -2, -1)] == [False, None, None]
+    assert schema.arguments[-1].alias_info.is_write  # dmask is written in place
 
 
 @pytest.mark.parametrize("causal, bottom_right", [(False, False), (True, False), (True, True)])
@@ -684,3 +686,25 @@ def test_sdpa_backward_follows_torch_deterministic_algorithms(enabled):
     finally:
         torch.use_deterministic_algorithms(previous)
     assert calls.flags == [enabled]
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
+def test_opcheck_with_attn_mask(mask_dtype):
+    """fwd and bwd with a broadcast attn_mask (and bwd writing dmask in place) pass opcheck, the
+    autograd formula included (a floating mask that requires grad gets its gradient)."""
+    q = _rand(2, 5, 4, 8, requires_grad=True)
+    k = _rand(2, 7, 2, 8, requires_grad=True)
+    v = _rand(2, 7, 2, 8, requires_grad=True)
+    if mask_dtype == torch.bool:
+        mask = (torch.rand(2, 1, 1, 7) > 0.3).expand(2, 4, 5, 7)
+    else:
+        mask = torch.randn(2, 1, 1, 7, requires_grad=True).expand(2, 4, 5, 7)
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, (q, k, v, 0.35, True, True, mask))
+    with torch.no_grad():
+        out, lse = torch.ops.flashattn.fwd(q, k, v, 0.35, True, True, mask)
+    dmask = None if mask_dtype == torch.bool else torch.empty(2, 4, 5, 7)
+    torch.library.opcheck(
+        torch.ops.flashattn.bwd.default,
+        (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, 0.35, True, True, False,
+         mask.detach(), dmask),
+    )

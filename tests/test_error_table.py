@@ -116,18 +116,18 @@ def qkvpacked(**kwargs):
     return flashattn.flash_attn_qkvpacked_func(_randn(2, 5, 3, 4, 8), **kwargs)
 
 
-def fwd(q, k, v, scale=0.35, is_causal=False, bottom_right=False):
-    return torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right)
+def fwd(q, k, v, scale=0.35, is_causal=False, bottom_right=False, attn_mask=None):
+    return torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, attn_mask)
 
 
 def bwd(**replace):
     """torch.ops.flashattn.bwd on valid arguments from a forward, with some replaced."""
     q, k, v = _bshd()
     out, lse = fwd(q, k, v)
-    args = dict(dout=torch.randn_like(out), q=q, k=k, v=v, out=out, lse=lse)
+    args = dict(dout=torch.randn_like(out), q=q, k=k, v=v, out=out, lse=lse, attn_mask=None, dmask=None)
     args.update({name: make(args) for name, make in replace.items()})
     return torch.ops.flashattn.bwd(args["dout"], args["q"], args["k"], args["v"], args["out"], args["lse"],
-                                   0.35, False, False)
+                                   0.35, False, False, False, args["attn_mask"], args["dmask"])
 
 
 def _cpu_q_cuda_kv(layout):
@@ -166,8 +166,9 @@ CALLS: Dict[str, Callable] = {
                                            _randn(2, 4, 7, 8)),
     "sdpa-mixed-devices": lambda mp: sdpa(*_cpu_q_cuda_kv(_bhsd)),
     # scaled_dot_product_attention: fallbacks to torch
-    "sdpa-attn-mask": lambda mp: sdpa(*_bhsd(), attn_mask=torch.rand(5, 7) > 0.3),
     "sdpa-attn-mask-and-causal": lambda mp: sdpa(*_bhsd(), attn_mask=torch.rand(5, 7) > 0.3, is_causal=True),
+    "sdpa-attn-mask-shape": lambda mp: sdpa(*_bhsd(), attn_mask=torch.rand(5, 6) > 0.3),
+    "sdpa-attn-mask-float64": lambda mp: sdpa(*_bhsd(), attn_mask=torch.zeros(5, 7, dtype=torch.float64)),
     "sdpa-dropout": lambda mp: sdpa(*_bhsd(), dropout_p=0.2),
     "sdpa-head-dim-300": lambda mp: sdpa(_randn(2, 4, 5, 300), _randn(2, 4, 7, 300), _randn(2, 4, 7, 300)),
     "sdpa-head-dim-0": lambda mp: sdpa(_randn(2, 4, 5, 0), _randn(2, 4, 7, 0), _randn(2, 4, 7, 0)),
@@ -230,6 +231,8 @@ CALLS: Dict[str, Callable] = {
     "fwd-missing-argument": lambda mp: torch.ops.flashattn.fwd(*_bshd(), 0.35, False),
     "fwd-mixed-devices": lambda mp: fwd(*_cpu_q_cuda_kv(_bshd)),
     "fwd-cuda-float32": lambda mp: fwd(*_bshd(device="cuda")),
+    "fwd-mask-shape": lambda mp: fwd(*_bshd(), attn_mask=torch.ones(2, 4, 5, 6, dtype=torch.bool)),
+    "fwd-mask-dtype": lambda mp: fwd(*_bshd(), attn_mask=torch.ones(2, 4, 5, 7, dtype=torch.int32)),
     # torch.ops.flashattn.bwd
     "bwd-dout-shape": lambda mp: bwd(dout=lambda a: a["dout"][:, :, :2]),
     "bwd-out-shape": lambda mp: bwd(out=lambda a: a["out"][:, :3]),
@@ -241,6 +244,10 @@ CALLS: Dict[str, Callable] = {
     "bwd-heads-not-a-multiple": lambda mp: bwd(q=lambda a: a["q"][:, :, :3], dout=lambda a: a["dout"][:, :, :3],
                                                out=lambda a: a["out"][:, :, :3], lse=lambda a: a["lse"][:, :3]),
     "bwd-lse-device": lambda mp: _bwd_lse_on_cpu(),
+    "bwd-dmask-without-mask": lambda mp: bwd(dmask=lambda a: torch.zeros(2, 4, 5, 7)),
+    "bwd-dmask-bool-mask": lambda mp: bwd(attn_mask=lambda a: torch.ones(2, 4, 5, 7, dtype=torch.bool),
+                                          dmask=lambda a: torch.zeros(2, 4, 5, 7)),
+    "bwd-dmask-shape": lambda mp: bwd(attn_mask=lambda a: torch.zeros(2, 4, 5, 7), dmask=lambda a: torch.zeros(2, 4, 5, 6)),
 }
 
 

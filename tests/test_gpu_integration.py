@@ -102,7 +102,6 @@ def test_sdpa_3d_and_5d_inputs():
 
 
 @pytest.mark.parametrize("kwargs, reason", [
-    ({"attn_mask": "mask"}, "attn_mask"),
     ({"dropout_p": 0.5}, "dropout_p"),
     ({"dtype": torch.float32}, "float32"),
     ({"head_dim": 320}, "head dim"),
@@ -112,8 +111,6 @@ def test_sdpa_falls_back_on_cuda(kwargs, reason):
     dtype = kwargs.pop("dtype", torch.float16)
     head_dim = kwargs.pop("head_dim", 64)
     q, k, v = (torch.randn(2, 4, 33, head_dim, device="cuda", dtype=dtype) for _ in range(3))
-    if kwargs.get("attn_mask") == "mask":
-        kwargs["attn_mask"] = torch.rand(33, 33, device="cuda") > 0.3
     fa_functional._warned_reasons.clear()
     with pytest.warns(UserWarning, match=reason):
         out = flashattn.scaled_dot_product_attention(q, k, v, **kwargs)
@@ -202,6 +199,21 @@ def test_opcheck_cuda(causal, bottom_right):
     torch.library.opcheck(
         torch.ops.flashattn.bwd.default,
         (dout, q.detach(), k.detach(), v.detach(), out, lse, 0.125, causal, bottom_right),
+    )
+
+
+def test_opcheck_cuda_with_attn_mask():
+    q = torch.randn(2, 33, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 47, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 47, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    mask = torch.randn(1, 1, 33, 47, device="cuda", dtype=torch.bfloat16, requires_grad=True).expand(2, 4, 33, 47)
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, (q, k, v, 0.125, False, False, mask))
+    with torch.no_grad():
+        out, lse = torch.ops.flashattn.fwd(q, k, v, 0.125, False, False, mask)
+    torch.library.opcheck(
+        torch.ops.flashattn.bwd.default,
+        (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, 0.125, False, False, False,
+         mask.detach(), torch.empty(2, 4, 33, 47, device="cuda", dtype=torch.bfloat16)),
     )
 
 

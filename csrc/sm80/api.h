@@ -11,6 +11,22 @@ namespace sm80 {
 // The tile width (a head dim with a compiled kernel) that serves `head_dim`; 0 when none does.
 int padded_head_dim(int head_dim);
 
+// The query x key tile one CTA step of a kernel covers, for a head dim with a compiled kernel: a mask's
+// tile classes (classify_mask_tiles) are computed on this grid.
+struct TileShape {
+  int queries;
+  int keys;
+};
+TileShape fwd_tile_shape(int head_dim);
+TileShape bwd_tile_shape(int head_dim);
+
+// Writes the class (kTileAnyVisible | kTileNeedsMask bits) of every mask tile of tile_q x tile_k
+// elements (mask.tile_q, mask.tile_k, mask.tiles_k = ceil(seqlen_k / tile_k) must be set) into
+// out [batches, heads, ceil(seqlen_q / tile_q), tiles_k] contiguous, for batches x heads distinct
+// (batch, head) slices of the mask (1 along a broadcast dim). mask.tile_class is not read.
+cudaError_t classify_mask_tiles(const MaskParams& mask, ElementType element_type, int batches, int heads,
+                                int seqlen_q, int seqlen_k, unsigned char* out, cudaStream_t stream);
+
 // Forward: writes params.out and params.lse; returns the launch status. Requires seqlen_q, seqlen_k, batch, heads >= 1.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 

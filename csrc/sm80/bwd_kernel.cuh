@@ -8,6 +8,8 @@
 //                          params.deterministic, in increasing key-block order (dq_keys_done counters).
 //                          Q/dO blocks are double-buffered with cp.async.
 //   3. bwd_convert_dq_kernel: dq = scale * dq_accum, cast and laid out as [B, Lq, Hq, D].
+// The kMasked variant of bwd_kernel applies params.mask as the forward did (skipping the steps whose
+// tile the mask excludes entirely), and writes dS into params.dmask when that is set.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,54 +20,12 @@
 #include "common/mask.h"
 #include "params.h"
 #include "sm80/fragments.h"
+#include "sm80/kernel_configs.h"
+#include "sm80/mask_tile.h"
 #include "sm80/tile_io.h"
 
 namespace flashattn {
 namespace sm80 {
-
-// A backward tile configuration. Each of the three GEMM stages splits the CTA's warps in its own
-// 2-D grid, so every warp tile spans several m16 and n8 tiles and reuses its fragments:
-//   S^T, dP^T [kBlockN keys, kBlockM queries]: kSKeyWarps along keys, the rest along queries
-//   dK, dV    [kBlockN keys, head dim]:         kKVKeyWarps along keys, the rest along columns
-//   dQ        [kBlockM queries, head dim]:      kQQueryWarps along queries, the rest along columns
-// P^T and dS^T pass from the first stage to the others through shared memory.
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kSKeyWarps, int kKVKeyWarps, int kQQueryWarps>
-struct BwdConfig {
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kBlockM_;  // queries per step
-  static constexpr int kBlockN = kBlockN_;  // keys per CTA
-  static constexpr int kWarps = kWarps_;
-  static constexpr int kThreads = kWarps * 32;
-
-  static constexpr int kSKeys = kBlockN / kSKeyWarps;                  // warp tile of S^T / dP^T
-  static constexpr int kSQueries = kBlockM / (kWarps / kSKeyWarps);
-  static constexpr int kKVKeys = kBlockN / kKVKeyWarps;                // warp tile of dK / dV
-  static constexpr int kKVCols = kHeadDim / (kWarps / kKVKeyWarps);
-  static constexpr int kQQueries = kBlockM / kQQueryWarps;             // warp tile of dQ
-  static constexpr int kQCols = kHeadDim / (kWarps / kQQueryWarps);
-  static_assert(kSKeys % 16 == 0 && kSQueries % 16 == 0, "S^T warp tile: m16 rows, n16 column pairs");
-  static_assert(kKVKeys % 16 == 0 && kKVCols % 16 == 0, "dK/dV warp tile: m16 rows, n16 column pairs");
-  static_assert(kQQueries % 16 == 0 && kQCols % 16 == 0, "dQ warp tile: m16 rows, n16 column pairs");
-
-  static constexpr int kStride = PaddedTile<kHeadDim>::kStride;
-  static constexpr int kPStride = PaddedTile<kBlockM>::kStride;
-  static constexpr int kKVTileElems = kBlockN * kStride;
-  static constexpr int kQTileElems = kBlockM * kStride;
-  static constexpr int kPTileElems = kBlockN * kPStride;
-  static constexpr int kQStages = 2;  // Q, dO, LSE, delta double buffer
-  // K, V, then per stage Q and dO, then P^T and dS^T (elements); then per stage LSE and delta (floats).
-  static constexpr int kSmemElems = 2 * kKVTileElems + 2 * kQStages * kQTileElems + 2 * kPTileElems;
-  static constexpr int kSmemBytes = kSmemElems * 2 + 2 * kQStages * kBlockM * 4;
-};
-
-template <int kHeadDim>
-struct DefaultBwdConfig;
-template <> struct DefaultBwdConfig<32> { using type = BwdConfig<32, 64, 128, 8, 4, 4, 4>; };
-template <> struct DefaultBwdConfig<64> { using type = BwdConfig<64, 64, 128, 8, 4, 4, 2>; };
-template <> struct DefaultBwdConfig<96> { using type = BwdConfig<96, 64, 128, 8, 4, 4, 4>; };
-template <> struct DefaultBwdConfig<128> { using type = BwdConfig<128, 64, 128, 8, 4, 4, 2>; };
-template <> struct DefaultBwdConfig<192> { using type = BwdConfig<192, 64, 64, 8, 2, 2, 4>; };
-template <> struct DefaultBwdConfig<256> { using type = BwdConfig<256, 64, 64, 8, 2, 2, 4>; };
 
 // Deterministic mode. The key blocks that add into one query block's dQ rows are always key blocks
 // 0 .. K-1 of its (batch, kv head), for some K >= 0 (see "Query blocks that see at least one of these
@@ -96,7 +56,7 @@ __device__ __forceinline__ void pass_dq_turn(int* keys_done, int block_keys) {
   if (threadIdx.x == 0) red_add_release_gpu(keys_done, block_keys);
 }
 
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, bool kMasked>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p) {
   using Ops = ElementOps<T>;
   constexpr int kHeadDim = Cfg::kHeadDim;
@@ -143,11 +103,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
   const int num_m = first_query < s.seqlen_q ? num_m_total - m_begin : 0;
   const int num_steps = group * num_m;
 
-  // Step i handles query head kv_head * group + i / num_m and query block m_begin + i % num_m.
-  auto load_step = [&](int step) {
+  // Step i handles query head kv_head * group + i / num_m and query block m_begin + i % num_m. The
+  // steps run are those the mask does not exclude entirely (all without a mask; the host gives no
+  // tile classes in deterministic mode, whose dq turns need every step); `iter` counts the steps run
+  // and picks the ring stage.
+  auto step_mask = [&](int step) {
+    return MaskView<T>(p.mask, batch, kv_head * group + step / num_m, m_begin + step % num_m);
+  };
+  auto next_run = [&](int step) {
+    if constexpr (kMasked) {
+      while (step < num_steps && step_mask(step).skips(n_block)) ++step;
+    }
+    return step;
+  };
+  auto load_step = [&](int step, int iter) {
     const int head = kv_head * group + step / num_m;
     const int m0 = (m_begin + step % num_m) * kBlockM;
-    const int stage = step % Cfg::kQStages;
+    const int stage = iter % Cfg::kQStages;
     const T* q = static_cast<const T*>(p.q) + batch * p.q_strides.batch + head * p.q_strides.head +
                  m0 * p.q_strides.row;
     const T* dout = static_cast<const T*>(p.dout) + batch * p.dout_strides.batch +
@@ -160,7 +132,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
     load_row_floats<kBlockM, Cfg::kThreads>(lse_smem + stage * kBlockM, p.lse_log2 + row_offset, s.seqlen_q - m0);
     load_row_floats<kBlockM, Cfg::kThreads>(delta_smem + stage * kBlockM, p.delta + row_offset, s.seqlen_q - m0);
   };
-  if (num_steps > 0) load_step(0);
+  int step = next_run(0);
+  if (step < num_steps) load_step(step, 0);
   cp_async_commit();
 
   // Warp tiles of the three stages.
@@ -182,14 +155,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
   zero_accumulators(dk_acc);
   zero_accumulators(dv_acc);
 
-  for (int step = 0; step < num_steps; ++step) {
+  for (int iter = 0; step < num_steps; ++iter) {
+    const int next_step = next_run(step + 1);
     cp_async_wait<0>();
     __syncthreads();  // this step's Q, dO, LSE, delta have landed; the previous step is done everywhere
-    if (step + 1 < num_steps) load_step(step + 1);  // lands during this step
+    if (next_step < num_steps) load_step(next_step, iter + 1);  // lands during this step
     cp_async_commit();
     const int head = kv_head * group + step / num_m;
     const int m0 = (m_begin + step % num_m) * kBlockM;
-    const int stage = step % Cfg::kQStages;
+    const int stage = iter % Cfg::kQStages;
+    const MaskView<T> mask = kMasked ? step_mask(step) : MaskView<T>();
+    const bool mask_needed = kMasked && mask.needed(n_block);
     const T* q_tile = q_smem + stage * Cfg::kQTileElems;    // [kBlockM][kStride]
     const T* do_tile = do_smem + stage * Cfg::kQTileElems;  // [kBlockM][kStride]
     const float* lse_tile = lse_smem + stage * kBlockM;
@@ -222,6 +198,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
           delta[j][c] = delta_tile[q_local];
         }
       }
+      if (mask_needed) {
+        // P^T = exp2(S^T + mask - LSE) where the key is visible, else 0.
+#pragma unroll
+        for (int mt = 0; mt < kSMTiles; ++mt) {
+#pragma unroll
+          for (int j = 0; j < kSNTiles; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = n0 + s_key0 + mt * 16 + lane / 4 + (e / 2) * 8;
+              const int query = m0 + s_query0 + j * 8 + (lane % 4) * 2 + (e % 2);
+              const bool visible =
+                  (query < s.seqlen_q) & key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset);
+              float x = s_acc[mt][j][e] * s.scale_log2 - lse_log2[j][e % 2];
+              if (visible) x += mask.add_log2(query, key);
+              s_acc[mt][j][e] = visible ? exp2f(x) : 0.f;
+            }
+          }
+        }
+      } else {
 #pragma unroll
       for (int mt = 0; mt < kSMTiles; ++mt) {
 #pragma unroll
@@ -248,6 +243,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
           }
         }
       }
+      }
 #pragma unroll
       for (int mt = 0; mt < kSMTiles; ++mt) {
 #pragma unroll
@@ -266,6 +262,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
       }
     }
     __syncthreads();  // P^T and dS^T complete
+    if constexpr (kMasked) {
+      if (p.dmask != nullptr) {
+        // The mask's gradient is dS itself: copy this step's dS^T tile out, transposed, so that
+        // consecutive threads write consecutive keys of a dmask row.
+        const int64_t first = (static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q * s.seqlen_k;
+        T* dmask = static_cast<T*>(p.dmask) + first;                   // [Lq, Lk] (a mask of q's type)
+        float* dmask_f32 = static_cast<float*>(p.dmask) + first;       // [Lq, Lk] (a float32 mask)
+        const bool f32 = p.mask.kind == MaskKind::kAdditiveFloat32;
+        for (int idx = threadIdx.x; idx < kBlockM * kBlockN; idx += Cfg::kThreads) {
+          const int key = idx % kBlockN, query = idx / kBlockN;
+          if (m0 + query < s.seqlen_q && n0 + key < s.seqlen_k) {
+            const int64_t offset = static_cast<int64_t>(m0 + query) * s.seqlen_k + n0 + key;
+            const T ds = ds_smem[key * kPStride + query];
+            if (f32) {
+              dmask_f32[offset] = Ops::to_float(ds);
+            } else {
+              dmask[offset] = ds;
+            }
+          }
+        }
+      }
+    }
 
     // Stage 2: dV += P^T dO and dK += dS^T Q (unscaled; scale applied at the end).
     warp_gemm<T, kKVMTiles, kKVNTiles, kBlockM / 16>(
@@ -326,6 +344,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
       }
       if (p.deterministic) pass_dq_turn(dq_keys_done(), kBlockN);
     }
+    step = next_step;
   }
   cp_async_wait<0>();
 
@@ -423,7 +442,7 @@ __global__ void bwd_convert_dq_kernel(const BwdParams p) {
   }
 }
 
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, bool kMasked = false>
 cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   const AttentionShape& s = p.shape;
 
@@ -438,7 +457,7 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
-  auto kernel = bwd_kernel<T, Cfg>;
+  auto kernel = bwd_kernel<T, Cfg, kMasked>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
@@ -454,7 +473,12 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
 
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  return launch_bwd_with_config<T, typename DefaultBwdConfig<kHeadDim>::type>(p, stream);
+  return launch_bwd_with_config<T, typename DefaultBwdConfig<kHeadDim>::type, false>(p, stream);
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_bwd_masked(const BwdParams& p, cudaStream_t stream) {
+  return launch_bwd_with_config<T, typename DefaultBwdConfig<kHeadDim>::type, true>(p, stream);
 }
 
 }  // namespace sm80

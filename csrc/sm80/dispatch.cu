@@ -4,6 +4,7 @@
 
 #include "sm80/api.h"
 #include "sm80/head_dims.h"
+#include "sm80/kernel_configs.h"
 #include "sm80/launch.h"
 
 namespace flashattn {
@@ -17,11 +18,33 @@ int padded_head_dim(int head_dim) {
   return 0;
 }
 
+TileShape fwd_tile_shape(int head_dim) {
+  const int padded = padded_head_dim(head_dim);
+#define FLASHATTN_TILE(D) \
+  if (padded == D) return {DefaultFwdConfig<D>::type::kBlockM, DefaultFwdConfig<D>::type::kBlockN};
+  FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_TILE)
+#undef FLASHATTN_TILE
+  return {0, 0};
+}
+
+TileShape bwd_tile_shape(int head_dim) {
+  const int padded = padded_head_dim(head_dim);
+#define FLASHATTN_TILE(D) \
+  if (padded == D) return {DefaultBwdConfig<D>::type::kBlockM, DefaultBwdConfig<D>::type::kBlockN};
+  FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_TILE)
+#undef FLASHATTN_TILE
+  return {0, 0};
+}
+
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const int padded = padded_head_dim(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
-#define FLASHATTN_LAUNCH(D) \
-  if (padded == D) return bf16 ? launch_fwd<__nv_bfloat16, D>(p, stream) : launch_fwd<__half, D>(p, stream);
+  const bool masked = p.mask.kind != MaskKind::kNone;
+#define FLASHATTN_LAUNCH(D)                                                                                  \
+  if (padded == D) {                                                                                         \
+    if (masked) return bf16 ? launch_fwd_masked<__nv_bfloat16, D>(p, stream) : launch_fwd_masked<__half, D>(p, stream); \
+    return bf16 ? launch_fwd<__nv_bfloat16, D>(p, stream) : launch_fwd<__half, D>(p, stream);               \
+  }
   FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
 #undef FLASHATTN_LAUNCH
   return cudaErrorInvalidValue;
@@ -30,8 +53,12 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   const int padded = padded_head_dim(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
-#define FLASHATTN_LAUNCH(D) \
-  if (padded == D) return bf16 ? launch_bwd<__nv_bfloat16, D>(p, stream) : launch_bwd<__half, D>(p, stream);
+  const bool masked = p.mask.kind != MaskKind::kNone;
+#define FLASHATTN_LAUNCH(D)                                                                                  \
+  if (padded == D) {                                                                                         \
+    if (masked) return bf16 ? launch_bwd_masked<__nv_bfloat16, D>(p, stream) : launch_bwd_masked<__half, D>(p, stream); \
+    return bf16 ? launch_bwd<__nv_bfloat16, D>(p, stream) : launch_bwd<__half, D>(p, stream);               \
+  }
   FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
 #undef FLASHATTN_LAUNCH
   return cudaErrorInvalidValue;

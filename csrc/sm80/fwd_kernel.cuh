@@ -4,6 +4,10 @@
 // ring in shared memory, K and V in separate groups so S = Q K^T of block n starts while V(n) lands.
 // S stays in registers; the online softmax (running max and sum, base 2) rescales the output
 // accumulator, and P goes straight from the S accumulators into the A operand of O += P V.
+//
+// The kMasked variant adds an attention mask (params.mask): key blocks whose tile class says the mask
+// excludes every element are skipped (K/V never loaded), and only blocks whose class needs it read
+// the mask, element by element beside the score fragments.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,43 +17,14 @@
 #include "common/mask.h"
 #include "params.h"
 #include "sm80/fragments.h"
+#include "sm80/kernel_configs.h"
+#include "sm80/mask_tile.h"
 #include "sm80/tile_io.h"
 
 namespace flashattn {
 namespace sm80 {
 
-// A forward tile configuration. kMTiles = 2 lets each K/V fragment read from shared memory feed two
-// mma (halving shared-memory traffic) at the cost of twice the accumulator registers.
-template <int kHeadDim_, int kWarps_, int kMTiles_, int kBlockN_, bool kQInRegisters_, int kMinBlocksPerSM_>
-struct FwdConfig {
-  static constexpr int kHeadDim = kHeadDim_;
-  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim tiles are multiples of 16 up to 256");
-  static constexpr int kWarps = kWarps_;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kMTiles = kMTiles_;
-  static constexpr int kBlockM = kWarps * kMTiles * 16;  // query rows per CTA
-  static constexpr int kBlockN = kBlockN_;               // keys per step
-  static_assert(kBlockN % 16 == 0, "keys come in k16 steps");
-  static constexpr bool kQInRegisters = kQInRegisters_;
-  static constexpr int kMinBlocksPerSM = kMinBlocksPerSM_;
-  static constexpr int kStride = PaddedTile<kHeadDim>::kStride;
-  static constexpr int kQTileElems = kBlockM * kStride;
-  static constexpr int kKVTileElems = kBlockN * kStride;
-  static constexpr int kStages = 2;  // K/V double buffer
-  static constexpr int kSmemBytes = (kQTileElems + 2 * kStages * kKVTileElems) * 2;
-};
-
-// The configuration each head dim runs with (see benchmarks/NOTES.md for how they were chosen).
-template <int kHeadDim>
-struct DefaultFwdConfig;
-template <> struct DefaultFwdConfig<32> { using type = FwdConfig<32, 4, 2, 64, true, 2>; };
-template <> struct DefaultFwdConfig<64> { using type = FwdConfig<64, 4, 2, 64, true, 2>; };
-template <> struct DefaultFwdConfig<96> { using type = FwdConfig<96, 4, 2, 64, false, 2>; };
-template <> struct DefaultFwdConfig<128> { using type = FwdConfig<128, 4, 2, 64, false, 2>; };
-template <> struct DefaultFwdConfig<192> { using type = FwdConfig<192, 8, 1, 64, false, 1>; };
-template <> struct DefaultFwdConfig<256> { using type = FwdConfig<256, 8, 1, 32, false, 1>; };
-
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, bool kMasked>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kernel(const FwdParams p) {
   using Ops = ElementOps<T>;
   constexpr int kHeadDim = Cfg::kHeadDim;
@@ -85,20 +60,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
   const int key_end = visible_key_end(min(m0 + kBlockM, s.seqlen_q), s.seqlen_k, s.is_causal, s.causal_offset);
   const int num_n_blocks = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
 
-  auto load_kv_block = [&](T* smem, const T* gmem, int64_t row_stride, int n_block) {
+  // The key blocks visited are those from n_block on that the mask does not exclude entirely (all of
+  // them without a mask); `iter` counts the visited ones and picks the ring stage.
+  const MaskView<T> mask = kMasked ? MaskView<T>(p.mask, batch, head, m_block) : MaskView<T>();
+  auto next_visited = [&](int n_block) {
+    if constexpr (kMasked) {
+      while (n_block < num_n_blocks && mask.skips(n_block)) ++n_block;
+    }
+    return n_block;
+  };
+  auto load_kv_block = [&](T* smem, const T* gmem, int64_t row_stride, int n_block, int iter) {
     const int n0 = n_block * kBlockN;
-    load_tile<kBlockN, kHeadDim, Cfg::kThreads>(smem + (n_block % Cfg::kStages) * Cfg::kKVTileElems,
+    load_tile<kBlockN, kHeadDim, Cfg::kThreads>(smem + (iter % Cfg::kStages) * Cfg::kKVTileElems,
                                                 gmem + n0 * row_stride, row_stride, s.seqlen_k - n0, s.head_dim,
                                                 s.rows_aligned_16);
   };
 
   // cp.async groups, in order: [Q, K0] [V0] [K1] [V1] ... so "all but the newest group" is always
   // the block about to be used.
+  int n_block = next_visited(0);
   load_tile<kBlockM, kHeadDim, Cfg::kThreads>(q_smem, q, p.q_strides.row, s.seqlen_q - m0, s.head_dim,
                                               s.rows_aligned_16);
-  if (num_n_blocks > 0) load_kv_block(k_smem, k, p.k_strides.row, 0);
+  if (n_block < num_n_blocks) load_kv_block(k_smem, k, p.k_strides.row, n_block, 0);
   cp_async_commit();
-  if (num_n_blocks > 0) load_kv_block(v_smem, v, p.v_strides.row, 0);
+  if (n_block < num_n_blocks) load_kv_block(v_smem, v, p.v_strides.row, n_block, 0);
   cp_async_commit();
 
   const int warp_row0 = warp * kMTiles * 16;  // first row of this warp inside the block
@@ -113,13 +98,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
   }
   uint32_t q_frag[Cfg::kQInRegisters ? kMTiles : 1][Cfg::kQInRegisters ? kHeadDim / 16 : 1][4];
 
-  for (int n_block = 0; n_block < num_n_blocks; ++n_block) {
+  for (int iter = 0; n_block < num_n_blocks; ++iter) {
+    const int next_block = next_visited(n_block + 1);
     cp_async_wait<1>();
     __syncthreads();  // K(n) has landed; every warp is done with block n - 1
-    if (n_block + 1 < num_n_blocks) load_kv_block(k_smem, k, p.k_strides.row, n_block + 1);
+    if (next_block < num_n_blocks) load_kv_block(k_smem, k, p.k_strides.row, next_block, iter + 1);
     cp_async_commit();
     if constexpr (Cfg::kQInRegisters) {
-      if (n_block == 0) {
+      if (iter == 0) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -129,8 +115,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
         }
       }
     }
-    const T* k_tile = k_smem + (n_block % Cfg::kStages) * Cfg::kKVTileElems;  // [kBlockN][kStride]
-    const T* v_tile = v_smem + (n_block % Cfg::kStages) * Cfg::kKVTileElems;  // [kBlockN][kStride]
+    const T* k_tile = k_smem + (iter % Cfg::kStages) * Cfg::kKVTileElems;  // [kBlockN][kStride]
+    const T* v_tile = v_smem + (iter % Cfg::kStages) * Cfg::kKVTileElems;  // [kBlockN][kStride]
     const int n0 = n_block * kBlockN;
 
     // S = Q K^T for this warp's rows and kBlockN keys.
@@ -158,7 +144,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
         for (int e = 0; e < 4; ++e) s_acc[mt][j][e] *= s.scale_log2;
       }
     }
-    if (n0 + kBlockN > s.seqlen_k || (s.is_causal && n0 + kBlockN - 1 > m0 + warp_row0 + s.causal_offset)) {
+    const bool mask_needed = kMasked && mask.needed(n_block);
+    if (mask_needed || n0 + kBlockN > s.seqlen_k ||
+        (s.is_causal && n0 + kBlockN - 1 > m0 + warp_row0 + s.causal_offset)) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -167,8 +155,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
           for (int e = 0; e < 4; ++e) {
             const int key = n0 + j * 8 + (lane % 4) * 2 + (e % 2);
             const int query = m0 + warp_row0 + mt * 16 + lane / 4 + (e / 2) * 8;
-            s_acc[mt][j][e] = key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset) ? s_acc[mt][j][e]
-                                                                                                : -INFINITY;
+            const bool visible = key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset);
+            float score = s_acc[mt][j][e];
+            if constexpr (kMasked) {
+              if (mask_needed && visible && query < s.seqlen_q) score += mask.add_log2(query, key);
+            }
+            s_acc[mt][j][e] = visible ? score : -INFINITY;
           }
         }
       }
@@ -208,7 +200,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
 
     cp_async_wait<1>();
     __syncthreads();  // V(n) has landed; every warp is done reading V(n - 1)'s stage
-    if (n_block + 1 < num_n_blocks) load_kv_block(v_smem, v, p.v_strides.row, n_block + 1);
+    if (next_block < num_n_blocks) load_kv_block(v_smem, v, p.v_strides.row, next_block, iter + 1);
     cp_async_commit();
 
     // O += P V, with P taken from the S accumulators.
@@ -216,6 +208,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
         o_acc,
         [&](uint32_t(&a)[4], int mt, int kk) { accumulator_to_a<T>(a, s_acc[mt][2 * kk], s_acc[mt][2 * kk + 1]); },
         [&](uint32_t(&b)[4], int np, int kk) { load_b_from_rows_kn<kStride>(b, v_tile, kk * 16, np * 16, lane); });
+    n_block = next_block;
   }
 
   cp_async_wait<0>();
@@ -252,12 +245,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
   }
 }
 
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, bool kMasked = false>
 cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   const int64_t num_m_blocks = (p.shape.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t grid = num_m_blocks * p.shape.heads_q * p.shape.batch;
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  auto kernel = fwd_kernel<T, Cfg>;
+  auto kernel = fwd_kernel<T, Cfg, kMasked>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
@@ -266,7 +259,12 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
 
 template <typename T, int kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  return launch_fwd_with_config<T, typename DefaultFwdConfig<kHeadDim>::type>(p, stream);
+  return launch_fwd_with_config<T, typename DefaultFwdConfig<kHeadDim>::type, false>(p, stream);
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_fwd_masked(const FwdParams& p, cudaStream_t stream) {
+  return launch_fwd_with_config<T, typename DefaultFwdConfig<kHeadDim>::type, true>(p, stream);
 }
 
 }  // namespace sm80

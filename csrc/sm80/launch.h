@@ -15,5 +15,12 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream);
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);
 
+// The same with params.mask applied (and params.dmask written in the backward).
+template <typename T, int kHeadDim>
+cudaError_t launch_fwd_masked(const FwdParams& p, cudaStream_t stream);
+
+template <typename T, int kHeadDim>
+cudaError_t launch_bwd_masked(const BwdParams& p, cudaStream_t stream);
+
 }  // namespace sm80
 }  // namespace flashattn

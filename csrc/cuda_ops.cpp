@@ -1,0 +1,296 @@
+// See cuda_ops.h.
+#ifdef FLASHATTN_WITH_CUDA
+
+#include "cuda_ops.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstdlib>
+#include <limits>
+
+#include "checks.h"
+#include "sm80/api.h"
+#include "sm90/api.h"
+
+namespace flashattn {
+namespace cuda_ops {
+namespace {
+
+// A forward pass over more keys than this runs as several passes over consecutive key ranges whose
+// (out, lse) pairs are merged in float32. One fp32 accumulator summing millions of keys loses about
+// 1% of the result (the tensor cores' accumulation rounds toward zero: measured in benchmarks/NOTES.md
+// at 8.4M keys); ranges of 2^20 keys keep the error at the level of shorter rows.
+constexpr int64_t kKeysPerPass = int64_t{1} << 20;
+
+TensorStrides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+// 16-byte loads need every row start 16-byte aligned and whole 16-byte chunks per row.
+bool rows_aligned_16(const at::Tensor& t) {
+  const int64_t elems_per_16b = 16 / t.element_size();
+  const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
+  return addr % 16 == 0 && t.size(3) % elems_per_16b == 0 && t.stride(0) % elems_per_16b == 0 &&
+         t.stride(1) % elems_per_16b == 0 && t.stride(2) % elems_per_16b == 0;
+}
+
+void check_cuda_device(const char* op, const at::Tensor& q) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
+  TORCH_CHECK(prop->major >= 8, op, ": flashattn's CUDA kernels need a GPU of compute capability 8.0 or newer, ",
+              q.device().str(), " is ", to_text(prop->major), ".", to_text(prop->minor),
+              " (flashattn.scaled_dot_product_attention falls back to torch there)");
+}
+
+AttentionShape make_shape(const CheckedShape& s, const at::Tensor& q, double scale, bool is_causal) {
+  AttentionShape shape;
+  shape.batch = static_cast<int>(s.batch);
+  shape.seqlen_q = static_cast<int>(s.seqlen_q);
+  shape.seqlen_k = static_cast<int>(s.seqlen_k);
+  shape.heads_q = static_cast<int>(s.heads_q);
+  shape.heads_kv = static_cast<int>(s.heads_kv);
+  shape.head_dim = static_cast<int>(s.head_dim);
+  shape.scale = static_cast<float>(scale);
+  shape.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  shape.is_causal = is_causal;
+  shape.causal_offset = static_cast<int>(s.causal_offset);
+  shape.element_type = q.scalar_type() == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16;
+  shape.rows_aligned_16 = true;
+  return shape;
+}
+
+bool has_work(const CheckedShape& s) { return s.batch > 0 && s.heads_q > 0 && s.seqlen_q > 0 && s.seqlen_k > 0; }
+
+// The Hopper kernels run on compute capability 9.0 for the inputs they cover, unless the environment
+// variable FLASHATTN_FORCE_SM80=1 asks for the sm80 path (read on every call: tests compare both).
+bool sm90_allowed(const at::Tensor& q) {
+  const char* force_sm80 = std::getenv("FLASHATTN_FORCE_SM80");
+  if (force_sm80 != nullptr && force_sm80[0] == '1') return false;
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
+  return prop->major == 9 && prop->minor == 0;
+}
+
+// Masks run on the sm80 path only.
+bool use_sm90_fwd(const at::Tensor& q, const FwdParams& p) {
+  return p.mask.kind == MaskKind::kNone && sm90_allowed(q) && sm90::fwd_supported(p);
+}
+// Deterministic mode also exists on the sm80 path only (the sm90 backward adds dq partials in any order).
+bool use_sm90_bwd(const at::Tensor& q, const BwdParams& p) {
+  return p.mask.kind == MaskKind::kNone && !p.deterministic && sm90_allowed(q) && sm90::bwd_supported(p);
+}
+
+// MaskParams for `mask` ([B, Hq, Lq, Lk], checked), with tile classes on the kernel's `tile` grid when
+// `classify` is set: they are computed here into `classes`, which must outlive the launch (the
+// caching allocator keeps its memory for the stream's later work even after it is freed).
+MaskParams make_mask(const at::Tensor& mask, const CheckedShape& s, ElementType element_type, sm80::TileShape tile,
+                     bool classify, at::Tensor& classes, cudaStream_t stream) {
+  MaskParams m;
+  // CUDA inputs are 16-bit, so a float32 mask is never of q's own type.
+  m.kind = mask.scalar_type() == at::kBool    ? MaskKind::kBool
+           : mask.scalar_type() == at::kFloat ? MaskKind::kAdditiveFloat32
+                                              : MaskKind::kAdditive;
+  m.data = mask.data_ptr();
+  m.batch_stride = mask.stride(0);
+  m.head_stride = mask.stride(1);
+  m.row_stride = mask.stride(2);
+  m.col_stride = mask.stride(3);
+  // A broadcast dim (stride 0, or size 1) holds one distinct slice; classes are computed per slice.
+  const int64_t batches = (mask.size(0) > 1 && mask.stride(0) != 0) ? s.batch : 1;
+  const int64_t heads = (mask.size(1) > 1 && mask.stride(1) != 0) ? s.heads_q : 1;
+  if (batches == 1) m.batch_stride = 0;
+  if (heads == 1) m.head_stride = 0;
+  if (!classify || tile.queries == 0) return m;
+  m.tile_q = tile.queries;
+  m.tile_k = tile.keys;
+  m.tiles_k = static_cast<int>((s.seqlen_k + tile.keys - 1) / tile.keys);
+  const int64_t tiles_q = (s.seqlen_q + tile.queries - 1) / tile.queries;
+  classes = at::empty({batches, heads, tiles_q, m.tiles_k}, mask.options().dtype(at::kByte));
+  C10_CUDA_CHECK(sm80::classify_mask_tiles(m, element_type, static_cast<int>(batches), static_cast<int>(heads),
+                                           static_cast<int>(s.seqlen_q), static_cast<int>(s.seqlen_k),
+                                           classes.data_ptr<unsigned char>(), stream));
+  m.tile_class = classes.data_ptr<unsigned char>();
+  m.class_batch_stride = batches > 1 ? heads * tiles_q * m.tiles_k : 0;
+  m.class_head_stride = heads > 1 ? tiles_q * m.tiles_k : 0;
+  return m;
+}
+
+// Whether classifying a mask's tiles can pay: always for a boolean mask (1 byte per element); for a
+// floating one only when it is broadcast over batch or heads (a dense one would be read twice).
+bool worth_classifying(const at::Tensor& mask, const CheckedShape& s) {
+  if (mask.scalar_type() == at::kBool) return true;
+  const bool batch_broadcast = s.batch > 1 && (mask.stride(0) == 0);
+  const bool head_broadcast = s.heads_q > 1 && (mask.stride(1) == 0);
+  return batch_broadcast || head_broadcast;
+}
+
+// One forward pass of q over k and v (some key range of the caller's) into out and lse.
+void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s, double scale,
+              bool is_causal, const std::optional<at::Tensor>& attn_mask, at::Tensor& out, at::Tensor& lse) {
+  FwdParams p;
+  p.shape = make_shape(s, q, scale, is_causal);
+  p.shape.rows_aligned_16 = rows_aligned_16(q) && rows_aligned_16(k) && rows_aligned_16(v);
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.out = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.q_strides = strides_of(q);
+  p.k_strides = strides_of(k);
+  p.v_strides = strides_of(v);
+  p.out_strides = strides_of(out);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor classes;
+  if (attn_mask.has_value()) {
+    p.mask = make_mask(*attn_mask, s, p.shape.element_type, sm80::fwd_tile_shape(p.shape.head_dim),
+                       worth_classifying(*attn_mask, s), classes, stream);
+  }
+  if (use_sm90_fwd(q, p)) {
+    const cudaError_t err = sm90::run_fwd(p, stream);
+    if (err != cudaErrorNotSupported) {
+      C10_CUDA_CHECK(err);
+      return;
+    }
+  }
+  C10_CUDA_CHECK(sm80::run_fwd(p, stream));
+}
+
+// The forward over more than kKeysPerPass keys: one pass per key range, merged as
+// lse = log(sum_r exp(lse_r)) and out = sum_r exp(lse_r - lse) out_r, in float32.
+void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s,
+                       double scale, bool is_causal, const std::optional<at::Tensor>& attn_mask, at::Tensor& out,
+                       at::Tensor& lse) {
+  at::Tensor out_sum = at::zeros(out.sizes(), out.options().dtype(at::kFloat));  // [B, Lq, Hq, D]
+  at::Tensor lse_sum = at::full(lse.sizes(), -std::numeric_limits<float>::infinity(), lse.options());
+  at::Tensor range_out = at::empty_like(out);
+  at::Tensor range_lse = at::empty_like(lse);
+  for (int64_t k0 = 0; k0 < s.seqlen_k; k0 += kKeysPerPass) {
+    const int64_t keys = std::min(kKeysPerPass, s.seqlen_k - k0);
+    CheckedShape range = s;
+    range.seqlen_k = keys;
+    range.causal_offset = s.causal_offset - k0;  // key k0 + j is visible iff k0 + j <= i + offset
+    std::optional<at::Tensor> range_mask;
+    if (attn_mask.has_value()) range_mask = attn_mask->narrow(3, k0, keys);
+    fwd_pass(q, k.narrow(1, k0, keys), v.narrow(1, k0, keys), range, scale, is_causal, range_mask, range_out,
+             range_lse);
+    // A row that saw no key so far and none in this range stays -inf with weight 0 (not NaN);
+    // a NaN anywhere stays NaN.
+    const at::Tensor merged = at::logaddexp(lse_sum, range_lse);
+    const at::Tensor none = at::isneginf(merged);
+    const at::Tensor old_weight = at::where(none, 0.f, at::exp(lse_sum - merged));    // [B, Hq, Lq]
+    const at::Tensor range_weight = at::where(none, 0.f, at::exp(range_lse - merged));
+    out_sum.mul_(old_weight.transpose(1, 2).unsqueeze(-1))
+        .add_(range_out.to(at::kFloat) * range_weight.transpose(1, 2).unsqueeze(-1));
+    lse_sum = merged;
+  }
+  out.copy_(out_sum);
+  lse.copy_(lse_sum);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                       bool is_causal, bool causal_bottom_right,
+                                       const std::optional<at::Tensor>& attn_mask) {
+  const char* op = "flashattn.fwd";
+  const CheckedShape s = check_qkv(op, q, k, v, causal_bottom_right);
+  if (attn_mask.has_value()) check_attn_mask(op, *attn_mask, q, s);
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  check_cuda_device(op, q);
+
+  at::Tensor out = at::empty({s.batch, s.seqlen_q, s.heads_q, s.head_dim}, q.options());
+  at::Tensor lse = at::empty({s.batch, s.heads_q, s.seqlen_q}, q.options().dtype(at::kFloat));
+  if (!has_work(s)) {
+    // No keys: every row attends to nothing, so out is 0 and lse is -inf (the empty log-sum-exp).
+    out.zero_();
+    lse.fill_(-std::numeric_limits<float>::infinity());
+  } else if (s.seqlen_k > kKeysPerPass) {
+    fwd_in_key_ranges(q, k, v, s, scale, is_causal, attn_mask, out, lse);
+  } else {
+    fwd_pass(q, k, v, s, scale, is_causal, attn_mask, out, lse);
+  }
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse_in,
+                                                   double scale, bool is_causal, bool causal_bottom_right,
+                                                   bool deterministic, const std::optional<at::Tensor>& attn_mask,
+                                                   const std::optional<at::Tensor>& dmask) {
+  const char* op = "flashattn.bwd";
+  const CheckedShape s = check_qkv(op, q, k, v, causal_bottom_right);
+  check_bwd_inputs(dout, q, out, lse_in, s);
+  if (attn_mask.has_value()) check_attn_mask(op, *attn_mask, q, s);
+  if (dmask.has_value()) check_dmask(*dmask, attn_mask, q, s);
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  check_cuda_device(op, q);
+
+  at::Tensor dq = at::empty({s.batch, s.seqlen_q, s.heads_q, s.head_dim}, q.options());
+  at::Tensor dk = at::empty({s.batch, s.seqlen_k, s.heads_kv, s.head_dim}, k.options());
+  at::Tensor dv = at::empty({s.batch, s.seqlen_k, s.heads_kv, s.head_dim}, v.options());
+  if (!has_work(s)) {
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+  const at::Tensor lse = lse_in.to(at::kFloat).contiguous();  // no-op for the forward's own lse
+  const int accum_dim = sm80::padded_head_dim(static_cast<int>(s.head_dim));
+  at::Tensor dq_accum = at::zeros({s.batch, s.heads_q, s.seqlen_q, accum_dim}, q.options().dtype(at::kFloat));
+  at::Tensor delta = at::empty({s.batch, s.heads_q, s.seqlen_q}, q.options().dtype(at::kFloat));
+  at::Tensor lse_log2 = at::empty_like(delta);
+  // Deterministic mode: a zeroed counter per (batch, query head, query block); one per query row is
+  // enough for any query block size.
+  at::Tensor dq_keys_done;
+  if (deterministic) dq_keys_done = at::zeros({s.batch, s.heads_q, s.seqlen_q}, q.options().dtype(at::kInt));
+
+  BwdParams p;
+  p.shape = make_shape(s, q, scale, is_causal);
+  p.shape.rows_aligned_16 = rows_aligned_16(q) && rows_aligned_16(k) && rows_aligned_16(v) &&
+                            rows_aligned_16(out) && rows_aligned_16(dout);
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.out = out.data_ptr();
+  p.dout = dout.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.dq_accum = dq_accum.data_ptr<float>();
+  p.delta = delta.data_ptr<float>();
+  p.lse_log2 = lse_log2.data_ptr<float>();
+  p.dq_accum_dim = accum_dim;
+  p.deterministic = deterministic;
+  p.dq_keys_done = deterministic ? dq_keys_done.data_ptr<int>() : nullptr;
+  p.q_strides = strides_of(q);
+  p.k_strides = strides_of(k);
+  p.v_strides = strides_of(v);
+  p.out_strides = strides_of(out);
+  p.dout_strides = strides_of(dout);
+  p.dq_strides = strides_of(dq);
+  p.dk_strides = strides_of(dk);
+  p.dv_strides = strides_of(dv);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor classes;
+  if (attn_mask.has_value()) {
+    // Deterministic mode needs every key block to take its dq turn at every query block: no skipping.
+    p.mask = make_mask(*attn_mask, s, p.shape.element_type, sm80::bwd_tile_shape(p.shape.head_dim),
+                       !deterministic && worth_classifying(*attn_mask, s), classes, stream);
+    if (dmask.has_value()) {
+      dmask->zero_();  // tiles the kernel skips have a zero gradient
+      p.dmask = dmask->data_ptr();
+    }
+  }
+  if (use_sm90_bwd(q, p)) {
+    const cudaError_t err = sm90::run_bwd(p, stream);
+    if (err != cudaErrorNotSupported) {
+      C10_CUDA_CHECK(err);
+      return {dq, dk, dv};
+    }
+  }
+  C10_CUDA_CHECK(sm80::run_bwd(p, stream));
+  return {dq, dk, dv};
+}
+
+}  // namespace cuda_ops
+}  // namespace flashattn
+
+#endif  // FLASHATTN_WITH_CUDA

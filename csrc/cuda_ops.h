@@ -1,0 +1,25 @@
+// The CUDA implementations of the flashattn ops (schemas in flash_api.cpp): argument checks, output
+// and workspace allocation, the choice between the sm90 and sm80 kernel paths, and the launch on the
+// current stream. Compiled only in builds with the CUDA kernels.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+namespace flashattn {
+namespace cuda_ops {
+
+std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                       bool is_causal, bool causal_bottom_right,
+                                       const std::optional<at::Tensor>& attn_mask);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                                   double scale, bool is_causal, bool causal_bottom_right,
+                                                   bool deterministic, const std::optional<at::Tensor>& attn_mask,
+                                                   const std::optional<at::Tensor>& dmask);
+
+}  // namespace cuda_ops
+}  // namespace flashattn

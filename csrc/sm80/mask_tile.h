@@ -1,0 +1,72 @@
+// Reading an attention mask (params.h, MaskParams) inside the sm80 kernels: the per-tile class that
+// lets a kernel skip a tile or leave its elements unread, and one element as an additive term in the
+// kernels' base-2 score units.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "params.h"
+#include "sm80/ptx.h"
+
+namespace flashattn {
+namespace sm80 {
+
+// Additive mask values below this (in base-2 units) are raised to it, so that a very negative finite
+// value (e.g. torch.finfo(torch.bfloat16).min, which times log2(e) overflows float) stays finite:
+// a row whose every key carries such a value then gets the uniform softmax the reference gives, and
+// the row's LSE stays finite through the backward's base-2 conversion. Only values within a factor
+// of 4 of FLT_MAX are merged together.
+constexpr float kMaskFloorLog2 = -0.25f * FLT_MAX;
+
+template <typename T>
+__host__ __device__ __forceinline__ int mask_element_bytes(MaskKind kind) {
+  return kind == MaskKind::kBool ? 1 : kind == MaskKind::kAdditiveFloat32 ? 4 : static_cast<int>(sizeof(T));
+}
+
+// The mask of one (batch, query head), and the tile classes of one query tile of it.
+template <typename T>
+struct MaskView {
+  const unsigned char* base = nullptr;  // element (batch, head, 0, 0), as bytes
+  int64_t row_stride = 0, col_stride = 0;  // in elements
+  MaskKind kind = MaskKind::kNone;
+  const unsigned char* classes = nullptr;  // [tiles_k] classes of this query tile; nullptr: read every element
+
+  MaskView() = default;
+  __device__ __forceinline__ MaskView(const MaskParams& m, int batch, int head, int query_tile) {
+    base = static_cast<const unsigned char*>(m.data) +
+           (batch * m.batch_stride + head * m.head_stride) * mask_element_bytes<T>(m.kind);
+    row_stride = m.row_stride;
+    col_stride = m.col_stride;
+    kind = m.kind;
+    classes = m.tile_class == nullptr ? nullptr
+                                      : m.tile_class + batch * m.class_batch_stride + head * m.class_head_stride +
+                                            static_cast<int64_t>(query_tile) * m.tiles_k;
+  }
+
+  // Whether key tile `key_tile` of this query tile can be skipped (the mask excludes every element).
+  __device__ __forceinline__ bool skips(int key_tile) const {
+    return classes != nullptr && !(classes[key_tile] & kTileAnyVisible);
+  }
+  // Whether the elements of key tile `key_tile` must be read (some are not neutral).
+  __device__ __forceinline__ bool needed(int key_tile) const {
+    return classes == nullptr || (classes[key_tile] & kTileNeedsMask);
+  }
+  // The term element (query, key) adds to a base-2 score: 0 or -inf for a boolean mask, the value
+  // times log2(e) (floored at kMaskFloorLog2, -inf and NaN kept) for an additive one.
+  __device__ __forceinline__ float add_log2(int query, int key) const {
+    const int64_t offset = query * row_stride + key * col_stride;
+    if (kind == MaskKind::kBool) return base[offset] != 0 ? 0.f : -INFINITY;
+    const float value = kind == MaskKind::kAdditiveFloat32
+                            ? reinterpret_cast<const float*>(base)[offset]
+                            : ElementOps<T>::to_float(reinterpret_cast<const T*>(base)[offset]);
+    if (value == -INFINITY) return value;
+    const float x = value * 1.4426950408889634f;  // -inf when a finite value overflows
+    return x < kMaskFloorLog2 ? kMaskFloorLog2 : x;  // a NaN stays NaN
+  }
+};
+
+}  // namespace sm80
+}  // namespace flashattn

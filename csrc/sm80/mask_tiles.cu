@@ -1,0 +1,78 @@
+// classify_mask_tiles: one pass over an attention mask that records, per kernel tile, whether the tile
+// can be skipped (every element excludes its key) and whether its elements must be read at all (some
+// are not neutral). The attention kernels then skip fully masked tiles without loading K and V, and
+// read no mask in tiles the mask leaves alone, so a causal-shaped or block-sparse mask costs what its
+// unmasked area costs.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "sm80/api.h"
+#include "sm80/ptx.h"
+
+namespace flashattn {
+namespace sm80 {
+namespace {
+
+constexpr int kClassifyThreads = 256;
+
+// One CTA per tile; out [batches, heads, tiles_q, tiles_k] contiguous, in blockIdx.x order.
+template <typename T>
+__global__ void __launch_bounds__(kClassifyThreads) classify_mask_tiles_kernel(const MaskParams m, int heads,
+                                                                               int seqlen_q, int seqlen_k,
+                                                                               int tiles_q, unsigned char* out) {
+  const int64_t tile = blockIdx.x;
+  const int key_tile = static_cast<int>(tile % m.tiles_k);
+  const int query_tile = static_cast<int>((tile / m.tiles_k) % tiles_q);
+  const int64_t batch_head = tile / m.tiles_k / tiles_q;
+  const int head = static_cast<int>(batch_head % heads);
+  const int64_t batch = batch_head / heads;
+  const int64_t first = batch * m.batch_stride + head * m.head_stride;  // element (batch, head, 0, 0)
+  const unsigned char* bytes = static_cast<const unsigned char*>(m.data);
+  const T* values = static_cast<const T*>(m.data);
+  const float* floats = static_cast<const float*>(m.data);
+
+  const int q0 = query_tile * m.tile_q, k0 = key_tile * m.tile_k;
+  const int rows = min(m.tile_q, seqlen_q - q0), cols = min(m.tile_k, seqlen_k - k0);
+  bool visible = false, not_neutral = false;
+  for (int idx = threadIdx.x; idx < rows * cols; idx += kClassifyThreads) {
+    const int64_t offset = first + (q0 + idx / cols) * m.row_stride + (k0 + idx % cols) * m.col_stride;
+    if (m.kind == MaskKind::kBool) {
+      const bool keep = bytes[offset] != 0;
+      visible |= keep;
+      not_neutral |= !keep;
+    } else {
+      const float value =
+          m.kind == MaskKind::kAdditiveFloat32 ? floats[offset] : ElementOps<T>::to_float(values[offset]);
+      visible |= value != -INFINITY;  // NaN counts as visible: it must reach the output
+      not_neutral |= value != 0.f;
+    }
+  }
+  const bool any_visible = __syncthreads_or(visible);
+  const bool any_not_neutral = __syncthreads_or(not_neutral);
+  if (threadIdx.x == 0) {
+    out[tile] = (any_visible ? kTileAnyVisible : 0) | (any_not_neutral ? kTileNeedsMask : 0);
+  }
+}
+
+}  // namespace
+
+cudaError_t classify_mask_tiles(const MaskParams& m, ElementType element_type, int batches, int heads,
+                                int seqlen_q, int seqlen_k, unsigned char* out, cudaStream_t stream) {
+  const int tiles_q = (seqlen_q + m.tile_q - 1) / m.tile_q;
+  const int64_t tiles = static_cast<int64_t>(batches) * heads * tiles_q * m.tiles_k;
+  if (tiles == 0) return cudaSuccess;
+  if (tiles > 0x7fffffff || m.tiles_k != (seqlen_k + m.tile_k - 1) / m.tile_k) return cudaErrorInvalidValue;
+  const unsigned grid = static_cast<unsigned>(tiles);
+  if (m.kind == MaskKind::kBool || element_type == ElementType::kFloat16) {
+    classify_mask_tiles_kernel<__half><<<grid, kClassifyThreads, 0, stream>>>(m, heads, seqlen_q, seqlen_k, tiles_q, out);
+  } else {
+    classify_mask_tiles_kernel<__nv_bfloat16>
+        <<<grid, kClassifyThreads, 0, stream>>>(m, heads, seqlen_q, seqlen_k, tiles_q, out);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace sm80
+}  // namespace flashattn

@@ -1,0 +1,257 @@
+"""Attention masks on the CUDA kernels against the oracle (GUIDE section 4).
+
+Every case draws fresh inputs and a mask, runs torch.ops.flashattn.fwd with the mask through autograd
+(so bwd runs too, with the mask's own gradient when it is floating and requires grad), and checks out,
+dq, dk, dv (and dmask) with the FlashAttention-2 rule against a float32 reference that applies the
+same mask. Mask shapes are broadcast views, as the SDPA drop-in passes them: never copied.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashattn
+from flashattn import ops
+from flashattn.reference import attention_reference
+from flashattn.testing import CAUSAL_MODES, GRAD_FACTOR, OUT_FACTOR, assert_oracle, make_qkv
+
+from conftest import requires_cuda
+
+pytestmark = requires_cuda
+
+
+def make_mask(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype, device="cuda"):
+    """A mask of the named broadcast shape, expanded (stride 0) to [B, Hq, Lq, Lk]: see make_mask_source."""
+    source, view = make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype, device)
+    return view(source)
+
+
+def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype, device="cuda"):
+    """(source, view): a mask tensor and the function that turns it (or a copy of it that requires
+    grad) into the [B, Hq, Lq, Lk] view the op takes, by slicing and expanding only.
+
+    kind: "bool" (random, ~70% True), "float" (randn, ~20% -inf), "float32" (the same in float32).
+    shape_name: "qk" (Lq, Lk), "11qk", "b11k" (a padding mask), "bhqk" (dense), "strided" (a dense
+    mask whose last dim has stride 2), "causal" (a lower-triangular bool), "blocks" (whole 64 x 64
+    tiles False), "empty_rows" (some rows fully masked).
+    """
+    full = (batch, heads_q, seqlen_q, seqlen_k)
+    base_shape = {"qk": (seqlen_q, seqlen_k), "11qk": (1, 1, seqlen_q, seqlen_k), "b11k": (batch, 1, 1, seqlen_k),
+                  "bhqk": full, "strided": full, "causal": (seqlen_q, seqlen_k), "blocks": (1, 1, seqlen_q, seqlen_k),
+                  "empty_rows": (batch, 1, seqlen_q, seqlen_k)}[shape_name]
+    alloc = base_shape[:-1] + (2 * seqlen_k,) if shape_name == "strided" else base_shape
+    keep = torch.rand(alloc, device=device) < 0.7
+    if shape_name == "causal":
+        keep = torch.ones(alloc, dtype=torch.bool, device=device).tril()
+    if shape_name == "blocks":
+        tiles = torch.rand((math.ceil(seqlen_q / 64), math.ceil(seqlen_k / 64)), device=device) < 0.5
+        keep = keep & tiles.repeat_interleave(64, 0).repeat_interleave(64, 1)[:seqlen_q, :seqlen_k]
+    if shape_name == "b11k":
+        keep[..., 0] = True  # a padding mask keeps at least one key per sequence
+    if shape_name == "empty_rows":
+        keep[:, :, ::3, :] = False
+    if kind == "bool":
+        mask = keep
+    else:
+        mask = torch.randn(alloc, device=device, dtype=torch.float32 if kind == "float32" else dtype)
+        mask = mask.masked_fill(~keep & (torch.rand(alloc, device=device) < 0.3), float("-inf"))
+        if shape_name in ("causal", "blocks", "empty_rows"):
+            mask = mask.masked_fill(~keep, float("-inf"))
+    def view(t):
+        return (t[..., ::2] if shape_name == "strided" else t).expand(full)
+
+    return mask, view
+
+
+def _leaf(t):
+    return t.detach().clone().requires_grad_()
+
+
+def check_masked(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, kind, shape_name,
+                 mask_grad=False, layout="contiguous"):
+    is_causal, bottom_right = CAUSAL_MODES[causal]
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda", layout)
+    source, view = make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype)
+    dout = torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device="cuda")
+    scale = head_dim**-0.5
+    mask_grad = mask_grad and kind != "bool"
+
+    def run(attention, cast):
+        """Result and grads (q, k, v and, with mask_grad, the mask source) of `attention` on copies of
+        the inputs and the mask source cast by `cast` (bool masks stay bool)."""
+        leaves = [cast(t).detach().clone().requires_grad_() for t in (q, k, v)]
+        mask_source = source if source.dtype == torch.bool else cast(source).detach().clone()
+        mask_source.requires_grad_(mask_grad)
+        result = attention(leaves, view(mask_source))
+        out = result[0] if isinstance(result, tuple) else result
+        grads = torch.autograd.grad(out, leaves + ([mask_source] if mask_grad else []), dout.to(out.dtype))
+        return result, grads
+
+    (out, lse), grads = run(lambda ls, m: ops.attention(*ls, scale, is_causal, bottom_right, False, m), lambda t: t)
+    (ref_out, ref_lse), ref_grads = run(
+        lambda ls, m: attention_reference(*ls, scale, is_causal, bottom_right, return_lse=True, attn_mask=m),
+        lambda t: t.float())
+    base_out, base_grads = run(
+        lambda ls, m: attention_reference(*ls, scale, is_causal, bottom_right, upcast=False, attn_mask=m),
+        lambda t: t.to(dtype))
+
+    assert_oracle("out", out, ref_out, base_out, OUT_FACTOR)
+    for name, g, r, b in zip(("dq", "dk", "dv", "dmask"), grads, ref_grads, base_grads):
+        assert g.dtype == (source.dtype if name == "dmask" else dtype)
+        assert_oracle(name, g, r, b, GRAD_FACTOR)
+    empty = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), empty), "lse: -inf rows differ from the reference"
+    torch.testing.assert_close(lse[~empty], ref_lse[~empty], atol=1e-3, rtol=1e-3)
+    # A row with no key: zero output and zero dq, never NaN.
+    rows_empty = empty.transpose(1, 2)  # [B, Lq, Hq]
+    assert (out[rows_empty] == 0).all() and (grads[0][rows_empty] == 0).all()
+
+
+SHAPES = ["qk", "11qk", "b11k", "bhqk", "strided", "causal", "blocks", "empty_rows"]
+SEQLENS = [(1, 1), (17, 17), (97, 203), (203, 97), (256, 256), (1025, 1025)]
+
+
+def _cases():
+    cases = []
+    heads = [(2, 4, 4), (1, 8, 2)]
+    head_dims = [40, 64, 128, 256, 96, 192, 72]
+    i = 0
+    for shape_name in SHAPES:
+        for kind in ("bool", "float"):
+            for seqlens in SEQLENS:
+                dtype = [torch.bfloat16, torch.float16][i % 2]
+                causal = ["none", "top_left", "bottom_right"][i % 3]
+                b, hq, hk = heads[i % 2]
+                d = head_dims[i % len(head_dims)]
+                name = f"{kind}-{shape_name}-{seqlens[0]}x{seqlens[1]}-{causal}-d{d}-h{hq}/{hk}"
+                cases.append(pytest.param(b, seqlens, hq, hk, d, dtype, causal, kind, shape_name, id=name))
+                i += 1
+    return cases
+
+
+@pytest.mark.parametrize("batch,seqlens,heads_q,heads_kv,head_dim,dtype,causal,kind,shape_name", _cases())
+def test_mask_oracle(batch, seqlens, heads_q, heads_kv, head_dim, dtype, causal, kind, shape_name):
+    check_masked(batch, seqlens[0], seqlens[1], heads_q, heads_kv, head_dim, dtype, causal, kind, shape_name,
+                 mask_grad=kind == "float")
+
+
+@pytest.mark.parametrize("shape_name", ["11qk", "b11k", "bhqk", "strided"])
+@pytest.mark.parametrize("seqlens", [(97, 203), (300, 300)])
+def test_float32_mask_with_bf16_inputs(shape_name, seqlens):
+    check_masked(2, seqlens[0], seqlens[1], 4, 2, 64, torch.bfloat16, "none", "float32", shape_name, mask_grad=True)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "unaligned"])
+def test_mask_with_strided_inputs(layout):
+    check_masked(2, 130, 250, 4, 2, 80, torch.bfloat16, "bottom_right", "float", "b11k", True, layout)
+
+
+def test_deterministic_backward_with_mask_is_bitwise_reproducible():
+    q, k, v = make_qkv(2, 300, 300, 4, 2, 64, torch.bfloat16, "cuda")
+    source, view = make_mask_source("float", "blocks", 2, 4, 300, 300, torch.bfloat16)
+    dout = torch.randn_like(q)
+
+    def grads():
+        leaves = [_leaf(t) for t in (q, k, v, source)]
+        out, _ = ops.attention(*leaves[:3], 0.125, False, False, True, view(leaves[3]))
+        return torch.autograd.grad(out, leaves, dout)
+
+    first, second = grads(), grads()
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_finfo_min_mask_rows_match_the_reference():
+    """Masks built with torch.finfo(dtype).min (as transformers builds them): a row whose every key
+    carries it gets the reference's uniform softmax, not NaN or zeros."""
+    dtype = torch.bfloat16
+    q, k, v = make_qkv(1, 70, 90, 2, 2, 64, dtype, "cuda")
+    keep = torch.rand(1, 1, 70, 90, device="cuda") < 0.5
+    keep[:, :, 5] = False
+    mask = torch.zeros(1, 1, 70, 90, dtype=dtype, device="cuda").masked_fill(~keep, torch.finfo(dtype).min)
+    mask = mask.expand(1, 2, 70, 90)
+    out, _ = ops.fwd(q, k, v, 0.125, False, False, mask)
+    ref = attention_reference(q.float(), k.float(), v.float(), 0.125, attn_mask=mask.float())
+    base = attention_reference(q, k, v, 0.125, upcast=False, attn_mask=mask)
+    assert_oracle("out", out, ref, base, OUT_FACTOR)
+
+
+def test_nan_in_mask_propagates():
+    q, k, v = make_qkv(1, 64, 64, 2, 2, 64, torch.float16, "cuda")
+    mask = torch.zeros(1, 2, 64, 64, dtype=torch.float16, device="cuda")
+    mask[0, 1, 7, 3] = float("nan")
+    out, lse = ops.fwd(q, k, v, 0.125, False, False, mask)
+    assert torch.isnan(out[0, 7, 1]).all() and torch.isnan(lse[0, 1, 7])
+    assert torch.isfinite(out[0, :, 0]).all() and torch.isfinite(out[0, 6, 1]).all()
+
+
+def test_mask_equal_to_causal_matches_is_causal():
+    """A boolean tril mask and is_causal (top-left) select the same keys: the outputs agree to rounding
+    (the masked kernel runs the sm80 path; is_causal may run the sm90 one)."""
+    q, k, v = make_qkv(2, 1000, 1000, 4, 4, 128, torch.bfloat16, "cuda")
+    tril = torch.ones(1000, 1000, dtype=torch.bool, device="cuda").tril().expand(2, 4, 1000, 1000)
+    masked, _ = ops.fwd(q, k, v, 0.1, False, False, tril)
+    causal, _ = ops.fwd(q, k, v, 0.1, True, False)
+    ref = attention_reference(q.float(), k.float(), v.float(), 0.1, is_causal=True)
+    base = attention_reference(q, k, v, 0.1, is_causal=True, upcast=False)
+    assert_oracle("masked", masked, ref, base, OUT_FACTOR)
+    assert_oracle("causal", causal, ref, base, OUT_FACTOR)
+
+
+@pytest.mark.parametrize("mask_shape", [(256, 300), (2, 1, 1, 300), (2, 4, 256, 300), (4, 1, 300)])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_sdpa_drop_in_with_mask(mask_shape, kind, recwarn):
+    """flashattn.scaled_dot_product_attention with attn_mask runs on flashattn (no fallback warning) and
+    matches torch's SDPA (math backend, float32) under the oracle, gradients included."""
+    dtype = torch.float16
+    q = torch.randn(2, 4, 256, 64, dtype=dtype, device="cuda")
+    k, v = (torch.randn(2, 4, 300, 64, dtype=dtype, device="cuda") for _ in range(2))
+    if kind == "bool":
+        mask = torch.rand(mask_shape, device="cuda") < 0.8
+    else:
+        mask = torch.randn(mask_shape, device="cuda", dtype=dtype).requires_grad_()
+    dout = torch.randn_like(q)
+    leaves = [_leaf(t) for t in (q, k, v)]
+    out = flashattn.scaled_dot_product_attention(*leaves, attn_mask=mask)
+    assert not [w for w in recwarn.list if "falling back" in str(w.message)]
+    wrt = leaves + ([mask] if kind == "float" else [])
+    grads = torch.autograd.grad(out, wrt, dout)
+
+    def torch_sdpa(cast):
+        ls = [t.detach().to(cast).requires_grad_() for t in (q, k, v)]
+        m = mask.detach().to(cast).requires_grad_() if kind == "float" else mask
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            o = F.scaled_dot_product_attention(*ls, attn_mask=m)
+        return o, torch.autograd.grad(o, ls + ([m] if kind == "float" else []), dout.to(cast))
+
+    ref_out, ref_grads = torch_sdpa(torch.float32)
+    base_out, base_grads = torch_sdpa(dtype)
+    assert_oracle("out", out, ref_out, base_out, OUT_FACTOR)
+    for name, g, r, b in zip(("dq", "dk", "dv", "dmask"), grads, ref_grads, base_grads):
+        assert g.shape == r.shape
+        assert_oracle(name, g, r, b, GRAD_FACTOR)
+
+
+def test_sdpa_mask_with_is_causal_raises_like_torch():
+    q = torch.randn(1, 2, 8, 16, dtype=torch.float16, device="cuda")
+    with pytest.raises(RuntimeError, match="attn_mask should not be set when is_causal=True"):
+        flashattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool, device="cuda"),
+                                               is_causal=True)
+
+
+def test_long_rows_run_in_key_ranges_with_a_mask():
+    """Past 2^20 keys the forward merges per-range results; a padding mask that is narrowed per range
+    gives the reference answer (sampled rows, float32 reference over all keys)."""
+    seqlen_k = (1 << 20) + 4099
+    dtype = torch.bfloat16
+    q = torch.randn(1, 64, 2, 64, dtype=dtype, device="cuda")
+    k, v = (torch.randn(1, seqlen_k, 1, 64, dtype=dtype, device="cuda") for _ in range(2))
+    keep = torch.rand(1, 1, 1, seqlen_k, device="cuda") < 0.5
+    mask = keep.expand(1, 2, 64, seqlen_k)
+    out, lse = ops.fwd(q, k, v, 0.125, True, True, mask)
+    ref_out, ref_lse = attention_reference(q.float(), k.float(), v.float(), 0.125, True, True, return_lse=True,
+                                           attn_mask=mask)
+    err = (out.float() - ref_out).abs().max().item()
+    assert err <= 1e-2 * ref_out.abs().max().item() + 1e-5, err
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
