@@ -6,6 +6,7 @@
 #   scripts/device_run.sh sanitize     build + scripts/sanitize.py (compute-sanitizer, about 4 minutes)
 #   scripts/device_run.sh fuzz         build + the fuzz tests' GPU profile (FUZZ_EXAMPLES per test, default 300)
 #   scripts/device_run.sh bench        build + benchmarks/bench.py (the full grid, about 4 minutes)
+#   scripts/device_run.sh masks        build + benchmarks/bench_masks.py (the attention-mask figures)
 #   scripts/device_run.sh tune         build + benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
 #   scripts/device_run.sh all          build + test + bench
 # Steps combine with "+", e.g. test+large+fuzz. Each step runs under its own timeout so one hang cannot
@@ -32,13 +33,14 @@ run() {  # run NAME TIMEOUT COMMAND...: logs to $OUT/NAME.log, prints the tail
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || status=1
   tail -${TAIL:-15} "$OUT/$name.log"
 }
-GPU_TESTS="tests/test_gpu_attention.py tests/test_gpu_integration.py tests/test_gpu_paths.py tests/test_gpu_reliability.py tests/test_cli.py tests/test_transformers.py"
+GPU_TESTS="tests/test_gpu_attention.py tests/test_gpu_integration.py tests/test_gpu_paths.py tests/test_gpu_masks.py tests/test_gpu_reliability.py tests/test_cli.py tests/test_transformers.py"
 has smoke && run smoke 300 python3 scripts/gpu_smoke.py ${SMOKE_ARGS---bench}
 has test && run tests 300 python3 -m pytest $GPU_TESTS -m "not large" -q -rfEs --timeout=120
 has large && run tests_large 300 python3 -m pytest tests/test_gpu_reliability.py -m large -q -rfEs --timeout=120
 has sanitize && run sanitize 300 python3 scripts/sanitize.py --out "$OUT/sanitize"
 has fuzz && run fuzz_gpu 300 env FLASHATTN_FUZZ_PROFILE=gpu FLASHATTN_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-300} \
   python3 -m pytest tests/test_fuzz.py -q -rfE
+has masks && run masks 300 python3 benchmarks/bench_masks.py --out "$OUT/masks"
 has tune && run tune 400 python3 benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
 has bench && run bench 540 python3 benchmarks/bench.py --out "$OUT/bench" --no-progress ${BENCH_ARGS:-}
 echo "total: $(( $(date +%s) - start )) s"
