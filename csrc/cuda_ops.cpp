@@ -68,11 +68,8 @@ bool sm90_allowed(const at::Tensor& q) {
   return prop->major == 9 && prop->minor == 0;
 }
 
-// Masks run on the sm80 path only.
-bool use_sm90_fwd(const at::Tensor& q, const FwdParams& p) {
-  return p.mask.kind == MaskKind::kNone && sm90_allowed(q) && sm90::fwd_supported(p);
-}
-// Deterministic mode also exists on the sm80 path only (the sm90 backward adds dq partials in any order).
+bool use_sm90_fwd(const at::Tensor& q, const FwdParams& p) { return sm90_allowed(q) && sm90::fwd_supported(p); }
+// Masks and deterministic mode run on the sm80 backward only (the sm90 one adds dq partials in any order).
 bool use_sm90_bwd(const at::Tensor& q, const BwdParams& p) {
   return p.mask.kind == MaskKind::kNone && !p.deterministic && sm90_allowed(q) && sm90::bwd_supported(p);
 }
@@ -82,8 +79,8 @@ bool use_sm90_bwd(const at::Tensor& q, const BwdParams& p) {
 // caching allocator keeps its memory for the stream's later work even after it is freed).
 MaskParams make_mask(const at::Tensor& mask, const CheckedShape& s, ElementType element_type, sm80::TileShape tile,
                      bool classify, at::Tensor& classes, cudaStream_t stream) {
-  MaskParams m;
   // CUDA inputs are 16-bit, so a float32 mask is never of q's own type.
+  MaskParams m;
   m.kind = mask.scalar_type() == at::kBool    ? MaskKind::kBool
            : mask.scalar_type() == at::kFloat ? MaskKind::kAdditiveFloat32
                                               : MaskKind::kAdditive;
@@ -138,17 +135,22 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   p.out_strides = strides_of(out);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   at::Tensor classes;
-  if (attn_mask.has_value()) {
-    p.mask = make_mask(*attn_mask, s, p.shape.element_type, sm80::fwd_tile_shape(p.shape.head_dim),
-                       worth_classifying(*attn_mask, s), classes, stream);
-  }
+  // A mask's tile classes are computed on the grid of the kernel that reads them.
+  auto set_mask = [&](sm80::TileShape tile) {
+    if (attn_mask.has_value()) {
+      p.mask = make_mask(*attn_mask, s, p.shape.element_type, tile, worth_classifying(*attn_mask, s), classes, stream);
+    }
+  };
   if (use_sm90_fwd(q, p)) {
+    const sm90::FwdTileShape tile = sm90::fwd_tile_shape(p.shape.head_dim);
+    set_mask({tile.queries, tile.keys});
     const cudaError_t err = sm90::run_fwd(p, stream);
     if (err != cudaErrorNotSupported) {
       C10_CUDA_CHECK(err);
       return;
     }
   }
+  set_mask(sm80::fwd_tile_shape(p.shape.head_dim));
   C10_CUDA_CHECK(sm80::run_fwd(p, stream));
 }
 

@@ -13,8 +13,8 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     view made with ``expand`` is read in place, never copied), bool (True = the key takes part), or
     float32 or q's dtype (added to ``scale * q.k``; -inf excludes the key); it combines with ``is_causal``. On
     CUDA, tiles the mask excludes entirely are skipped without loading K and V. Additive values below
-    about -5.9e37 are raised to that on CUDA, so a row whose every key carries ``finfo.min`` gets the
-    uniform softmax the reference gives.
+    about -6.9e29 are raised to that on CUDA, so a row whose every key carries ``finfo.min`` gets the
+    uniform softmax the reference gives (only a row mixing such values differs from the reference).
 
 ``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, dmask=None) -> (dq, dk, dv)``
     Gradients of fwd's out; dq like q, dk/dv like k (summed over each group of query heads). With a

@@ -30,10 +30,11 @@ def main():
                     (out_dir / f"{pass_name}{suffix}_{dtype}_hdim{head_dim}_sm80.cu").write_text(text)
     for dtype, element in ELEMENTS.items():
         for head_dim in SM90_HEAD_DIMS:
-            text = (f"{HEADER}#include \"sm90/fwd_kernel.cuh\"\n\n"
-                    f"template cudaError_t flashattn::sm90::launch_fwd<{element}, {head_dim}>(\n"
-                    f"    const flashattn::FwdParams&, cudaStream_t);\n")
-            (out_dir / f"fwd_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
+            for suffix in ("", "_masked"):
+                text = (f"{HEADER}#include \"sm90/fwd_kernel.cuh\"\n\n"
+                        f"template cudaError_t flashattn::sm90::launch_fwd{suffix}<{element}, {head_dim}>(\n"
+                        f"    const flashattn::FwdParams&, cudaStream_t);\n")
+                (out_dir / f"fwd{suffix}_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
         for head_dim in SM90_BWD_HEAD_DIMS:
             text = (f"{HEADER}#include \"sm90/bwd_kernel.cuh\"\n\n"
                     f"template cudaError_t flashattn::sm90::launch_bwd<{element}, {head_dim}>(\n"

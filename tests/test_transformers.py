@@ -125,18 +125,18 @@ def test_all_ones_attention_mask_still_uses_the_kernel():
     torch.testing.assert_close(logits, ref(input_ids, attention_mask=mask).logits, **F32_TOL)
 
 
-def test_padding_mask_falls_back_to_sdpa_with_one_warning():
+def test_padding_mask_runs_on_the_masked_kernel():
     ref, ours = _model_pair()
     input_ids = torch.randint(1, 128, (2, 21))
     mask = torch.ones_like(input_ids)
     mask[0, :6] = 0  # left padding in the first sequence
     input_ids[0, :6] = 0
-    with pytest.warns(UserWarning, match="not purely causal") as record:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
         logits, grads = _loss_and_grads(ours, input_ids, mask)
-    assert sum("falling back" in str(w.message) for w in record) == 1  # once, not once per layer
-    assert dict(fa_hf.path_counts) == {fa_hf.FALLBACK: LAYERS}
+    assert dict(fa_hf.path_counts) == {fa_hf.MASKED: LAYERS}
     ref_logits, ref_grads = _loss_and_grads(ref, input_ids, mask)
-    # The fallback is transformers' own sdpa path: compare the real (unpadded) positions.
+    # Compare the real (unpadded) positions: padded queries see no key at all.
     torch.testing.assert_close(logits[0, 6:], ref_logits[0, 6:], **F32_TOL)
     torch.testing.assert_close(logits[1], ref_logits[1], **F32_TOL)
     for name in grads:
@@ -175,16 +175,19 @@ def test_several_new_tokens_over_a_kv_cache_use_the_bottom_right_causal_kernel()
     torch.testing.assert_close(logits[NAME], full[:, 11:], **F32_TOL)
 
 
-def test_padded_batch_generation_falls_back_and_matches_sdpa():
+def test_padded_batch_generation_runs_masked_and_matches_sdpa():
     ref, ours = _model_pair()
     prompt = torch.randint(1, 128, (2, 8))
     mask = torch.ones_like(prompt)
     prompt[1, :3], mask[1, :3] = 0, 0
     kwargs = dict(max_new_tokens=5, do_sample=False, attention_mask=mask, pad_token_id=0)
     expected = ref.generate(prompt, **kwargs)
-    with pytest.warns(UserWarning, match="not purely causal"):
+    fa_hf.path_counts.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
         generated = ours.generate(prompt, **kwargs)
     assert torch.equal(generated, expected)
+    assert fa_hf.path_counts[fa_hf.MASKED] > 0 and fa_hf.path_counts[fa_hf.FALLBACK] == 0
 
 
 def test_dropout_in_training_falls_back_with_a_warning():

@@ -5,7 +5,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cfloat>
 #include <cstdint>
 
 #include "params.h"
@@ -14,12 +13,12 @@
 namespace flashattn {
 namespace sm80 {
 
-// Additive mask values below this (in base-2 units) are raised to it, so that a very negative finite
-// value (e.g. torch.finfo(torch.bfloat16).min, which times log2(e) overflows float) stays finite:
-// a row whose every key carries such a value then gets the uniform softmax the reference gives, and
-// the row's LSE stays finite through the backward's base-2 conversion. Only values within a factor
-// of 4 of FLT_MAX are merged together.
-constexpr float kMaskFloorLog2 = -0.25f * FLT_MAX;
+// Additive mask values below this (in base-2 units, about -6.9e29 in the mask's own units) are raised
+// to it, so that a very negative finite value (e.g. torch.finfo(torch.bfloat16).min, which times
+// log2(e) overflows float) stays finite: a row whose every key carries such a value then gets the
+// uniform softmax the reference gives, and the row's LSE stays finite through the backward's base-2
+// conversion and through the sm90 forward's division by the scale.
+constexpr float kMaskFloorLog2 = -1e30f;
 
 template <typename T>
 __host__ __device__ __forceinline__ int mask_element_bytes(MaskKind kind) {

@@ -18,7 +18,15 @@ bool compiled();
 // strides that are positive multiples of 16 bytes).
 bool fwd_supported(const FwdParams& params);
 
-// Forward: writes params.out and params.lse. Returns cudaErrorNotSupported, before launching
+// The query x key tile of the forward for this head dim (fwd_supported): an attention mask's tile
+// classes must be computed on it ({0, 0} when no sm90 forward serves the head dim).
+struct FwdTileShape {
+  int queries;
+  int keys;
+};
+FwdTileShape fwd_tile_shape(int head_dim);
+
+// Forward: writes params.out and params.lse (applying params.mask when it has one). Returns cudaErrorNotSupported, before launching
 // anything, when a TMA descriptor cannot be built; the caller then falls back to the sm80 path.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "sm90/api.h"
+#include "sm90/fwd_tiles.h"
 #include "sm90/head_dims.h"
 #include "sm90/launch.h"
 
@@ -50,11 +51,20 @@ bool fwd_supported(const FwdParams& p) {
          tma_compatible(p.q, p.q_strides) && tma_compatible(p.k, p.k_strides) && tma_compatible(p.v, p.v_strides);
 }
 
+FwdTileShape fwd_tile_shape(int head_dim) {
+  const int width = tile_width(head_dim);
+  return width == 0 ? FwdTileShape{0, 0} : FwdTileShape{kFwdQueriesPerTile, fwd_keys_per_step(width)};
+}
+
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const int width = tile_width(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
-#define FLASHATTN_LAUNCH(D) \
-  if (width == D) return bf16 ? launch_fwd<__nv_bfloat16, D>(p, stream) : launch_fwd<__half, D>(p, stream);
+  const bool masked = p.mask.kind != MaskKind::kNone;
+#define FLASHATTN_LAUNCH(D)                                                                                  \
+  if (width == D) {                                                                                          \
+    if (masked) return bf16 ? launch_fwd_masked<__nv_bfloat16, D>(p, stream) : launch_fwd_masked<__half, D>(p, stream); \
+    return bf16 ? launch_fwd<__nv_bfloat16, D>(p, stream) : launch_fwd<__half, D>(p, stream);               \
+  }
   FLASHATTN_SM90_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
 #undef FLASHATTN_LAUNCH
   return cudaErrorNotSupported;

@@ -13,6 +13,11 @@
 //   The epilogue divides O by the row sums and writes O and the LSE straight from registers, while the
 //   producer already loads the CTA's next tile.
 //
+// The kMasked variant applies params.mask: producer and consumers walk only the key blocks whose tile
+// class lets some key through (the same walk on both sides, so the rings stay in step), and blocks
+// whose class needs it add the mask element by element to the raw scores (in units of scale * log2 e).
+// A CTA then runs one tile, as with causal masking, since tiles differ in cost.
+//
 // Shared tiles use the 128-byte swizzle: a [rows][kHeadDim] tile is stored as column blocks of
 // [rows][64] elements (128 bytes per row), which TMA writes and wgmma reads through descriptors.
 // Columns past the real head dim, and rows past the sequence ends, are zero-filled by TMA.
@@ -25,8 +30,10 @@
 
 #include "common/mask.h"
 #include "params.h"
-#include "sm80/ptx.h"  // ElementOps: packing two floats into one register
+#include "sm80/mask_tile.h"  // MaskView: the attention mask of one (batch, head, query tile)
+#include "sm80/ptx.h"        // ElementOps: packing two floats into one register
 #include "sm90/fragments.h"
+#include "sm90/fwd_tiles.h"
 #include "sm90/ptx.h"
 #include "sm90/tensor_map.h"
 #include "sm90/wgmma.h"
@@ -67,6 +74,14 @@ template <> struct DefaultFwdConfig<96> { using type = FwdConfig<96, 128, 2>; };
 template <> struct DefaultFwdConfig<128> { using type = FwdConfig<128, 128, 3>; };
 template <> struct DefaultFwdConfig<192> { using type = FwdConfig<192, 96, 2>; };
 template <> struct DefaultFwdConfig<256> { using type = FwdConfig<256, 80, 2>; };
+// Host code reads the tile shape from fwd_tiles.h; it must agree with the configurations above.
+static_assert(DefaultFwdConfig<64>::type::kBlockN == fwd_keys_per_step(64) &&
+                  DefaultFwdConfig<96>::type::kBlockN == fwd_keys_per_step(96) &&
+                  DefaultFwdConfig<128>::type::kBlockN == fwd_keys_per_step(128) &&
+                  DefaultFwdConfig<192>::type::kBlockN == fwd_keys_per_step(192) &&
+                  DefaultFwdConfig<256>::type::kBlockN == fwd_keys_per_step(256) &&
+                  DefaultFwdConfig<64>::type::kBlockM == kFwdQueriesPerTile,
+              "sm90/fwd_tiles.h is out of date");
 
 struct FwdTensorMaps {
   CUtensorMap q, k, v;  // [B, L, H, D] read in [rows][64] boxes, 128-byte swizzle
@@ -103,21 +118,41 @@ struct FwdTile {
   }
 };
 
+// The key blocks a tile visits: from block n on, the first one the mask does not exclude entirely
+// (all of them without a mask); num_n_blocks when none is left.
+template <typename T, bool kMasked>
+struct KeyBlockWalk {
+  sm80::MaskView<T> mask;
+  int num_n_blocks;
+
+  __device__ __forceinline__ KeyBlockWalk(const FwdParams& p, const FwdTile& t, int block_m)
+      : mask(kMasked ? sm80::MaskView<T>(p.mask, t.batch, t.head, t.m0 / block_m) : sm80::MaskView<T>()),
+        num_n_blocks(t.num_n_blocks) {}
+  __device__ __forceinline__ int next(int n) const {
+    if constexpr (kMasked) {
+      while (n < num_n_blocks && mask.skips(n)) ++n;
+    }
+    return n;
+  }
+};
+
 // Issued by one thread, for every tile of this CTA: Q once the consumers have released the previous
 // tile's Q, then K_n and V_n for every key block, each into its ring stage once the consumers have
 // released the stage's previous contents. The ring position runs on across tiles.
-template <typename Cfg>
+template <typename T, typename Cfg, bool kMasked>
 __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsigned char* q_smem,
-                        unsigned char* k_smem, unsigned char* v_smem, const AttentionShape& sh, int num_tiles) {
+                        unsigned char* k_smem, unsigned char* v_smem, const FwdParams& p, int num_tiles) {
+  const AttentionShape& sh = p.shape;
   int kv_iter = 0, q_iter = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const FwdTile t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(tile, sh);
-    if (t.num_n_blocks == 0) continue;
+    const KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
+    if (walk.next(0) >= t.num_n_blocks) continue;
     if (q_iter > 0) mbar_wait(&bars.q_empty, (q_iter - 1) & 1);
     mbar_arrive_expect_tx(&bars.q_full, Cfg::kQBytes);
     tma_load_tile<Cfg::kColBlocks>(q_smem, &maps.q, &bars.q_full, t.m0, t.head, t.batch, Cfg::kQColBlockBytes);
     ++q_iter;
-    for (int n = 0; n < t.num_n_blocks; ++n, ++kv_iter) {
+    for (int n = walk.next(0); n < t.num_n_blocks; n = walk.next(n + 1), ++kv_iter) {
       const int stage = kv_iter % Cfg::kStages;
       const int use = kv_iter / Cfg::kStages;
       if (use > 0) mbar_wait(&bars.k_empty[stage], (use - 1) & 1);
@@ -171,6 +206,23 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
     const int key = n0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
     const int query = row0 + ((i % 4) / 2) * 8;
     s[i] = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset) ? s[i] : -INFINITY;
+  }
+}
+
+// mask_scores plus an attention mask: each visible score gets the mask's term in raw-score units
+// (the base-2 term divided by scale * log2 e).
+template <int kBlockN, typename T>
+__device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int row0, int lane, const AttentionShape& sh,
+                                            const sm80::MaskView<T>& mask, bool mask_needed) {
+  const float raw_per_log2 = 1.f / sh.scale_log2;
+#pragma unroll
+  for (int i = 0; i < kBlockN / 2; ++i) {
+    const int key = n0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
+    const int query = row0 + ((i % 4) / 2) * 8;
+    const bool visible = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
+    float x = s[i];
+    if (mask_needed && visible && query < sh.seqlen_q) x += mask.add_log2(query, key) * raw_per_log2;
+    s[i] = visible ? x : -INFINITY;
   }
 }
 
@@ -259,7 +311,7 @@ __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (
 
 // ---- the kernel ----
 
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, bool kMasked>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdTensorMaps maps,
                                                                const FwdParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -296,7 +348,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) produce<Cfg>(maps, bars, q_smem, k_smem, v_smem, sh, num_tiles);
+    if (threadIdx.x == 0) produce<T, Cfg, kMasked>(maps, bars, q_smem, k_smem, v_smem, p, num_tiles);
     return;
   }
   registers_increase<Cfg::kConsumerRegisters>();
@@ -320,14 +372,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     OnlineSoftmax<kBlockN> softmax;
     float correction[2];
 
-    // Only blocks past the last key or crossing the causal diagonal need the mask.
+    // Only blocks past the last key or crossing the causal diagonal need the causal/length mask;
+    // with an attention mask, also the blocks whose tile class says so.
+    const KeyBlockWalk<T, kMasked> walk(p, t, kBlockM);
     auto needs_mask = [&](int n0) {
       return n0 + kBlockN > sh.seqlen_k || (sh.is_causal && n0 + kBlockN - 1 > first_row + sh.causal_offset);
     };
-    auto stage_of = [&](int n) { return (kv_iter + n) % kStages; };
-    auto phase_of = [&](int n) { return ((kv_iter + n) / kStages) & 1; };
+    auto apply_masks = [&](int block) {
+      const int n0 = block * kBlockN;
+      if constexpr (kMasked) {
+        const bool mask_needed = walk.mask.needed(block);
+        if (mask_needed || needs_mask(n0)) mask_scores<kBlockN, T>(s, n0, row0, lane, sh, walk.mask, mask_needed);
+      } else {
+        if (needs_mask(n0)) mask_scores<kBlockN>(s, n0, row0, lane, sh);
+      }
+    };
+    // Visit i (the i-th key block walked) uses ring position kv_iter + i.
+    auto stage_of = [&](int i) { return (kv_iter + i) % kStages; };
+    auto phase_of = [&](int i) { return ((kv_iter + i) / kStages) & 1; };
 
-    if (t.num_n_blocks > 0) {
+    int block = walk.next(0);
+    if (block < t.num_n_blocks) {
+      int next = walk.next(block + 1);
       mbar_wait(&bars.q_full, q_iter & 1);
       // Block 0: S, softmax, P.
       mbar_wait(&bars.k_full[stage_of(0)], phase_of(0));
@@ -338,13 +404,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       fence_registers(s);
       if (warp_leader) {
         mbar_arrive(&bars.k_empty[stage_of(0)]);
-        if (t.num_n_blocks == 1) mbar_arrive(&bars.q_empty);  // the tile's last QK^T GEMM is done
+        if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);  // the tile's last QK^T GEMM is done
       }
-      if (needs_mask(0)) mask_scores<kBlockN>(s, 0, row0, lane, sh);
+      apply_masks(block);
       softmax.update(s, sh.scale_log2, correction);
       accumulator_to_a<T, kBlockN>(prob, s);
 
-      for (int n = 1; n < t.num_n_blocks; ++n) {
+      int n = 1;  // visits so far
+      for (; next < t.num_n_blocks; ++n) {
+        block = next;
+        next = walk.next(block + 1);
         const int stage = stage_of(n), prev = stage_of(n - 1);
         // S_n = Q K_n^T, then O += P_{n-1} V_{n-1}; both run while this warpgroup waits for S_n.
         mbar_wait(&bars.k_full[stage], phase_of(n));
@@ -358,10 +427,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         fence_registers(s);
         if (warp_leader) {
           mbar_arrive(&bars.k_empty[stage]);
-          if (n == t.num_n_blocks - 1) mbar_arrive(&bars.q_empty);
+          if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);
         }
-        const int n0 = n * kBlockN;
-        if (needs_mask(n0)) mask_scores<kBlockN>(s, n0, row0, lane, sh);
+        apply_masks(block);
         softmax.update(s, sh.scale_log2, correction);
         wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
         fence_registers(o);
@@ -370,15 +438,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         rescale_rows(o, correction);
         accumulator_to_a<T, kBlockN>(prob, s);
       }
-      const int last = stage_of(t.num_n_blocks - 1);
-      mbar_wait(&bars.v_full[last], phase_of(t.num_n_blocks - 1));
+      const int last = stage_of(n - 1);
+      mbar_wait(&bars.v_full[last], phase_of(n - 1));
       wgmma_fence();
       issue_pv<T, Cfg>(o, prob, v_smem + last * Cfg::kKVBytes);
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(o);
       if (warp_leader) mbar_arrive(&bars.v_empty[last]);
-      kv_iter += t.num_n_blocks;
+      kv_iter += n;
       ++q_iter;
     }
     // Meanwhile the producer is already loading the next tile's Q and first key blocks.
@@ -387,7 +455,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 #endif
 }
 
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, bool kMasked = false>
 cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   const AttentionShape& sh = p.shape;
   FwdTensorMaps maps;
@@ -402,14 +470,14 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   // one. Causal tiles differ in cost, and a static walk leaves some SMs with several times the work of
   // others: one CTA per tile, longest first, lets the hardware balance them.
   int grid = static_cast<int>(num_tiles);
-  if (!sh.is_causal) {
+  if (!sh.is_causal && !kMasked) {
     int device = 0, num_sms = 0;
     err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
     grid = grid < num_sms ? grid : num_sms;
   }
-  auto kernel = fwd_kernel<T, Cfg>;
+  auto kernel = fwd_kernel<T, Cfg, kMasked>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
@@ -419,6 +487,11 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
 template <typename T, int kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   return launch_fwd_with_config<T, typename DefaultFwdConfig<kHeadDim>::type>(p, stream);
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_fwd_masked(const FwdParams& p, cudaStream_t stream) {
+  return launch_fwd_with_config<T, typename DefaultFwdConfig<kHeadDim>::type, true>(p, stream);
 }
 
 }  // namespace sm90

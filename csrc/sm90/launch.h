@@ -15,5 +15,9 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream);
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);
 
+// The forward with params.mask applied.
+template <typename T, int kHeadDim>
+cudaError_t launch_fwd_masked(const FwdParams& p, cudaStream_t stream);
+
 }  // namespace sm90
 }  // namespace flashattn

@@ -25,11 +25,12 @@ What runs where. The model's attention module hands over query ``(B, Hq, S, D)``
 * a materialized mask that is exactly a causal pattern (or all-visible): the matching kernel. A causal
   mask with ``q_len != k_len`` during generation with a KV cache (several new tokens after a prefill)
   is bottom-right aligned, and runs on the bottom-right causal kernel, the ``flash_attn_func`` semantics;
+* any other mask (a padding mask, another pattern, an additive bias): the masked kernel, which reads
+  the mask in place (broadcast over heads, cut to the keys in use);
 * everything else goes to transformers' own ``sdpa`` implementation, with a warning naming the reason,
-  once per reason: a padding mask (any position masked that causal masking alone would not mask) or
-  any other mask pattern or bias, attention dropout in training, inputs flashattn's kernels do not
-  serve (float32 CUDA tensors, head dims above 256, GPUs older than sm_80, a build without CUDA
-  kernels, ...), ``position_bias``.
+  once per reason: attention dropout in training, inputs flashattn's kernels do not serve (float32
+  CUDA tensors, head dims above 256, GPUs older than sm_80, a build without CUDA kernels, ...), a mask
+  of another dtype than bool, float32 or the query's, ``position_bias``.
 * ``softcap`` and attention sinks (``s_aux``) raise ``ValueError``: neither flashattn nor SDPA has them.
 
 Checking whether a mask is a causal pattern reads it once (one host synchronization), cached for as
@@ -72,6 +73,7 @@ ATTN_IMPLEMENTATION = "fattn"
 FULL = "full"
 CAUSAL_TOP_LEFT = "causal_top_left"
 CAUSAL_BOTTOM_RIGHT = "causal_bottom_right"
+MASKED = "masked"
 FALLBACK = "fallback"
 
 # How many attention calls took each path (FULL, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT, FALLBACK): for
@@ -194,11 +196,12 @@ def _plan(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
         return None, CAUSAL_TOP_LEFT if causal else FULL
     if not isinstance(attention_mask, torch.Tensor):
         return f"a {type(attention_mask).__name__} attention mask is not supported by flashattn", ""
+    if attention_mask.dim() != 4 or attention_mask.shape[-2] != q_len or attention_mask.shape[-1] < kv_len:
+        return f"an attention mask of shape {tuple(attention_mask.shape)} is not supported by flashattn", ""
+    if attention_mask.dtype not in (torch.bool, torch.float32, query.dtype):
+        return f"a {attention_mask.dtype} attention mask with {query.dtype} inputs is not supported by flashattn", ""
     path = classify_mask(attention_mask, q_len, kv_len)
-    if path is None:
-        return ("an attention mask that is not purely causal (padding, or another pattern or bias) is not "
-                "supported by flashattn's kernels yet"), ""
-    return None, path
+    return None, MASKED if path is None else path
 
 
 def flashattn_attention_forward(
@@ -229,7 +232,11 @@ def flashattn_attention_forward(
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     q, k, v = (t if t.size(-1) <= 1 or t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     causal = path in (CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT)
-    out, _ = ops.fwd(q, k, v, float(scaling), causal, path == CAUSAL_BOTTOM_RIGHT)  # (B, S, Hq, D) contiguous
+    mask = None
+    if path == MASKED:
+        # (B or 1, H or 1, q_len, >= kv_len) -> a (B, Hq, q_len, kv_len) view, read in place.
+        mask = attention_mask[..., : k.size(1)].expand(q.size(0), q.size(2), q.size(1), k.size(1))
+    out, _ = ops.attention(q, k, v, float(scaling), causal, path == CAUSAL_BOTTOM_RIGHT, False, mask)  # (B, S, Hq, D)
     return out, None
 
 
