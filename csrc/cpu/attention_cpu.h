@@ -11,21 +11,21 @@ namespace flashattn {
 namespace cpu {
 
 // q [B, Lq, Hq, D], k/v [B, Lk, Hk, D] (any strides). Key j is visible to query i iff !is_causal or
-// j <= i + causal_offset, and the attention mask, if any, keeps it. attn_mask: [B, Hq, Lq, Lk] with any
-// element strides (0 for broadcast dims; read in place, never copied), either bool (True = the key
-// takes part) or of q's dtype (added to the scaled score scale * q.k; -inf excludes the key). Returns
-// out [B, Lq, Hq, D] contiguous in q's dtype (0 for a row that sees no key) and lse [B, Hq, Lq], the
-// log-sum-exp of the masked scaled scores (float64 for float64 inputs, else float32; -inf for such
-// a row).
+// j <= i + causal_offset, and the attention mask, if any, keeps it. attn_mask: [B, Hq, Lq, Lk] with
+// any element strides (0 for broadcast dims; read in place, never copied), either bool (True = the key
+// takes part) or of q's dtype or float32 (added to the scaled score scale * q.k; -inf excludes the
+// key, whatever q.k is). Returns out [B, Lq, Hq, D] contiguous in q's dtype (0 for a row that sees no
+// key) and lse [B, Hq, Lq], the log-sum-exp of the masked scaled scores (float64 for float64 inputs,
+// else float32; -inf for such a row).
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        double scale, bool is_causal, int64_t causal_offset,
                                        const std::optional<at::Tensor>& attn_mask = std::nullopt);
 
 // Gradients of fwd's out: dq like q, dk/dv like k (summed over each query-head group), contiguous.
 // attn_mask must be the forward's. dmask (floating masks only): a contiguous, zero-filled
-// [B, Hq, Lq, Lk] tensor of q's dtype that receives the gradient w.r.t. the mask, i.e. w.r.t. the
-// pre-softmax score: dS_ij = P_ij (dP_ij - delta_i); excluded elements, and rows that see no
-// key, stay 0.
+// [B, Hq, Lq, Lk] tensor of the mask's dtype that receives the mask's gradient, which is that of the
+// pre-softmax score: dS_ij = P_ij (dP_ij - delta_i). Excluded elements, and rows that see no key,
+// stay 0.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q,
                                                    const at::Tensor& k, const at::Tensor& v,
                                                    const at::Tensor& out, const at::Tensor& lse, double scale,

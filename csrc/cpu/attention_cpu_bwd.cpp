@@ -10,9 +10,12 @@
 //   dQ_i += scale * dS_ij k_j                    dK_j += scale * dS_ij q_i
 // q, dO and the dq accumulator of the group are converted/held in the accumulation type once per
 // task (O(group * Lq * D) memory), since every key block revisits them.
-// With an attention mask the scores are  scale * q_i.k_j + mask_ij  (the forward's), and dS, the
-// gradient of the loss w.r.t. that pre-softmax score, is also the mask's gradient: when asked for, it
-// is written to dmask, whose rows of a head belong to the one task that owns the head's group.
+// With an attention mask the scores are  scale * q_i.k_j + mask_ij  (the forward's masked_score), keys
+// the mask excludes take no part, and dS, the gradient of the loss w.r.t. that pre-softmax score, is
+// also the mask's gradient: when asked for, it is written to dmask, whose rows of a head belong to the
+// one task that owns the head's group.
+// exp(score - lse) is only as precise as lse: a row whose |lse| is huge (every key it sees carries an
+// additive mask like finfo.min) gets its max score and sum recomputed instead (renormalize_row).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
@@ -46,8 +49,8 @@ struct BwdProblem {
   int64_t group;  // query heads per key/value head
   acc_t scale;
   KeyLimit keys;
-  MaskView<scalar_t> mask;  // [B, Hq, Lq, Lk] any strides, or none
-  scalar_t* dmask;          // [B, Hq, Lq, Lk] contiguous, zero-filled by the caller, or null
+  MaskView<scalar_t> mask;       // [B, Hq, Lq, Lk] any strides, or none
+  MaskGradView<scalar_t> dmask;  // [B, Hq, Lq, Lk] contiguous, zero-filled by the caller, or none
 };
 
 // Working memory of one (batch, kv head) task, allocated once per thread and reused.
@@ -57,8 +60,11 @@ struct BwdScratch {
   std::vector<acc_t> q_rows;     // [group, Lq, D]
   std::vector<acc_t> dout_rows;  // [group, Lq, D]
   std::vector<acc_t> dq_acc;     // [group, Lq, D]  sum_j dS_ij k_j (scale applied on store)
-  std::vector<acc_t> lse;        // [group, Lq]
-  std::vector<acc_t> delta;      // [group, Lq]     dO_i . O_i
+  // P_ij = exp(score_ij - lse_i) * prob_scale_i, with the forward's lse and prob_scale 1, except in
+  // rows renormalize_row handles, where lse_i is the row's max score and prob_scale_i 1 / its sum.
+  std::vector<acc_t> lse;         // [group, Lq]
+  std::vector<acc_t> prob_scale;  // [group, Lq]
+  std::vector<acc_t> delta;       // [group, Lq]     dO_i . O_i
   // One key block.
   std::vector<acc_t> k_tile;   // [kBlockK, D]
   std::vector<acc_t> kT_tile;  // [D, kBlockK]
@@ -74,6 +80,7 @@ struct BwdScratch {
         dout_rows(group * seqlen_q * head_dim),
         dq_acc(group * seqlen_q * head_dim),
         lse(group * seqlen_q),
+        prob_scale(group * seqlen_q),
         delta(group * seqlen_q),
         k_tile(kBlockK * head_dim),
         kT_tile(head_dim * kBlockK),
@@ -84,6 +91,55 @@ struct BwdScratch {
         dscores(kBlockK),
         bias(kBlockK) {}
 };
+
+// Whether exp(score - lse) is too coarse for a row: lse is rounded to acc_t, so P carries a relative
+// error of about |lse| * epsilon. Past |lse| = 2^-13 / epsilon (1024 in float, 2^39 in double), which
+// only huge scores or additive masks reach (a row whose every key carries a mask value like
+// finfo.min has lse = m + log(l) with log(l) lost entirely, so P would be 1 for every key), the row's
+// normalizer is recomputed instead.
+template <typename acc_t>
+bool lse_too_coarse(acc_t lse) {
+  const acc_t limit = acc_t(1.0 / 8192) / std::numeric_limits<acc_t>::epsilon();
+  return std::isfinite(lse) && std::abs(lse) > limit;
+}
+
+// For such a row (query i of head h, row index `row` of the group): the max m of the scores the
+// forward computed and l = sum_j exp(score_j - m), recomputed over the keys the row sees, so that
+// P = exp(score - m) / l. O(Lk * D), in plain loops; only these rare rows pay it.
+template <typename scalar_t>
+void renormalize_row(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_t>>& s, int64_t b, int64_t kv_head,
+                     int64_t h, int64_t i, int64_t row) {
+  using acc_t = acc_type<scalar_t>;
+  constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
+  const int64_t D = p.head_dim;
+  const acc_t* q_row = s.q_rows.data() + row * D;  // [D]
+  acc_t* scores = s.probs.data();                  // [kBlockK], free until the key blocks start
+  acc_t row_max = kNegInf, row_sum = 0;
+  const int64_t key_end = p.keys.key_end(i);
+  for (int64_t k0 = 0; k0 < key_end; k0 += kBlockK) {
+    const int64_t n = std::min(kBlockK, key_end - k0);
+    for (int64_t j = 0; j < n; ++j) {
+      const scalar_t* k_row = p.k.row(b, k0 + j, kv_head);  // [D]
+      acc_t dot = 0;  // summed over d in order, as row_times_tile_transposed does
+      for (int64_t d = 0; d < D; ++d) dot += q_row[d] * static_cast<acc_t>(k_row[d]);
+      scores[j] = dot * p.scale;
+    }
+    if (p.mask.present()) {
+      p.mask.load_row(s.bias.data(), b, h, i, k0, n);
+      for (int64_t j = 0; j < n; ++j) scores[j] = masked_score(scores[j], s.bias[j]);
+    }
+    // The forward's lse is finite, so are its scores (or -inf): no NaN to keep here.
+    acc_t new_max = row_max;
+    for (int64_t j = 0; j < n; ++j) new_max = std::max(new_max, scores[j]);
+    if (new_max == kNegInf) continue;
+    acc_t tile_sum = 0;
+    for (int64_t j = 0; j < n; ++j) tile_sum += std::exp(scores[j] - new_max);
+    row_sum = row_sum * std::exp(row_max - new_max) + tile_sum;
+    row_max = new_max;
+  }
+  s.lse[row] = row_max;
+  s.prob_scale[row] = acc_t(1) / row_sum;
+}
 
 // Loads the group's q, dout and lse, computes delta, and clears the dq accumulator.
 template <typename scalar_t>
@@ -97,6 +153,8 @@ void load_query_group(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_
     const acc_t* lse_row = p.lse + (b * p.heads_q + h) * Lq;  // [Lq]
     for (int64_t i = 0; i < Lq; ++i) {
       s.lse[g * Lq + i] = lse_row[i];
+      s.prob_scale[g * Lq + i] = acc_t(1);
+      if (lse_too_coarse(lse_row[i])) renormalize_row(p, s, b, kv_head, h, i, g * Lq + i);
       const acc_t* dout_row = s.dout_rows.data() + (g * Lq + i) * D;
       const scalar_t* out_row = p.out.row(b, i, h);  // [D]
       acc_t dot = 0;
@@ -108,15 +166,15 @@ void load_query_group(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_
 }
 
 // One query row against the first n keys of the current key block: recomputes P and dS for the row
-// and adds the row's share to dv_acc, dk_acc and its own dq accumulator. bias: the row's additive
-// mask for those keys, or null; dmask_row: where the row's dS goes (its first key's element), or null.
-template <typename scalar_t, typename acc_t>
-void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim, acc_t scale, const acc_t* bias,
-                  scalar_t* dmask_row) {
+// and adds the row's share to dv_acc, dk_acc and its own dq accumulator; dS stays in s.dscores.
+// bias: the row's additive mask for those keys, or null without a mask; keys it excludes (-inf) get
+// dS = 0 and are left out of the sums.
+template <typename acc_t>
+void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim, acc_t scale, const acc_t* bias) {
   const acc_t* q_row = s.q_rows.data() + row * head_dim;        // [D]
   const acc_t* dout_row = s.dout_rows.data() + row * head_dim;  // [D]
   acc_t* dq_row = s.dq_acc.data() + row * head_dim;             // [D]
-  const acc_t lse = s.lse[row], delta = s.delta[row];
+  const acc_t lse = s.lse[row], prob_scale = s.prob_scale[row], delta = s.delta[row];
   acc_t* probs = s.probs.data();
   acc_t* dscores = s.dscores.data();
 
@@ -124,18 +182,25 @@ void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim
   if (bias == nullptr) {
     for (int64_t j = 0; j < n; ++j) probs[j] = std::exp(probs[j] * scale - lse);
   } else {
-    // The forward's score, summed in the same order; a masked-out key gets P = exp(-inf) = 0.
-    for (int64_t j = 0; j < n; ++j) probs[j] = std::exp(probs[j] * scale + bias[j] - lse);
+    // The forward's score, bit for bit; an excluded key gets P = exp(-inf) = 0.
+    for (int64_t j = 0; j < n; ++j) probs[j] = std::exp(masked_score(probs[j] * scale, bias[j]) - lse);
+  }
+  if (prob_scale != acc_t(1)) {
+    for (int64_t j = 0; j < n; ++j) probs[j] *= prob_scale;
   }
   row_times_tile_transposed(dscores, dout_row, s.vT_tile.data(), n, head_dim);
-  for (int64_t j = 0; j < n; ++j) dscores[j] = probs[j] * (dscores[j] - delta);
-  if (dmask_row != nullptr) {
-    for (int64_t j = 0; j < n; ++j) dmask_row[j] = static_cast<scalar_t>(dscores[j]);
+  if (bias == nullptr) {
+    for (int64_t j = 0; j < n; ++j) dscores[j] = probs[j] * (dscores[j] - delta);
+    add_outer(s.dv_acc.data(), probs, dout_row, n, head_dim);
+    add_outer(s.dk_acc.data(), dscores, q_row, n, head_dim);
+    add_weighted_rows(dq_row, dscores, s.k_tile.data(), n, head_dim);
+  } else {
+    constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
+    for (int64_t j = 0; j < n; ++j) dscores[j] = bias[j] == kNegInf ? acc_t(0) : probs[j] * (dscores[j] - delta);
+    add_outer_kept(s.dv_acc.data(), probs, dout_row, bias, n, head_dim);
+    add_outer_kept(s.dk_acc.data(), dscores, q_row, bias, n, head_dim);
+    add_weighted_kept_rows(dq_row, dscores, s.k_tile.data(), bias, n, head_dim);
   }
-
-  add_outer(s.dv_acc.data(), probs, dout_row, n, head_dim);
-  add_outer(s.dk_acc.data(), dscores, q_row, n, head_dim);
-  add_weighted_rows(dq_row, dscores, s.k_tile.data(), n, head_dim);
 }
 
 // Accumulates and writes dk/dv of keys [k0, k0 + cols) from every query row of the group.
@@ -154,8 +219,6 @@ void bwd_key_block(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_t>>
   const int64_t first_query = p.keys.first_query_seeing(k0, Lq);
   for (int64_t g = 0; g < p.group; ++g) {
     const int64_t h = kv_head * p.group + g;
-    // dS of (b, h, i, k0 + j) lives at dmask_head[i * Lk + j].
-    scalar_t* dmask_head = p.dmask == nullptr ? nullptr : p.dmask + ((b * p.heads_q + h) * Lq) * p.seqlen_k + k0;
     for (int64_t i = first_query; i < Lq; ++i) {
       // A row that saw no key in the forward (lse = -inf) has no probabilities to differentiate (its
       // dmask row stays zero).
@@ -164,11 +227,12 @@ void bwd_key_block(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_t>>
       if (n == 0) continue;
       const acc_t* bias = nullptr;
       if (p.mask.present()) {
-        p.mask.load_row(s.bias.data(), b, h, i, k0, n);
+        // A row with no key kept in this block has nothing to add here (its dmask stays zero).
+        if (!p.mask.load_row(s.bias.data(), b, h, i, k0, n)) continue;
         bias = s.bias.data();
       }
-      scalar_t* dmask_row = dmask_head == nullptr ? nullptr : dmask_head + i * p.seqlen_k;
-      backprop_row(s, g * Lq + i, n, D, p.scale, bias, dmask_row);
+      backprop_row(s, g * Lq + i, n, D, p.scale, bias);
+      if (p.dmask.present()) p.dmask.store_row(s.dscores.data(), b, h, i, k0, n);
     }
   }
   for (int64_t j = 0; j < cols; ++j) {
@@ -239,7 +303,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                            static_cast<acc_t>(scale),
                            KeyLimit{is_causal, causal_offset, seqlen_k},
                            mask_view<scalar_t>(attn_mask),
-                           dmask.has_value() && dmask->defined() ? dmask->data_ptr<scalar_t>() : nullptr};
+                           mask_grad_view<scalar_t>(dmask, heads_q, seqlen_q, seqlen_k)};
     run_bwd(p, batch);
   });
   return {dq, dk, dv};

@@ -4,8 +4,8 @@
 // blocks its rows can see, keeping per row a running max m, a running sum l and an unnormalized output
 // acc; when a new block raises m, acc and l are rescaled by exp(m_old - m_new). At the end
 // out = acc / l and lse = m + log(l). Only O(kBlockQ * kBlockK) scores ever exist at once.
-// An attention mask is read row by row into a small additive bias (attention_cpu_mask.h) and added to
-// the scaled scores of the keys the causal limit leaves; without a mask that step is skipped.
+// An attention mask is read row by row into a small additive bias (attention_cpu_mask.h) and applied
+// to the scaled scores of the keys the causal limit leaves; without a mask that step is skipped.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
@@ -68,7 +68,7 @@ acc_t nan_propagating_max(acc_t a, acc_t b) {
 }
 
 // Folds the first n keys of a K/V tile into one query row's running softmax. bias: the row's additive
-// mask for those keys, or null without a mask.
+// mask for those keys, or null without a mask; keys it excludes (-inf) take no part.
 template <typename acc_t>
 void fold_tile_into_row(const acc_t* q_row, const acc_t* kT_tile, const acc_t* v_tile, const acc_t* bias,
                         int64_t n, int64_t head_dim, acc_t scale, acc_t* probs, acc_t& row_max, acc_t& row_sum,
@@ -83,13 +83,13 @@ void fold_tile_into_row(const acc_t* q_row, const acc_t* kT_tile, const acc_t* v
     }
   } else {
     for (int64_t j = 0; j < n; ++j) {
-      probs[j] = probs[j] * scale + bias[j];
+      probs[j] = masked_score(probs[j] * scale, bias[j]);
       tile_max = nan_propagating_max(tile_max, probs[j]);
     }
   }
   const acc_t new_max = nan_propagating_max(row_max, tile_max);
-  // Only -inf scores so far (masked keys, infinite inputs): they add nothing, and exp(-inf - -inf)
-  // would be NaN. A row whose every key is masked stays empty here.
+  // Only -inf scores so far (excluded keys, infinite inputs): they add nothing, and exp(-inf - -inf)
+  // would be NaN. A row whose every key the mask excludes stays empty here.
   if (new_max == kNegInf) return;
   // exp(-inf) = 0 on the row's first visible tile, which discards the empty initial acc and l.
   const acc_t rescale = std::exp(row_max - new_max);
@@ -102,7 +102,11 @@ void fold_tile_into_row(const acc_t* q_row, const acc_t* kT_tile, const acc_t* v
   if (rescale != acc_t(1)) {
     for (int64_t d = 0; d < head_dim; ++d) out_acc_row[d] *= rescale;
   }
-  add_weighted_rows(out_acc_row, probs, v_tile, n, head_dim);
+  if (bias == nullptr) {
+    add_weighted_rows(out_acc_row, probs, v_tile, n, head_dim);
+  } else {
+    add_weighted_kept_rows(out_acc_row, probs, v_tile, bias, n, head_dim);
+  }
   row_max = new_max;
 }
 
@@ -146,7 +150,8 @@ void fwd_query_block(const FwdProblem<scalar_t>& p, FwdScratch<acc_type<scalar_t
       if (n == 0) continue;
       const acc_t* bias = nullptr;
       if (p.mask.present()) {
-        p.mask.load_row(s.bias.data(), b, h, q0 + r, k0, n);
+        // Keys the mask excludes take no part: a row with none left in this tile skips it.
+        if (!p.mask.load_row(s.bias.data(), b, h, q0 + r, k0, n)) continue;
         bias = s.bias.data();
       }
       fold_tile_into_row(s.q_tile.data() + r * D, s.kT_tile.data(), s.v_tile.data(), bias, n, D, p.scale,

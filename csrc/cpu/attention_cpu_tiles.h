@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "common/mask.h"
 
@@ -119,6 +120,32 @@ template <typename acc_t>
 void add_outer(acc_t* __restrict tile, const acc_t* __restrict w, const acc_t* __restrict x, int64_t n,
                int64_t head_dim) {
   for (int64_t j = 0; j < n; ++j) {
+    const acc_t wj = w[j];
+    acc_t* t = tile + j * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) t[d] += wj * x[d];
+  }
+}
+
+// With an attention mask, keys whose bias is -inf are excluded: the two updates above restricted to
+// the kept keys, so that an excluded key takes no part at all (as a causal-hidden one, which is never
+// loaded): an inf/NaN in its row cannot reach the sums through a zero weight. The kept keys are
+// summed in the same order as above.  bias: [n]
+template <typename acc_t>
+void add_weighted_kept_rows(acc_t* __restrict y, const acc_t* __restrict w, const acc_t* __restrict tile,
+                            const acc_t* __restrict bias, int64_t n, int64_t head_dim) {
+  for (int64_t j = 0; j < n; ++j) {
+    if (bias[j] == -std::numeric_limits<acc_t>::infinity()) continue;
+    const acc_t wj = w[j];
+    const acc_t* t = tile + j * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) y[d] += wj * t[d];
+  }
+}
+
+template <typename acc_t>
+void add_outer_kept(acc_t* __restrict tile, const acc_t* __restrict w, const acc_t* __restrict x,
+                    const acc_t* __restrict bias, int64_t n, int64_t head_dim) {
+  for (int64_t j = 0; j < n; ++j) {
+    if (bias[j] == -std::numeric_limits<acc_t>::infinity()) continue;
     const acc_t wj = w[j];
     acc_t* t = tile + j * head_dim;
     for (int64_t d = 0; d < head_dim; ++d) t[d] += wj * x[d];
