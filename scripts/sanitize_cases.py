@@ -56,13 +56,17 @@ class Case:
     dtype: torch.dtype
     causal: str  # a key of CAUSAL_MODES
     layout: str  # "contiguous", "bhsd" (a transposed [B, H, S, D] tensor) or "unaligned"
+    # "none"; "bool" (a (B, 1, Lq, Lk) random mask with whole tiles excluded, broadcast over heads);
+    # "float" (a (1, Hq, Lq, Lk) additive mask with -inf entries, broadcast over batch, whose gradient
+    # the backward writes)
+    mask: str = "none"
 
 
-def _case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout="contiguous"):
+def _case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout="contiguous", mask="none"):
     dtype_name = "fp16" if dtype == F16 else "bf16"
     name = (f"b{batch}-q{seqlen_q}-k{seqlen_k}-h{heads_q}/{heads_kv}-d{head_dim}-{dtype_name}-{causal}"
-            + ("" if layout == "contiguous" else f"-{layout}"))
-    return Case(name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout)
+            + ("" if layout == "contiguous" else f"-{layout}") + ("" if mask == "none" else f"-{mask}mask"))
+    return Case(name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout, mask)
 
 
 # memcheck, initcheck, synccheck: seqlen 1, 17, 97, 1025, Lq != Lk both ways, every compiled head-dim
@@ -84,6 +88,11 @@ FULL_CASES = [
     _case(1, 1025, 97, 2, 2, 40, F16, "bottom_right", "unaligned"),
     _case(1, 97, 97, 4, 2, 72, BF16, "top_left", "unaligned"),
     _case(1, 17, 1025, 2, 2, 256, F16, "none", "unaligned"),
+    # attention masks: the masked kernels of both paths, tile skipping, the mask gradient
+    _case(2, 97, 300, 2, 1, 64, BF16, "none", mask="bool"),
+    _case(1, 300, 97, 2, 2, 128, F16, "bottom_right", mask="float"),
+    _case(1, 1025, 1025, 2, 2, 256, BF16, "top_left", "bhsd", mask="bool"),
+    _case(1, 97, 203, 4, 2, 40, F16, "none", "unaligned", mask="float"),
 ]
 
 # racecheck (the slowest tool): one short case per head-dim tile, long enough to cross the query and
@@ -98,6 +107,8 @@ RACE_CASES = [
     _case(1, 129, 150, 2, 1, 256, BF16, "top_left"),
     _case(1, 129, 150, 2, 1, 40, F16, "top_left", "unaligned"),
     _case(1, 150, 129, 2, 1, 128, BF16, "bottom_right", "unaligned"),
+    _case(1, 129, 300, 2, 1, 64, F16, "none", mask="bool"),
+    _case(1, 150, 300, 2, 1, 128, BF16, "top_left", mask="float"),
 ]
 
 CASE_SETS = {"full": FULL_CASES, "race": RACE_CASES}
@@ -123,7 +134,30 @@ def _inputs(case: Case, seed: int, device):
     k = _make(case, case.seqlen_k, case.heads_kv, gen, device)
     v = _make(case, case.seqlen_k, case.heads_kv, gen, device)
     dout = torch.randn(case.batch, case.seqlen_q, case.heads_q, case.head_dim, generator=gen).to(case.dtype).to(device)
-    return q, k, v, dout
+    return q, k, v, dout, _mask(case, gen, device)
+
+
+def _mask(case: Case, gen: torch.Generator, device):
+    """The case's attention mask as the [B, Hq, Lq, Lk] broadcast view the ops take, or None."""
+    if case.mask == "none":
+        return None
+    lq, lk = case.seqlen_q, case.seqlen_k
+    keep = torch.rand(lq, lk, generator=gen) < 0.7
+    # Whole 64 x 64 tiles excluded, so both kernels skip tiles.
+    tiles = torch.rand((lq + 63) // 64, (lk + 63) // 64, generator=gen) < 0.6
+    keep &= tiles.repeat_interleave(64, 0).repeat_interleave(64, 1)[:lq, :lk]
+    full = (case.batch, case.heads_q, lq, lk)
+    if case.mask == "bool":
+        return keep.expand(case.batch, 1, lq, lk).clone().to(device).expand(full)
+    bias = torch.randn(case.heads_q, lq, lk, generator=gen).masked_fill(~keep, float("-inf"))
+    return bias.to(case.dtype).to(device).unsqueeze(0).expand(full)
+
+
+def _dmask(mask):
+    """A buffer for the mask's gradient (a floating mask only), or None."""
+    if mask is None or mask.dtype == torch.bool:
+        return None
+    return torch.empty(mask.shape, dtype=mask.dtype, device=mask.device)
 
 
 def _args(case: Case):
@@ -139,11 +173,12 @@ class Expected:
 
     def __call__(self, index: int, case: Case):
         if index not in self._cache:
-            q, k, v, dout = _inputs(case, index, "cpu")
+            q, k, v, dout, mask = _inputs(case, index, "cpu")
             scale, is_causal, bottom_right = _args(case)
-            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right)
-            grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right)
-            self._cache[index] = (out, lse, grads)
+            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask)
+            dmask = _dmask(mask)
+            grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right, False, mask, dmask)
+            self._cache[index] = (out, lse, grads + ((dmask,) if dmask is not None else ()))
         return self._cache[index]
 
 
@@ -175,7 +210,7 @@ def has_deterministic_bwd() -> bool:
 
 def run_item(phase: str, index: int, case: Case, expected: Expected, device) -> None:
     scale, is_causal, bottom_right = _args(case)
-    q, k, v, dout = _inputs(case, index, device)
+    q, k, v, dout, mask = _inputs(case, index, device)
     out_cpu, lse_cpu, grads_cpu = expected(index, case)
     if phase.endswith("-sm80"):
         os.environ[FORCE_SM80_ENV] = "1"
@@ -183,18 +218,20 @@ def run_item(phase: str, index: int, case: Case, expected: Expected, device) -> 
         os.environ.pop(FORCE_SM80_ENV, None)
     try:
         if phase.startswith("fwd"):
-            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right)
+            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask)
         else:
             out, lse = out_cpu.to(device), lse_cpu.to(device)
-            extra = (True,) if phase == "bwd-deterministic" else ()
-            grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right, *extra)
+            dmask = _dmask(mask)
+            grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right,
+                                            phase == "bwd-deterministic", mask, dmask)
+            grads = grads + ((dmask,) if dmask is not None else ())
     finally:
         os.environ.pop(FORCE_SM80_ENV, None)
     if phase.startswith("fwd"):
         _check("out", out, out_cpu, 0.02)
         _check("lse", lse, lse_cpu, 0.01)
     else:
-        for name, g, want in zip(("dq", "dk", "dv"), grads, grads_cpu):
+        for name, g, want in zip(("dq", "dk", "dv", "dmask"), grads, grads_cpu):
             _check(name, g, want, 0.05)
 
 

@@ -15,7 +15,9 @@
 //
 // The kMasked variant applies params.mask: producer and consumers walk only the key blocks whose tile
 // class lets some key through (the same walk on both sides, so the rings stay in step), and blocks
-// whose class needs it add the mask element by element to the raw scores (in units of scale * log2 e).
+// whose class needs it add the mask element by element. Its scores are scaled to base-2 units before
+// the softmax (which then runs with scale 1): a huge mask value such as finfo.min must not meet the
+// unmasked kernel's fused scale-and-subtract, whose rounding residual at 1e30 is itself about 1e22.
 // A CTA then runs one tile, as with causal masking, since tiles differ in cost.
 //
 // Shared tiles use the 128-byte swizzle: a [rows][kHeadDim] tile is stored as column blocks of
@@ -209,20 +211,22 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
   }
 }
 
-// mask_scores plus an attention mask: each visible score gets the mask's term in raw-score units
-// (the base-2 term divided by scale * log2 e).
+// The masked kernel's scores: scaled to base-2 units, then mask_scores' rule plus the attention mask's
+// base-2 term where `mask_needed` (only `scale_only` set: just the scaling).
 template <int kBlockN, typename T>
 __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int row0, int lane, const AttentionShape& sh,
-                                            const sm80::MaskView<T>& mask, bool mask_needed) {
-  const float raw_per_log2 = 1.f / sh.scale_log2;
+                                            const sm80::MaskView<T>& mask, bool mask_needed, bool scale_only) {
 #pragma unroll
   for (int i = 0; i < kBlockN / 2; ++i) {
     const int key = n0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
     const int query = row0 + ((i % 4) / 2) * 8;
-    const bool visible = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
-    float x = s[i];
-    if (mask_needed && visible && query < sh.seqlen_q) x += mask.add_log2(query, key) * raw_per_log2;
-    s[i] = visible ? x : -INFINITY;
+    float x = s[i] * sh.scale_log2;
+    if (!scale_only) {
+      const bool visible = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
+      if (mask_needed && visible && query < sh.seqlen_q) x += mask.add_log2(query, key);
+      x = visible ? x : -INFINITY;
+    }
+    s[i] = x;
   }
 }
 
@@ -269,11 +273,13 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kCount], const float (&c
   for (int i = 0; i < kCount; ++i) o[i] *= correction[(i % 4) / 2];
 }
 
-// O / rowsum and the natural-log LSE of this thread's two rows, straight to global memory.
+// O / rowsum and the natural-log LSE of this thread's two rows, straight to global memory. score_scale
+// is what the softmax multiplied the scores by: scale * log2 e, or 1 for the masked kernel's
+// pre-scaled scores.
 template <typename T, int kHeadDim, int kBlockN>
 __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (&o)[kHeadDim / 2],
-                                               const OnlineSoftmax<kBlockN>& softmax, int head, int batch,
-                                               int row0, int lane) {
+                                               const OnlineSoftmax<kBlockN>& softmax, float score_scale, int head,
+                                               int batch, int row0, int lane) {
   using Ops = sm80::ElementOps<T>;
   const AttentionShape& sh = p.shape;
   T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head;  // [Lq, D]
@@ -288,7 +294,7 @@ __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (
     // A NaN score makes sum NaN, and NaN must reach out and lse: test for exactly 0 (no key).
     const float inv = sum == 0.f ? 0.f : 1.f / sum;
     if (lane % 4 == 0) {
-      lse[row] = sum == 0.f ? -INFINITY : (softmax.row_max[half] * sh.scale_log2 + log2f(sum)) * 0.6931471805599453f;
+      lse[row] = sum == 0.f ? -INFINITY : (softmax.row_max[half] * score_scale + log2f(sum)) * 0.6931471805599453f;
     }
     T* out_row = out + row * p.out_strides.row;
 #pragma unroll
@@ -378,11 +384,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     auto needs_mask = [&](int n0) {
       return n0 + kBlockN > sh.seqlen_k || (sh.is_causal && n0 + kBlockN - 1 > first_row + sh.causal_offset);
     };
+    const float score_scale = kMasked ? 1.f : sh.scale_log2;  // what the softmax multiplies scores by
     auto apply_masks = [&](int block) {
       const int n0 = block * kBlockN;
       if constexpr (kMasked) {
         const bool mask_needed = walk.mask.needed(block);
-        if (mask_needed || needs_mask(n0)) mask_scores<kBlockN, T>(s, n0, row0, lane, sh, walk.mask, mask_needed);
+        const bool scale_only = !mask_needed && !needs_mask(n0);
+        mask_scores<kBlockN, T>(s, n0, row0, lane, sh, walk.mask, mask_needed, scale_only);
       } else {
         if (needs_mask(n0)) mask_scores<kBlockN>(s, n0, row0, lane, sh);
       }
@@ -407,7 +415,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);  // the tile's last QK^T GEMM is done
       }
       apply_masks(block);
-      softmax.update(s, sh.scale_log2, correction);
+      softmax.update(s, score_scale, correction);
       accumulator_to_a<T, kBlockN>(prob, s);
 
       int n = 1;  // visits so far
@@ -430,7 +438,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);
         }
         apply_masks(block);
-        softmax.update(s, sh.scale_log2, correction);
+        softmax.update(s, score_scale, correction);
         wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
         fence_registers(o);
         fence_registers(prob);
@@ -450,7 +458,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       ++q_iter;
     }
     // Meanwhile the producer is already loading the next tile's Q and first key blocks.
-    write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, t.head, t.batch, row0, lane);
+    write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, score_scale, t.head, t.batch, row0, lane);
   }
 #endif
 }
