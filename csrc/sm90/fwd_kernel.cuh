@@ -15,9 +15,10 @@
 //
 // The kMasked variant applies params.mask: producer and consumers walk only the key blocks whose tile
 // class lets some key through (the same walk on both sides, so the rings stay in step), and blocks
-// whose class needs it add the mask element by element. Its scores are scaled to base-2 units before
-// the softmax (which then runs with scale 1): a huge mask value such as finfo.min must not meet the
-// unmasked kernel's fused scale-and-subtract, whose rounding residual at 1e30 is itself about 1e22.
+// whose class needs it add the mask element by element. Those blocks' scores are scaled to base-2
+// units before the softmax (which then runs them with scale 1): a huge mask value such as finfo.min
+// must not meet the fused scale-and-subtract of raw scores, whose rounding residual at 1e30 is itself
+// about 1e22. Blocks the mask leaves alone go through the softmax as raw scores, as without a mask.
 // A CTA then runs one tile, as with causal masking, since tiles differ in cost.
 //
 // Shared tiles use the 128-byte swizzle: a [rows][kHeadDim] tile is stored as column blocks of
@@ -211,54 +212,55 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
   }
 }
 
-// The masked kernel's scores: scaled to base-2 units, then mask_scores' rule plus the attention mask's
-// base-2 term where `mask_needed` (only `scale_only` set: just the scaling).
+// The masked kernel's scores for a block that needs masking: scaled to base-2 units, then
+// mask_scores' rule plus the attention mask's base-2 term where `mask_needed`.
 template <int kBlockN, typename T>
 __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int row0, int lane, const AttentionShape& sh,
-                                            const sm80::MaskView<T>& mask, bool mask_needed, bool scale_only) {
+                                            const sm80::MaskView<T>& mask, bool mask_needed) {
 #pragma unroll
   for (int i = 0; i < kBlockN / 2; ++i) {
     const int key = n0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
     const int query = row0 + ((i % 4) / 2) * 8;
+    const bool visible = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
     float x = s[i] * sh.scale_log2;
-    if (!scale_only) {
-      const bool visible = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
-      if (mask_needed && visible && query < sh.seqlen_q) x += mask.add_log2(query, key);
-      x = visible ? x : -INFINITY;
-    }
-    s[i] = x;
+    if (mask_needed && visible && query < sh.seqlen_q) x += mask.add_log2(query, key);
+    s[i] = visible ? x : -INFINITY;
   }
 }
 
-// Running max (raw scores) and partial sum (this thread's columns only) of this thread's two rows.
+// Running max (in base-2 units: scores times their scale) and partial sum (this thread's columns only)
+// of this thread's two rows.
 template <int kBlockN>
 struct OnlineSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
 
-  // Turns raw scores into exp2(s * scale_log2 - max * scale_log2) in place (one FFMA and one EX2 per
-  // score; the scale must be positive) and returns the factor the older O rows must be scaled by.
-  __device__ __forceinline__ void update(float (&s)[kBlockN / 2], float scale_log2, float (&correction)[2]) {
+  // Turns scores into exp2(s * scale - max) in place (one FFMA and one EX2 per score; the scale must be
+  // positive: scale * log2 e for raw scores, 1 for scores already in base-2 units) and returns the
+  // factor the older O rows must be scaled by. Since a positive scale keeps the order of the scores,
+  // the max of s * scale is (the max of s) * scale: one multiply per row.
+  __device__ __forceinline__ void update(float (&s)[kBlockN / 2], float scale, float (&correction)[2]) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float block_max = row_max[half];
+      float block_max = -INFINITY;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
         block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]));
       }
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffff, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffff, block_max, 2));
+      const float new_max = fmaxf(row_max[half], block_max * scale);
       // A row that has seen no key yet keeps max -inf; subtracting 0 then keeps its exp2 at 0.
-      const float base = block_max == -INFINITY ? 0.f : block_max * scale_log2;
-      correction[half] = exp2f(row_max[half] * scale_log2 - base);
-      row_max[half] = block_max;
+      const float base = new_max == -INFINITY ? 0.f : new_max;
+      correction[half] = exp2f(row_max[half] - base);
+      row_max[half] = new_max;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           float& x = s[4 * j + 2 * half + c];
-          x = exp2f(fmaf(x, scale_log2, -base));
+          x = exp2f(fmaf(x, scale, -base));
           sum += x;
         }
       }
@@ -273,13 +275,11 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kCount], const float (&c
   for (int i = 0; i < kCount; ++i) o[i] *= correction[(i % 4) / 2];
 }
 
-// O / rowsum and the natural-log LSE of this thread's two rows, straight to global memory. score_scale
-// is what the softmax multiplied the scores by: scale * log2 e, or 1 for the masked kernel's
-// pre-scaled scores.
+// O / rowsum and the natural-log LSE of this thread's two rows, straight to global memory.
 template <typename T, int kHeadDim, int kBlockN>
 __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (&o)[kHeadDim / 2],
-                                               const OnlineSoftmax<kBlockN>& softmax, float score_scale, int head,
-                                               int batch, int row0, int lane) {
+                                               const OnlineSoftmax<kBlockN>& softmax, int head, int batch,
+                                               int row0, int lane) {
   using Ops = sm80::ElementOps<T>;
   const AttentionShape& sh = p.shape;
   T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head;  // [Lq, D]
@@ -294,7 +294,7 @@ __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (
     // A NaN score makes sum NaN, and NaN must reach out and lse: test for exactly 0 (no key).
     const float inv = sum == 0.f ? 0.f : 1.f / sum;
     if (lane % 4 == 0) {
-      lse[row] = sum == 0.f ? -INFINITY : (softmax.row_max[half] * score_scale + log2f(sum)) * 0.6931471805599453f;
+      lse[row] = sum == 0.f ? -INFINITY : (softmax.row_max[half] + log2f(sum)) * 0.6931471805599453f;
     }
     T* out_row = out + row * p.out_strides.row;
 #pragma unroll
@@ -384,16 +384,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     auto needs_mask = [&](int n0) {
       return n0 + kBlockN > sh.seqlen_k || (sh.is_causal && n0 + kBlockN - 1 > first_row + sh.causal_offset);
     };
-    const float score_scale = kMasked ? 1.f : sh.scale_log2;  // what the softmax multiplies scores by
+    // Masks block `block`'s scores; returns the scale the softmax must apply to them.
     auto apply_masks = [&](int block) {
       const int n0 = block * kBlockN;
       if constexpr (kMasked) {
         const bool mask_needed = walk.mask.needed(block);
-        const bool scale_only = !mask_needed && !needs_mask(n0);
-        mask_scores<kBlockN, T>(s, n0, row0, lane, sh, walk.mask, mask_needed, scale_only);
+        if (mask_needed || needs_mask(n0)) {
+          mask_scores<kBlockN, T>(s, n0, row0, lane, sh, walk.mask, mask_needed);
+          return 1.f;  // already in base-2 units
+        }
       } else {
         if (needs_mask(n0)) mask_scores<kBlockN>(s, n0, row0, lane, sh);
       }
+      return sh.scale_log2;
     };
     // Visit i (the i-th key block walked) uses ring position kv_iter + i.
     auto stage_of = [&](int i) { return (kv_iter + i) % kStages; };
@@ -414,8 +417,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         mbar_arrive(&bars.k_empty[stage_of(0)]);
         if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);  // the tile's last QK^T GEMM is done
       }
-      apply_masks(block);
-      softmax.update(s, score_scale, correction);
+      softmax.update(s, apply_masks(block), correction);
       accumulator_to_a<T, kBlockN>(prob, s);
 
       int n = 1;  // visits so far
@@ -437,8 +439,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           mbar_arrive(&bars.k_empty[stage]);
           if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);
         }
-        apply_masks(block);
-        softmax.update(s, score_scale, correction);
+        softmax.update(s, apply_masks(block), correction);
         wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
         fence_registers(o);
         fence_registers(prob);
@@ -458,7 +459,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       ++q_iter;
     }
     // Meanwhile the producer is already loading the next tile's Q and first key blocks.
-    write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, score_scale, t.head, t.batch, row0, lane);
+    write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, t.head, t.batch, row0, lane);
   }
 #endif
 }
