@@ -218,31 +218,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
         }
       } else {
 #pragma unroll
-      for (int mt = 0; mt < kSMTiles; ++mt) {
-#pragma unroll
-        for (int j = 0; j < kSNTiles; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s_acc[mt][j][e] = exp2f(s_acc[mt][j][e] * s.scale_log2 - lse_log2[j][e % 2]);
-        }
-      }
-      // Only blocks on the causal diagonal or past either sequence end pay for the mask.
-      if (m0 + kBlockM > s.seqlen_q || n0 + kBlockN > s.seqlen_k ||
-          (s.is_causal && n0 + s_key0 + Cfg::kSKeys - 1 > m0 + s_query0 + s.causal_offset)) {
-#pragma unroll
         for (int mt = 0; mt < kSMTiles; ++mt) {
 #pragma unroll
           for (int j = 0; j < kSNTiles; ++j) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int key = n0 + s_key0 + mt * 16 + lane / 4 + (e / 2) * 8;
-              const int query = m0 + s_query0 + j * 8 + (lane % 4) * 2 + (e % 2);
-              const bool visible =
-                  (query < s.seqlen_q) & key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset);
-              s_acc[mt][j][e] = visible ? s_acc[mt][j][e] : 0.f;
+            for (int e = 0; e < 4; ++e) s_acc[mt][j][e] = exp2f(s_acc[mt][j][e] * s.scale_log2 - lse_log2[j][e % 2]);
+          }
+        }
+        // Only blocks on the causal diagonal or past either sequence end pay for the mask.
+        if (m0 + kBlockM > s.seqlen_q || n0 + kBlockN > s.seqlen_k ||
+            (s.is_causal && n0 + s_key0 + Cfg::kSKeys - 1 > m0 + s_query0 + s.causal_offset)) {
+#pragma unroll
+          for (int mt = 0; mt < kSMTiles; ++mt) {
+#pragma unroll
+            for (int j = 0; j < kSNTiles; ++j) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int key = n0 + s_key0 + mt * 16 + lane / 4 + (e / 2) * 8;
+                const int query = m0 + s_query0 + j * 8 + (lane % 4) * 2 + (e % 2);
+                const bool visible =
+                    (query < s.seqlen_q) & key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset);
+                s_acc[mt][j][e] = visible ? s_acc[mt][j][e] : 0.f;
+              }
             }
           }
         }
-      }
       }
 #pragma unroll
       for (int mt = 0; mt < kSMTiles; ++mt) {
