@@ -136,6 +136,16 @@ def test_mask_oracle(batch, seqlens, heads_q, heads_kv, head_dim, dtype, causal,
                  mask_grad=kind == "float")
 
 
+@pytest.mark.parametrize("batch,seqlens,heads_q,heads_kv,head_dim,dtype,causal,kind,shape_name", _cases()[::4])
+def test_mask_oracle_on_the_sm80_path(batch, seqlens, heads_q, heads_kv, head_dim, dtype, causal, kind, shape_name,
+                                      monkeypatch):
+    """Every fourth case again with FLASHATTN_FORCE_SM80=1: on Hopper the masked forward otherwise runs
+    the sm90 kernel, so this keeps the sm80 masked forward under the oracle there too."""
+    monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
+    check_masked(batch, seqlens[0], seqlens[1], heads_q, heads_kv, head_dim, dtype, causal, kind, shape_name,
+                 mask_grad=kind == "float")
+
+
 @pytest.mark.parametrize("shape_name", ["11qk", "b11k", "bhqk", "strided"])
 @pytest.mark.parametrize("seqlens", [(97, 203), (300, 300)])
 def test_float32_mask_with_bf16_inputs(shape_name, seqlens):
