@@ -6,13 +6,14 @@ description alone.
 
 Profiles (environment variable FLASHATTN_FUZZ_PROFILE, default ``ci``):
 
-* ``ci``: 200 examples per test, derandomized (the same examples on every run), sequence lengths up to
-  70; tests/test_fuzz.py takes about 20 s on 2 CPU cores.
-* ``gpu``: 1,000 examples per test, derandomized, sequence lengths up to 300 so the GPU kernels'
-  64/128-row tiles are crossed several times; only the CUDA variants run (the CPU ones skip), with
-  float16/bfloat16 tensors drawn on the GPU and judged by the oracle of flashattn.testing:
-  ``FLASHATTN_FUZZ_PROFILE=gpu python -m pytest tests/test_fuzz.py`` (3,750 examples over the four
-  tests; a few minutes on an H200 by estimate).
+* ``ci``: 200 examples per test (400 for the two masked tests), derandomized (the same examples on
+  every run), sequence lengths up to 70; tests/test_fuzz.py takes about 40 s on 2 CPU cores (the
+  masked tests about 20 s of it).
+* ``gpu``: 1,000 examples per test (2,000 for the masked ones), derandomized, sequence lengths up to
+  300 so the GPU kernels' 64/128-row tiles are crossed several times; only the CUDA variants run (the
+  CPU ones skip), with float16/bfloat16 tensors (and masks) drawn on the GPU and judged by the oracle
+  of flashattn.testing: ``FLASHATTN_FUZZ_PROFILE=gpu python -m pytest tests/test_fuzz.py`` (7,750
+  examples over the six tests; a few minutes on an H200 by estimate).
 * ``long``: 2,000 random (not derandomized) examples per test, for a local soak (about 20 minutes
   on 2 cores); a failure prints the case, which then belongs in test_fuzz.py as a plain test.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -392,6 +393,178 @@ def sdpa_cases(draw, device: str):
 
 
 # --------------------------------------------------------------------------------------------------
+# Attention masks
+# --------------------------------------------------------------------------------------------------
+
+# "bool" (True = the key takes part), "float" (additive, of q's dtype), "float32" (additive). "none" is
+# rare here: the unmasked tests draw nothing else. (Hypothesis favours the first of a sampled_from and
+# the low end of integers, hence the orders below.)
+MASK_KINDS = ("bool", "float", "float32", "bool", "float", "float32", "none")
+FLOAT_MASK_KINDS = ("float", "float32")
+
+# Broadcast shapes of a mask, aligned to the right of the attention weights (B, H, Lq, Lk) as torch
+# broadcasts them: a named dim is the weights' own size, "1" broadcasts. SDPA inputs with fewer dims
+# take the trailing dims of a shape; a 5-dim SDPA case may add its first batch dim (see mask_cases).
+MASK_DIMS = (
+    ("lk",),
+    ("lq", "lk"),
+    ("1", "1", "lq", "lk"),
+    ("b", "1", "1", "lk"),
+    ("b", "1", "lq", "lk"),
+    ("1", "h", "lq", "lk"),
+    ("b", "h", "lq", "lk"),
+)
+
+
+@dataclass(frozen=True)
+class MaskCase:
+    """An attention mask: its kind, broadcast shape (``dims``, see MASK_DIMS) and memory layout (a
+    strided last dim sometimes); a float mask holds ``magnitude * randn`` values. A fraction
+    ``excluded`` of the entries is False / -inf, and with ``empty_rows`` about a third of the mask's
+    rows (every key of them; the whole mask for a ``("lk",)`` one) too. ``requires_grad``: a float
+    mask whose gradient is checked."""
+
+    kind: str
+    dims: Tuple[str, ...] = ()
+    layout: Optional[Layout] = None
+    magnitude: float = 0.0
+    excluded: float = 0.0
+    empty_rows: bool = False
+    requires_grad: bool = False
+    seed: int = 0
+
+    def dtype(self, q_dtype: torch.dtype) -> Optional[torch.dtype]:
+        return {"none": None, "bool": torch.bool, "float": q_dtype, "float32": torch.float32}[self.kind]
+
+    def shape(self, weights_shape: Sequence[int]) -> Tuple[int, ...]:
+        """The mask's shape for attention weights of ``weights_shape``: ``dims`` aligned to its right."""
+        full = tuple(weights_shape)
+        assert len(self.dims) <= len(full), (self.dims, full)
+        lead = len(full) - len(self.dims)
+        return tuple(1 if name == "1" else full[lead + i] for i, name in enumerate(self.dims))
+
+
+@st.composite
+def mask_cases(draw, dtype, weights_rank: int = 4) -> MaskCase:
+    """A mask for attention weights of rank ``weights_rank`` (4 for the op; 2 to 5 for SDPA): a shape
+    of MASK_DIMS cut to that rank, and for rank 5 sometimes with the first batch dim ("a") too."""
+    kind = draw(st.sampled_from(MASK_KINDS))
+    if kind == "none":
+        return MaskCase("none")
+    dims = draw(st.sampled_from(MASK_DIMS))
+    dims = dims[max(0, len(dims) - weights_rank):]
+    if weights_rank == 5 and len(dims) == 4 and draw(st.booleans()):
+        dims = ("a",) + dims
+    low = dtype in LOW_PRECISION
+    # Low precision stays where the FA2 oracle can judge a gradient (see LOW_PRECISION above): masks
+    # that make the softmax close to one-hot (large values) or leave rows only a few keys stay out,
+    # and so do short sequences (low_precision_mask_seqlens).
+    magnitudes = [0.5, 1.0] if low else [0.5, 1.0, 4.0, 16.0]
+    fractions = [0.0, 0.1, 0.3] if low else [0.0, 0.1, 0.5, 0.9]
+    is_float = kind in FLOAT_MASK_KINDS
+    return MaskCase(
+        kind=kind,
+        dims=dims,
+        layout=draw(layouts(len(dims), last_dim_strided=True)),
+        magnitude=draw(st.sampled_from(magnitudes)) if is_float else 0.0,
+        excluded=draw(st.sampled_from(fractions)),
+        empty_rows=draw(st.booleans()),
+        requires_grad=is_float and draw(st.integers(0, 2)) < 2,
+        seed=draw(seeds),
+    )
+
+
+def _generator_on(device, gen: torch.Generator) -> torch.Generator:
+    if torch.device(device).type == "cpu":
+        return gen
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def make_mask(case: MaskCase, shape, q_dtype, device) -> Optional[torch.Tensor]:
+    """The mask of ``case`` with the given (broadcast) shape, a view in ``case.layout`` of a storage
+    whose other elements are NaN (float) or random (bool), so that reading outside the view shows;
+    a float mask with ``requires_grad`` is a view of a leaf that requires grad. Drawn on the device
+    from ``case.seed`` (as make_storage does)."""
+    if case.kind == "none":
+        return None
+    dtype = case.dtype(q_dtype)
+    gen = _generator_on(device, torch.Generator().manual_seed(case.seed))
+    shape = tuple(shape)
+    uniform = lambda size: torch.rand(size, generator=gen, dtype=torch.float64, device=device)  # noqa: E731
+    excluded = uniform(shape) < case.excluded
+    if case.empty_rows:
+        excluded |= (uniform(shape[:-1]) < 1 / 3).unsqueeze(-1)
+    if dtype == torch.bool:
+        values = ~excluded
+        storage = uniform(case.layout.storage_shape(shape)) < 0.5
+    else:
+        values = torch.randn(shape, generator=gen, dtype=torch.float64, device=device) * case.magnitude
+        values = values.masked_fill(excluded, float("-inf")).to(dtype)
+        storage = torch.full(case.layout.storage_shape(shape), float("nan"), dtype=dtype, device=device)
+    case.layout.view(storage, shape).copy_(values)
+    if case.requires_grad:
+        storage.requires_grad_()
+    mask = case.layout.view(storage, shape)
+    assert tuple(mask.shape) == shape and torch.equal(mask.detach(), values)
+    return mask
+
+
+@dataclass(frozen=True)
+class OpMaskCase:
+    """torch.ops.flashattn.fwd (``api="fwd"``) or flashattn.ops.attention (``"attention"``, and
+    ``"attention_deterministic"``) with a mask, expanded to ``[B, Hq, Lq, Lk]`` for the call."""
+
+    api: str
+    op: OpCase
+    mask: MaskCase
+
+
+@dataclass(frozen=True)
+class SdpaMaskCase:
+    """flashattn.scaled_dot_product_attention with ``attn_mask`` in torch's broadcast convention."""
+
+    sdpa: SdpaCase
+    mask: MaskCase
+
+
+# float16/bfloat16 masked cases draw sequence lengths of at least this (or 0): on shorter ones the
+# gradient of a float mask (dS, summed over the rows a broadcast mask covers) misses the FA2 oracle now
+# and then although the kernel computes the FlashAttention backward faithfully (FlashAttention's delta
+# from the low-precision out; tests/test_mask_regressions.py). For an (Lk,) mask with 3/8 of the keys
+# -inf, Lq = Lk = D = 8 missed in 13 of 600 seeds, Lq = Lk = 16 in 1 of 600, 24 and 32 in none; with
+# 16 as the minimum the fuzzer still found a miss (Lk = 18, top-left causal) in 3,000 random cases,
+# with 24 none in 4,000 random cases whose float mask requires grad. float32/float64 cover the rest.
+LOW_PRECISION_MASK_MIN_SEQLEN = 24
+
+
+@st.composite
+def low_precision_mask_seqlens(draw):
+    return 0 if draw(st.integers(0, 7)) == 7 else draw(seqlens(LOW_PRECISION_MASK_MIN_SEQLEN))
+
+
+@st.composite
+def op_mask_cases(draw, device: str):
+    op = draw(op_cases(device))
+    mask = draw(mask_cases(op.dtype))
+    if op.dtype in LOW_PRECISION and mask.kind != "none":
+        op = replace(op, seqlen_q=draw(low_precision_mask_seqlens()), seqlen_k=draw(low_precision_mask_seqlens()))
+    return OpMaskCase(api=draw(st.sampled_from(["fwd", "attention", "attention_deterministic"])), op=op, mask=mask)
+
+
+@st.composite
+def sdpa_mask_cases(draw, device: str):
+    sdpa = draw(sdpa_cases(device))
+    mask = draw(mask_cases(sdpa.dtype, weights_rank=len(sdpa.shapes()[0])))
+    if sdpa.dtype in LOW_PRECISION and mask.kind != "none":
+        sdpa = replace(sdpa, seqlen_q=draw(low_precision_mask_seqlens()), seqlen_k=draw(low_precision_mask_seqlens()))
+    if mask.kind != "none":
+        # torch (and the drop-in) reject attn_mask with is_causal=True: drawn rarely, it checks the error.
+        sdpa = replace(sdpa, is_causal=draw(st.integers(0, 7)) == 7)
+    return SdpaMaskCase(sdpa=sdpa, mask=mask)
+
+
+# --------------------------------------------------------------------------------------------------
 # The correctness check
 # --------------------------------------------------------------------------------------------------
 
@@ -401,16 +574,33 @@ def sdpa_cases(draw, device: str):
 ROUNDING_BUDGET_EPS = 16.0
 
 
-def rounding_magnitudes(q, k, v, dout, scale: float, is_causal: bool, bottom_right: bool):
+def visible_keys(seqlen_q: int, seqlen_k: int, is_causal: bool, bottom_right: bool, attn_mask=None, device=None):
+    """Bool, True where a key takes part in a query's row: ``[Lq, Lk]``, or ``[B, Hq, Lq, Lk]`` with a
+    ``[B, Hq, Lq, Lk]`` attn_mask (bool, or additive: -inf excludes)."""
+    if is_causal:
+        offset = seqlen_k - seqlen_q if bottom_right else 0
+        visible = torch.arange(seqlen_k)[None, :] <= torch.arange(seqlen_q)[:, None] + offset
+    else:
+        visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool)
+    visible = visible.to(device)
+    if attn_mask is not None:
+        visible = visible & (attn_mask if attn_mask.dtype == torch.bool else attn_mask != float("-inf"))
+    return visible
+
+
+def rounding_magnitudes(q, k, v, dout, scale: float, is_causal: bool, bottom_right: bool, attn_mask=None,
+                        sum_to_mask=None):
     """How large the float32/float64 rounding error of each result may get, for inputs with no error.
 
-    q ``[B, Lq, Hq, D]``, k/v ``[B, Lk, Hk, D]``, dout like q, float64. The same sums as the attention
+    q ``[B, Lq, Hq, D]``, k/v ``[B, Lk, Hk, D]``, dout like q, float64; attn_mask (optional) the
+    ``[B, Hq, Lq, Lk]`` mask as the kernels see it, bool or float64. The same sums as the attention
     forward and backward, evaluated on absolute values (the classical running error bound): out is
     ``P |v|``; dv ``P^T |dout|``; dq and dk ``|scale| dS_abs |k|`` and ``|scale| dS_abs^T |q|`` with
-    ``dS_abs = P (|dout| |v|^T + |dout . out|)``. A score's rounding error grows with
-    ``|scale| |q| . |k|`` and a sum's with the square root of its length, hence the condition factor.
+    ``dS_abs = P (|dout| |v|^T + |dout . out|)``; the mask's gradient ``dS_abs`` summed by
+    ``sum_to_mask`` over the dims the mask broadcasts. A score's rounding error grows with
+    ``|scale| |q| . |k| + |mask|`` and a sum's with the square root of its length, hence the condition factor.
 
-    Returns (condition factor, {"out": ..., "q": ..., "k": ..., "v": ...}) of maxima.
+    Returns (condition factor, {"out": ..., "q": ..., "k": ..., "v": ..., "mask": ...}) of maxima.
     """
     batch, seqlen_q, heads_q, _ = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
@@ -419,13 +609,12 @@ def rounding_magnitudes(q, k, v, dout, scale: float, is_causal: bool, bottom_rig
     q_abs, k_abs, v_abs, dout_abs = q.abs(), k_rep.abs(), v_rep.abs(), dout.abs()
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k_rep) * scale
     scores_abs = torch.einsum("bqhd,bkhd->bhqk", q_abs, k_abs) * abs(scale)
-    if is_causal:
-        offset = seqlen_k - seqlen_q if bottom_right else 0
-        visible = torch.arange(seqlen_k)[None, :] <= torch.arange(seqlen_q)[:, None] + offset
-    else:
-        visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool)
-    visible = visible.to(q.device)
-    empty = ~visible.any(dim=1, keepdim=True)
+    visible = visible_keys(seqlen_q, seqlen_k, is_causal, bottom_right, attn_mask, q.device)
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        additive = torch.where(visible, attn_mask, 0.0)
+        scores = scores + additive
+        scores_abs = scores_abs + additive.abs()
+    empty = ~visible.any(dim=-1, keepdim=True)
     probs = torch.softmax(scores.masked_fill(~(visible | empty), float("-inf")), dim=-1).masked_fill(empty, 0.0)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v_rep)
     out_abs = torch.einsum("bhqk,bkhd->bqhd", probs, v_abs)
@@ -444,7 +633,10 @@ def rounding_magnitudes(q, k, v, dout, scale: float, is_causal: bool, bottom_rig
 
     score = amax(scores_abs * visible)
     factor = 1.0 + score + math.sqrt(max(seqlen_q * group, seqlen_k, 1))
-    return factor, {"out": amax(out_abs), "q": amax(dq_abs), "k": amax(dk_abs), "v": amax(dv_abs)}
+    magnitudes = {"out": amax(out_abs), "q": amax(dq_abs), "k": amax(dk_abs), "v": amax(dv_abs)}
+    if sum_to_mask is not None:
+        magnitudes["mask"] = amax(sum_to_mask(ds_abs))
+    return factor, magnitudes
 
 
 def _max_err(result: torch.Tensor, ref: torch.Tensor) -> float:
@@ -476,22 +668,25 @@ def check_lse(lse: torch.Tensor, ref_lse: torch.Tensor, factor: float) -> None:
     assert err <= budget, f"lse: max|lse - ref| = {err:.3e} exceeds the rounding budget {budget:.3e}"
 
 
-def flash_backward_emulation(q, k, v, dout, out, scale: float, is_causal: bool, bottom_right: bool):
+def flash_backward_emulation(q, k, v, dout, out, scale: float, is_causal: bool, bottom_right: bool, attn_mask=None):
     """(dq, dk, dv) the way FlashAttention's backward defines them, in float64: exact softmax and
     products, except delta = rowsum(dout * out) taken from the given ``out`` (the kernel's
-    low-precision output). ``[B, L, H, D]`` tensors; a row that sees no key has zero gradients."""
+    low-precision output). ``[B, L, H, D]`` tensors; a row that sees no key has zero gradients.
+    With ``attn_mask`` (``[B, Hq, Lq, Lk]``, bool or additive) the scores are masked as the kernels
+    mask them, and a fourth result is dS ``[B, Hq, Lq, Lk]``, the gradient of a floating mask."""
     q, k, v, dout, out = (t.detach().double() for t in (q, k, v, dout, out))
     seqlen_q, heads_q = q.shape[1], q.shape[2]
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
     k_rep, v_rep = (t.repeat_interleave(group, dim=2) for t in (k, v))
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k_rep) * scale
-    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
-    if is_causal:
-        offset = seqlen_k - seqlen_q if bottom_right else 0
-        rows = torch.arange(seqlen_q, device=q.device)[:, None]
-        visible = torch.arange(seqlen_k, device=q.device)[None, :] <= rows + offset
-    empty = ~visible.any(dim=1, keepdim=True)
+    mask = None if attn_mask is None else attn_mask.detach()
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.double()
+    visible = visible_keys(seqlen_q, seqlen_k, is_causal, bottom_right, mask, q.device)
+    if mask is not None and mask.dtype != torch.bool:
+        scores = scores + torch.where(visible, mask, 0.0)
+    empty = ~visible.any(dim=-1, keepdim=True)
     probs = torch.softmax(scores.masked_fill(~(visible | empty), float("-inf")), dim=-1).masked_fill(empty, 0.0)
     dp = torch.einsum("bqhd,bkhd->bhqk", dout, v_rep)
     delta = (dout * out).sum(-1).transpose(1, 2).unsqueeze(-1)  # [B, Hq, Lq, 1]
@@ -499,4 +694,6 @@ def flash_backward_emulation(q, k, v, dout, out, scale: float, is_causal: bool, 
     dq = torch.einsum("bhqk,bkhd->bqhd", ds, k_rep) * scale
     dk = (torch.einsum("bhqk,bqhd->bkhd", ds, q) * scale).unflatten(2, (heads_kv, group)).sum(3)
     dv = torch.einsum("bhqk,bqhd->bkhd", probs, dout).unflatten(2, (heads_kv, group)).sum(3)
+    if attn_mask is not None:
+        return dq, dk, dv, ds
     return dq, dk, dv

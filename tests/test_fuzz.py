@@ -16,6 +16,17 @@ of GUIDE section 4 for float16/bfloat16 (flashattn.testing, same tolerances). fl
 stay where that oracle can judge a gradient (sizes of at least 8, |scale| <= 1/sqrt(D)): outside it the
 FlashAttention backward itself misses the oracle (LOW_PRECISION_LIMITS below).
 
+The *_with_mask tests add an attention mask to those cases (fuzz_strategies.mask_cases): bool, float
+of q's dtype or float32; any broadcast shape from (Lk,) to (B, H, Lq, Lk), sometimes with a strided
+last dim; -inf / False entries and fully masked rows sometimes. The op and flashattn.ops.attention get
+it expanded to [B, Hq, Lq, Lk] (the reference: attention_reference), the SDPA drop-in in torch's
+broadcast convention (the reference: torch's SDPA; attn_mask with is_causal=True must raise, as in
+torch). A float mask that requires grad has its gradient (with respect to the mask before the
+broadcast) checked like q's; rows that see no key must give exact zeros in out, dq and the mask's
+gradient, and no NaN anywhere. float16/bfloat16 masked cases keep sequence lengths of at least 24 (or
+0): on shorter ones the FA2 oracle can reject the mask's gradient of a faithful FlashAttention backward
+(tests/test_mask_regressions.py).
+
 The number of examples comes from the profile in FLASHATTN_FUZZ_PROFILE (ci, the default; gpu; long).
 Every test runs on the CPU and, where flashattn's CUDA kernels can run, on the GPU; the gpu profile
 runs the GPU variants only (FLASHATTN_FUZZ_PROFILE=gpu python -m pytest tests/test_fuzz.py).
@@ -43,18 +54,24 @@ from fuzz_strategies import (
     PROFILE,
     Layout,
     OpCase,
+    OpMaskCase,
     PackedCase,
     SdpaCase,
+    SdpaMaskCase,
     check_lse,
     check_rounding,
     contiguous_layout,
     flash_backward_emulation,
     fuzz_settings,
+    make_mask,
     make_storage,
     op_cases,
+    op_mask_cases,
     packed_cases,
     rounding_magnitudes,
     sdpa_cases,
+    sdpa_mask_cases,
+    visible_keys,
 )
 
 _GPU_ONLY = pytest.mark.skipif(PROFILE == "gpu", reason="the gpu fuzz profile runs the CUDA variants only")
@@ -83,44 +100,84 @@ def _leaves(inputs, dtype):
     return [t.detach().to(dtype).requires_grad_() for t in inputs]
 
 
-def run_and_check(api, inputs, dout, reference, to_bshd, components, scale, is_causal, bottom_right, lse_expected):
+def _mask_leaf(mask, dtype):
+    """A fresh copy of ``mask`` for a reference: floating ones in ``dtype`` (requiring grad as the mask does)."""
+    if mask is None or mask.dtype == torch.bool:
+        return None if mask is None else mask.detach().clone()
+    return mask.detach().to(dtype).requires_grad_(mask.requires_grad)
+
+
+def _sum_to_mask(mask_to_full, mask):
+    """The adjoint of ``mask_to_full`` (a broadcast of ``mask`` to ``[B, Hq, Lq, Lk]``): a function
+    summing a ``[B, Hq, Lq, Lk]`` tensor over the dims the mask broadcasts, to the mask's shape."""
+
+    def sum_to_mask(full):
+        x = torch.zeros(mask.shape, dtype=full.dtype, device=full.device, requires_grad=True)
+        with torch.enable_grad():
+            (grad,) = torch.autograd.grad(mask_to_full(x), x, full)
+        return grad
+
+    return sum_to_mask
+
+
+def run_and_check(api, inputs, dout, reference, to_bshd, components, scale, is_causal, bottom_right, lse_expected,
+                  mask=None, mask_to_full=None):
     """Calls ``api(*inputs) -> (out, lse or None)``, backpropagates ``dout``, and checks everything.
 
     reference(*inputs) computes the API's result with plain PyTorch (autograd gives its gradients);
     to_bshd(*inputs, dout) -> (q, k, v, dout) in ``[B, L, H, D]`` for the reference lse and the rounding
     budget; components[i] names the tensors ("q", "k", "v") that inputs[i] holds.
+
+    With ``mask_to_full`` (the masked tests; inputs are then q, k, v) the attention mask ``mask`` (None,
+    or the tensor in the shape the API is given) is passed last to api and reference, and
+    ``mask_to_full(mask)`` is the ``[B, Hq, Lq, Lk]`` mask the kernels see. A floating mask that
+    requires grad has its gradient checked like an input's. Rows that see no key must give exact zeros
+    in out and dq, the mask's gradient exact zeros wherever its key takes no part, and nothing a NaN.
     """
+    masked = mask_to_full is not None
     dtype = inputs[0].dtype
-    out, lse = api(*inputs)
+    out, lse = api(*inputs, *((mask,) if masked else ()))
     assert out.dtype == dtype and out.device == inputs[0].device
     assert (lse is not None) == lse_expected
-    grads = _grads(out, inputs, dout)
+    mask_grad = mask is not None and mask.requires_grad
+    grads = _grads(out, tuple(inputs) + ((mask,) if mask_grad else ()), dout)
+    if mask_grad:
+        components = tuple(components) + (("mask",),)
 
     ref_dtype = torch.float32 if dtype in LOW_PRECISION else torch.float64
     ref_inputs = _leaves(inputs, ref_dtype)
-    ref_out = reference(*ref_inputs)
-    ref_grads = _grads(ref_out, ref_inputs, dout.detach().to(ref_dtype))
+    ref_mask = _mask_leaf(mask, ref_dtype)
+    ref_out = reference(*ref_inputs, *((ref_mask,) if masked else ()))
+    ref_grads = _grads(ref_out, ref_inputs + ([ref_mask] if mask_grad else []), dout.detach().to(ref_dtype))
     assert out.shape == ref_out.shape, f"out shape {tuple(out.shape)} != {tuple(ref_out.shape)}"
-    assert all(g.shape == t.shape and g.dtype == dtype for g, t in zip(grads, inputs))
+    differentiated = tuple(inputs) + ((mask,) if mask_grad else ())
+    assert all(g.shape == t.shape and g.dtype == t.dtype for g, t in zip(grads, differentiated))
 
     q, k, v, dout_bshd = to_bshd(*(t.detach() for t in ref_inputs), dout.detach().to(ref_dtype))
+    full_mask = None if mask is None else mask_to_full(ref_mask.detach())  # [B, Hq, Lq, Lk]
+    sum_to_mask = None if mask is None else _sum_to_mask(mask_to_full, mask)
+    names = [f"grad of input {i} ({'+'.join(c)})" for i, c in enumerate(components)]
+    if mask_grad:
+        names[-1] = "grad of attn_mask"
     if dtype in LOW_PRECISION:
         base_inputs = _leaves(inputs, dtype)
-        base_out = reference(*base_inputs, upcast=False)
-        base_grads = _grads(base_out, base_inputs, dout.detach())
+        base_mask = _mask_leaf(mask, None if mask is None else mask.dtype)
+        base_out = reference(*base_inputs, *((base_mask,) if masked else ()), upcast=False)
+        base_grads = _grads(base_out, base_inputs + ([base_mask] if mask_grad else []), dout.detach())
         assert_oracle("out", out, ref_out, base_out.detach(), OUT_FACTOR)
-        for i, (g, r, b) in enumerate(zip(grads, ref_grads, base_grads)):
-            assert_oracle(f"grad of input {i} ({'+'.join(components[i])})", g, r, b, GRAD_FACTOR)
+        for name, g, r, b in zip(names, grads, ref_grads, base_grads):
+            assert_oracle(name, g, r, b, GRAD_FACTOR)
         factor = None
     else:
-        factor, magnitudes = rounding_magnitudes(q, k, v, dout_bshd, scale, is_causal, bottom_right)
+        factor, magnitudes = rounding_magnitudes(q, k, v, dout_bshd, scale, is_causal, bottom_right, full_mask,
+                                                 sum_to_mask if mask_grad else None)
         check_rounding("out", out, ref_out, magnitudes["out"], factor)
-        for i, (g, r) in enumerate(zip(grads, ref_grads)):
-            magnitude = max(magnitudes[name] for name in components[i])
-            check_rounding(f"grad of input {i} ({'+'.join(components[i])})", g, r, magnitude, factor)
+        for name, component, g, r in zip(names, components, grads, ref_grads):
+            magnitude = max(magnitudes[c] for c in component)
+            check_rounding(name, g, r, magnitude, factor)
 
     if lse is not None:
-        _, ref_lse = attention_reference(q, k, v, scale, is_causal, bottom_right, return_lse=True)
+        _, ref_lse = attention_reference(q, k, v, scale, is_causal, bottom_right, return_lse=True, attn_mask=full_mask)
         assert lse.shape == ref_lse.shape and lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
         if factor is None:  # low precision: the GPU suite's lse tolerance (tests/test_gpu_attention.py)
             empty = torch.isneginf(ref_lse)
@@ -128,6 +185,19 @@ def run_and_check(api, inputs, dout, reference, to_bshd, components, scale, is_c
             torch.testing.assert_close(lse[~empty], ref_lse[~empty], atol=1e-3, rtol=1e-4)
         else:
             check_lse(lse, ref_lse, factor)
+
+    if masked:  # exact zeros where no key takes part
+        visible = visible_keys(q.shape[1], k.shape[1], is_causal, bottom_right, full_mask, q.device)
+        empty = ~visible.expand(q.shape[0], q.shape[2], -1, -1).any(dim=-1)  # [B, Hq, Lq]
+        dq, _, _, out_bshd = to_bshd(*grads[:3], out.detach())
+        for name, t in (("out", out_bshd), ("dq", dq)):
+            rows = t.transpose(1, 2)[empty]
+            assert not rows.isnan().any() and (rows == 0).all(), f"{name}: rows that see no key are not zero"
+        if mask_grad:
+            takes_part = sum_to_mask(visible.expand(full_mask.shape).to(ref_dtype)) > 0
+            unused = grads[-1][~takes_part]
+            assert not unused.isnan().any() and (unused == 0).all(), \
+                "grad of attn_mask: not zero where its key takes no part (masked, causal-hidden or an empty row)"
     return out, lse, grads
 
 
@@ -306,6 +376,102 @@ def check_sdpa_case(case: SdpaCase, device: str = "cpu"):
 @given(data=st.data())
 def test_fuzz_sdpa(device, data):
     check_sdpa_case(data.draw(sdpa_cases(device), label="case"), device)
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention masks: the op / flashattn.ops.attention and the SDPA drop-in
+# --------------------------------------------------------------------------------------------------
+
+
+def check_op_mask_case(case: OpMaskCase, device: str = "cpu"):
+    """torch.ops.flashattn.fwd or flashattn.ops.attention with the mask of ``case`` expanded to
+    ``[B, Hq, Lq, Lk]`` (a stride-0 view), against attention_reference; a float mask's gradient is
+    taken with respect to the mask before the expand (summed over its broadcast dims)."""
+    op = case.op
+    q, k, v, dout = _op_inputs(op, device)
+    scale = _default_scale(op.head_dim) if op.scale is None else op.scale
+    full = (op.batch, op.heads_q, op.seqlen_q, op.seqlen_k)
+    mask = make_mask(case.mask, case.mask.shape(full), op.dtype, device)
+
+    def to_full(m):
+        return None if m is None else m.expand(full)
+
+    def api(q, k, v, m):
+        if case.api == "fwd":
+            return torch.ops.flashattn.fwd(q, k, v, scale, op.causal, op.bottom_right, attn_mask=to_full(m))
+        return flashattn.ops.attention(q, k, v, scale, op.causal, op.bottom_right,
+                                       deterministic=case.api == "attention_deterministic", attn_mask=to_full(m))
+
+    def reference(q, k, v, m, upcast=True):
+        return attention_reference(q, k, v, scale, op.causal, op.bottom_right, upcast=upcast, attn_mask=to_full(m))
+
+    out, _, _ = run_and_check(api, (q, k, v), dout, reference, _identity_bshd, (("q",), ("k",), ("v",)),
+                              scale, op.causal, op.bottom_right, lse_expected=True, mask=mask, mask_to_full=to_full)
+    assert out.is_contiguous()
+
+
+def check_sdpa_mask_case(case: SdpaMaskCase, device: str = "cpu"):
+    """flashattn.scaled_dot_product_attention with ``attn_mask`` against torch's SDPA (math backend)."""
+    sdpa = case.sdpa
+    gen = torch.Generator().manual_seed(sdpa.seed)
+    shape_q, shape_k, shape_v = sdpa.shapes()
+    q = _view(sdpa.layout_q, shape_q, sdpa.dtype, device, gen)
+    k = _view(sdpa.layout_k, shape_k, sdpa.dtype, device, gen)
+    v = _view(sdpa.layout_v, shape_v, sdpa.dtype, device, gen)
+    dout = sdpa.layout_dout.view(make_storage(sdpa.layout_dout, shape_q, sdpa.dtype, device, gen), shape_q)
+    scale = _default_scale(sdpa.head_dim) if sdpa.scale is None else sdpa.scale
+    heads = () if sdpa.heads_q is None else (sdpa.heads_q,)
+    weights = sdpa.lead + heads + (sdpa.seqlen_q, sdpa.seqlen_k)  # torch's attention weights
+    full = (math.prod(sdpa.lead), sdpa.heads_q or 1, sdpa.seqlen_q, sdpa.seqlen_k)  # what the kernels see
+    mask = make_mask(case.mask, case.mask.shape(weights), sdpa.dtype, device)
+    gqa = {"enable_gqa": True} if sdpa.enable_gqa else {}
+    ref_gqa = gqa if sdpa.heads_q is not None else {}  # see check_sdpa_case
+    reason = fa_functional._sdpa_fallback_reason(q, k, v, mask, 0.0, sdpa.enable_gqa)
+    assert reason is None, reason
+
+    if mask is not None and sdpa.is_causal:  # an error in torch, and so in the drop-in
+        with pytest.raises(RuntimeError, match="is_causal"):
+            flashattn.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True, scale=sdpa.scale, **gqa)
+        with pytest.raises(RuntimeError, match="is_causal"), sdpa_kernel(SDPBackend.MATH):
+            F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), attn_mask=mask.detach(), is_causal=True,
+                                           scale=sdpa.scale, **ref_gqa)
+        return
+
+    def to_full(m):
+        return None if m is None else m.expand(weights).reshape(full)
+
+    def api(q, k, v, m):
+        return flashattn.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=sdpa.is_causal,
+                                                      scale=sdpa.scale, **gqa), None
+
+    def reference(q, k, v, m, upcast=True):
+        if upcast:  # torch's own SDPA defines the semantics
+            with sdpa_kernel(SDPBackend.MATH):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=sdpa.is_causal,
+                                                      scale=sdpa.scale, **ref_gqa)
+        out = attention_reference(*(_sdpa_to_bshd(t) for t in (q, k, v)), scale, sdpa.is_causal, False, upcast=False,
+                                  attn_mask=to_full(m))
+        return out.transpose(1, 2).reshape(q.shape)
+
+    def to_bshd(q, k, v, dout):
+        return tuple(_sdpa_to_bshd(t) for t in (q, k, v, dout))
+
+    run_and_check(api, (q, k, v), dout, reference, to_bshd, (("q",), ("k",), ("v",)), scale, sdpa.is_causal, False,
+                  lse_expected=False, mask=mask, mask_to_full=to_full)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@fuzz_settings(2.0)
+@given(data=st.data())
+def test_fuzz_op_with_mask(device, data):
+    check_op_mask_case(data.draw(op_mask_cases(device), label="case"), device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@fuzz_settings(2.0)
+@given(data=st.data())
+def test_fuzz_sdpa_with_mask(device, data):
+    check_sdpa_mask_case(data.draw(sdpa_mask_cases(device), label="case"), device)
 
 
 # --------------------------------------------------------------------------------------------------
