@@ -16,22 +16,33 @@ namespace cpu {
 // takes part) or of q's dtype or float32 (added to the scaled score scale * q.k; -inf excludes the
 // key, whatever q.k is). Returns out [B, Lq, Hq, D] contiguous in q's dtype (0 for a row that sees no
 // key) and lse [B, Hq, Lq], the log-sum-exp of the masked scaled scores (float64 for float64 inputs,
-// else float32; -inf for such a row).
+// else float32; -inf for such a row). With dropout_p > 0, rng_state (a [2] int64 CPU tensor: seed,
+// offset) picks the keep-mask of common/dropout.h: out = (P * Z / (1 - p)) V, lse unchanged.
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        double scale, bool is_causal, int64_t causal_offset,
-                                       const std::optional<at::Tensor>& attn_mask = std::nullopt);
+                                       const std::optional<at::Tensor>& attn_mask = std::nullopt,
+                                       double dropout_p = 0.0,
+                                       const std::optional<at::Tensor>& rng_state = std::nullopt);
 
 // Gradients of fwd's out: dq like q, dk/dv like k (summed over each query-head group), contiguous.
 // attn_mask must be the forward's. dmask (floating masks only): a contiguous, zero-filled
 // [B, Hq, Lq, Lk] tensor of the mask's dtype that receives the mask's gradient, which is that of the
 // pre-softmax score: dS_ij = P_ij (dP_ij - delta_i). Excluded elements, and rows that see no key,
-// stay 0.
+// stay 0. dropout_p and rng_state must be the forward's (the keep-mask is regenerated); dP then carries
+// the keep factor Z / (1 - p).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q,
                                                    const at::Tensor& k, const at::Tensor& v,
                                                    const at::Tensor& out, const at::Tensor& lse, double scale,
                                                    bool is_causal, int64_t causal_offset,
                                                    const std::optional<at::Tensor>& attn_mask = std::nullopt,
-                                                   const std::optional<at::Tensor>& dmask = std::nullopt);
+                                                   const std::optional<at::Tensor>& dmask = std::nullopt,
+                                                   double dropout_p = 0.0,
+                                                   const std::optional<at::Tensor>& rng_state = std::nullopt);
+
+// The dropout keep-mask of common/dropout.h for rng_state (seed, offset): [batch, heads, seqlen_q,
+// seqlen_k] bool on rng_state's device, True where the probability is kept.
+at::Tensor dropout_keep_mask(const at::Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
+                             int64_t seqlen_k, double dropout_p);
 
 }  // namespace cpu
 }  // namespace flashattn

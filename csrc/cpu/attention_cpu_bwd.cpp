@@ -14,6 +14,9 @@
 // the mask excludes take no part, and dS, the gradient of the loss w.r.t. that pre-softmax score, is
 // also the mask's gradient: when asked for, it is written to dmask, whose rows of a head belong to the
 // one task that owns the head's group.
+// With dropout (keep factor Z_ij / (1 - p), regenerated from the forward's rng_state) the forward's
+// weights of V are P_ij Z_ij / (1 - p), so dV_j += P_ij Z_ij / (1 - p) dO_i and dP_ij carries the same
+// factor; dS = P (dP - delta) and delta = dO_i.O_i hold as they are (O is the dropped output).
 // exp(score - lse) is only as precise as lse: a row whose |lse| is huge (every key it sees carries an
 // additive mask like finfo.min) gets its max score and sum recomputed instead (renormalize_row).
 #include <ATen/Dispatch.h>
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "cpu/attention_cpu.h"
+#include "cpu/attention_cpu_dropout.h"
 #include "cpu/attention_cpu_mask.h"
 #include "cpu/attention_cpu_tiles.h"
 
@@ -51,6 +55,7 @@ struct BwdProblem {
   KeyLimit keys;
   MaskView<scalar_t> mask;       // [B, Hq, Lq, Lk] any strides, or none
   MaskGradView<scalar_t> dmask;  // [B, Hq, Lq, Lk] contiguous, zero-filled by the caller, or none
+  DropoutRows dropout;           // the forward's; disabled without dropout
 };
 
 // Working memory of one (batch, kv head) task, allocated once per thread and reused.
@@ -74,6 +79,8 @@ struct BwdScratch {
   std::vector<acc_t> probs;    // [kBlockK]     P_ij of one query row
   std::vector<acc_t> dscores;  // [kBlockK]     dP_ij, then dS_ij, of one query row
   std::vector<acc_t> bias;     // [kBlockK]     one query row's additive mask (with a mask only)
+  std::vector<acc_t> drop;     // [kBlockK]     one query row's dropout factors (with dropout only)
+  std::vector<acc_t> kept_probs;  // [kBlockK]  P_ij times the dropout factor (with dropout only)
 
   BwdScratch(int64_t group, int64_t seqlen_q, int64_t head_dim)
       : q_rows(group * seqlen_q * head_dim),
@@ -89,7 +96,9 @@ struct BwdScratch {
         dv_acc(kBlockK * head_dim),
         probs(kBlockK),
         dscores(kBlockK),
-        bias(kBlockK) {}
+        bias(kBlockK),
+        drop(kBlockK),
+        kept_probs(kBlockK) {}
 };
 
 // Whether exp(score - lse) is too coarse for a row: lse is rounded to acc_t, so P carries a relative
@@ -168,9 +177,11 @@ void load_query_group(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_
 // One query row against the first n keys of the current key block: recomputes P and dS for the row
 // and adds the row's share to dv_acc, dk_acc and its own dq accumulator; dS stays in s.dscores.
 // bias: the row's additive mask for those keys, or null without a mask; keys it excludes (-inf) get
-// dS = 0 and are left out of the sums.
+// dS = 0 and are left out of the sums. drop: the row's dropout factors (1 / (1 - p) or 0), or null
+// without dropout: they weight dO into dv and scale dP, as the forward weighted V.
 template <typename acc_t>
-void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim, acc_t scale, const acc_t* bias) {
+void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim, acc_t scale, const acc_t* bias,
+                  const acc_t* drop) {
   const acc_t* q_row = s.q_rows.data() + row * head_dim;        // [D]
   const acc_t* dout_row = s.dout_rows.data() + row * head_dim;  // [D]
   acc_t* dq_row = s.dq_acc.data() + row * head_dim;             // [D]
@@ -189,15 +200,25 @@ void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim
     for (int64_t j = 0; j < n; ++j) probs[j] *= prob_scale;
   }
   row_times_tile_transposed(dscores, dout_row, s.vT_tile.data(), n, head_dim);
+  // The weights of dO in dv: the forward's weights of V.
+  const acc_t* v_weights = probs;
+  if (drop != nullptr) {
+    acc_t* kept = s.kept_probs.data();
+    for (int64_t j = 0; j < n; ++j) {
+      kept[j] = probs[j] * drop[j];
+      dscores[j] *= drop[j];
+    }
+    v_weights = kept;
+  }
   if (bias == nullptr) {
     for (int64_t j = 0; j < n; ++j) dscores[j] = probs[j] * (dscores[j] - delta);
-    add_outer(s.dv_acc.data(), probs, dout_row, n, head_dim);
+    add_outer(s.dv_acc.data(), v_weights, dout_row, n, head_dim);
     add_outer(s.dk_acc.data(), dscores, q_row, n, head_dim);
     add_weighted_rows(dq_row, dscores, s.k_tile.data(), n, head_dim);
   } else {
     constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
     for (int64_t j = 0; j < n; ++j) dscores[j] = bias[j] == kNegInf ? acc_t(0) : probs[j] * (dscores[j] - delta);
-    add_outer_kept(s.dv_acc.data(), probs, dout_row, bias, n, head_dim);
+    add_outer_kept(s.dv_acc.data(), v_weights, dout_row, bias, n, head_dim);
     add_outer_kept(s.dk_acc.data(), dscores, q_row, bias, n, head_dim);
     add_weighted_kept_rows(dq_row, dscores, s.k_tile.data(), bias, n, head_dim);
   }
@@ -231,7 +252,12 @@ void bwd_key_block(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_t>>
         if (!p.mask.load_row(s.bias.data(), b, h, i, k0, n)) continue;
         bias = s.bias.data();
       }
-      backprop_row(s, g * Lq + i, n, D, p.scale, bias);
+      const acc_t* drop = nullptr;
+      if (p.dropout.enabled) {
+        p.dropout.factor_row(s.drop.data(), b * p.heads_q + h, i, k0, n);
+        drop = s.drop.data();
+      }
+      backprop_row(s, g * Lq + i, n, D, p.scale, bias, drop);
       if (p.dmask.present()) p.dmask.store_row(s.dscores.data(), b, h, i, k0, n);
     }
   }
@@ -268,7 +294,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                                    double scale, bool is_causal, int64_t causal_offset,
                                                    const std::optional<at::Tensor>& attn_mask,
-                                                   const std::optional<at::Tensor>& dmask) {
+                                                   const std::optional<at::Tensor>& dmask, double dropout_p,
+                                                   const std::optional<at::Tensor>& rng_state) {
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2), head_dim = q.size(3);
   const int64_t seqlen_k = k.size(1), heads_kv = k.size(2);
   at::Tensor dq = at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
@@ -303,7 +330,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                            static_cast<acc_t>(scale),
                            KeyLimit{is_causal, causal_offset, seqlen_k},
                            mask_view<scalar_t>(attn_mask),
-                           mask_grad_view<scalar_t>(dmask, heads_q, seqlen_q, seqlen_k)};
+                           mask_grad_view<scalar_t>(dmask, heads_q, seqlen_q, seqlen_k),
+                           dropout_rows(dropout_p, rng_state)};
     run_bwd(p, batch);
   });
   return {dq, dk, dv};

@@ -6,6 +6,8 @@
 // out = acc / l and lse = m + log(l). Only O(kBlockQ * kBlockK) scores ever exist at once.
 // An attention mask is read row by row into a small additive bias (attention_cpu_mask.h) and applied
 // to the scaled scores of the keys the causal limit leaves; without a mask that step is skipped.
+// With dropout, the row's keep factors (attention_cpu_dropout.h) weight the V rows after the row sum
+// has taken the undropped probabilities, so l and the LSE are those of the undropped softmax.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "cpu/attention_cpu.h"
+#include "cpu/attention_cpu_dropout.h"
 #include "cpu/attention_cpu_mask.h"
 #include "cpu/attention_cpu_tiles.h"
 
@@ -36,6 +39,7 @@ struct FwdProblem {
   acc_t scale;
   KeyLimit keys;
   MaskView<scalar_t> mask;  // [B, Hq, Lq, Lk] any strides, or none
+  DropoutRows dropout;      // disabled without dropout
 };
 
 // Working memory of one query block, allocated once per thread and reused across its tasks.
@@ -49,6 +53,7 @@ struct FwdScratch {
   std::vector<acc_t> row_sum;  // [kBlockQ]     running sum of exp(score - m) (l)
   std::vector<acc_t> probs;    // [kBlockK]     one row's scores, then their exponentials
   std::vector<acc_t> bias;     // [kBlockK]     one row's additive mask (with a mask only)
+  std::vector<acc_t> drop;     // [kBlockK]     one row's dropout factors (with dropout only)
 
   explicit FwdScratch(int64_t head_dim)
       : q_tile(kBlockQ * head_dim),
@@ -58,7 +63,8 @@ struct FwdScratch {
         row_max(kBlockQ),
         row_sum(kBlockQ),
         probs(kBlockK),
-        bias(kBlockK) {}
+        bias(kBlockK),
+        drop(kBlockK) {}
 };
 
 // max that keeps a NaN (std::max drops it when it comes second): a NaN score must reach out and lse.
@@ -68,11 +74,12 @@ acc_t nan_propagating_max(acc_t a, acc_t b) {
 }
 
 // Folds the first n keys of a K/V tile into one query row's running softmax. bias: the row's additive
-// mask for those keys, or null without a mask; keys it excludes (-inf) take no part.
+// mask for those keys, or null without a mask; keys it excludes (-inf) take no part. drop: the row's
+// dropout factors for those keys (1 / (1 - p) or 0), or null without dropout; they weight V only.
 template <typename acc_t>
 void fold_tile_into_row(const acc_t* q_row, const acc_t* kT_tile, const acc_t* v_tile, const acc_t* bias,
-                        int64_t n, int64_t head_dim, acc_t scale, acc_t* probs, acc_t& row_max, acc_t& row_sum,
-                        acc_t* out_acc_row) {
+                        const acc_t* drop, int64_t n, int64_t head_dim, acc_t scale, acc_t* probs, acc_t& row_max,
+                        acc_t& row_sum, acc_t* out_acc_row) {
   constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
   row_times_tile_transposed(probs, q_row, kT_tile, n, head_dim);
   acc_t tile_max = kNegInf;
@@ -99,6 +106,9 @@ void fold_tile_into_row(const acc_t* q_row, const acc_t* kT_tile, const acc_t* v
     tile_sum += probs[j];
   }
   row_sum = row_sum * rescale + tile_sum;
+  if (drop != nullptr) {
+    for (int64_t j = 0; j < n; ++j) probs[j] *= drop[j];
+  }
   if (rescale != acc_t(1)) {
     for (int64_t d = 0; d < head_dim; ++d) out_acc_row[d] *= rescale;
   }
@@ -133,6 +143,7 @@ void fwd_query_block(const FwdProblem<scalar_t>& p, FwdScratch<acc_type<scalar_t
   const int64_t D = p.head_dim;
   const int64_t rows = std::min(kBlockQ, p.seqlen_q - q0);
   const int64_t kv_head = h / p.group;
+  const int64_t bh = b * p.heads_q + h;  // the dropout row group
 
   load_rows(s.q_tile.data(), p.q, b, q0, h, rows, D);
   std::fill(s.out_acc.begin(), s.out_acc.end(), acc_t(0));
@@ -154,7 +165,12 @@ void fwd_query_block(const FwdProblem<scalar_t>& p, FwdScratch<acc_type<scalar_t
         if (!p.mask.load_row(s.bias.data(), b, h, q0 + r, k0, n)) continue;
         bias = s.bias.data();
       }
-      fold_tile_into_row(s.q_tile.data() + r * D, s.kT_tile.data(), s.v_tile.data(), bias, n, D, p.scale,
+      const acc_t* drop = nullptr;
+      if (p.dropout.enabled) {
+        p.dropout.factor_row(s.drop.data(), bh, q0 + r, k0, n);
+        drop = s.drop.data();
+      }
+      fold_tile_into_row(s.q_tile.data() + r * D, s.kT_tile.data(), s.v_tile.data(), bias, drop, n, D, p.scale,
                          s.probs.data(), s.row_max[r], s.row_sum[r], s.out_acc.data() + r * D);
     }
   }
@@ -181,7 +197,8 @@ void run_fwd(const FwdProblem<scalar_t>& p, int64_t batch) {
 
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                        bool is_causal, int64_t causal_offset,
-                                       const std::optional<at::Tensor>& attn_mask) {
+                                       const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                                       const std::optional<at::Tensor>& rng_state) {
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2), head_dim = q.size(3);
   const int64_t seqlen_k = k.size(1), heads_kv = k.size(2);
   const at::ScalarType lse_dtype = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -202,7 +219,8 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                            heads_q / heads_kv,
                            static_cast<acc_t>(scale),
                            KeyLimit{is_causal, causal_offset, seqlen_k},
-                           mask_view<scalar_t>(attn_mask)};
+                           mask_view<scalar_t>(attn_mask),
+                           dropout_rows(dropout_p, rng_state)};
     run_fwd(p, batch);
   });
   return {out, lse};
