@@ -1,9 +1,9 @@
 """The flashattn custom ops as PyTorch sees them.
 
-Importing this module loads the compiled extension ``flashattn._C``, whose C++ code registers two ops
+Importing this module loads the compiled extension ``flashattn._C``, whose C++ code registers three ops
 in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/flash_api.cpp``):
 
-``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None) -> (out, lse)``
+``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None) -> (out, lse)``
     q ``[B, Lq, Hq, D]``, k and v ``[B, Lk, Hk, D]`` (any strides, contiguous last dim, Hq a multiple
     of Hk, 1 <= D <= 256). out ``[B, Lq, Hq, D]`` contiguous in q's dtype; lse ``[B, Hq, Lq]``, the
     natural-log log-sum-exp of each row's scaled (and masked) scores, float32 (float64 for float64
@@ -15,9 +15,17 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     CUDA, tiles the mask excludes entirely are skipped without loading K and V. Additive values below
     about -6.9e29 are raised to that on CUDA, so a row whose every key carries ``finfo.min`` gets the
     uniform softmax the reference gives (only a row mixing such values differs from the reference).
+    ``dropout_p`` in [0, 1) drops each probability after the softmax with probability ``dropout_p``
+    and scales the kept ones by ``1 / (1 - dropout_p)``: out = (P * Z / (1 - p)) V with Z the keep-mask
+    of ``csrc/common/dropout.h``, a pure function of (seed, offset, b, h, i, j) that is the same on the
+    CPU and on CUDA, whatever the tiling. lse stays the log-sum-exp of the undropped scores.
+    ``rng_state`` (needed when ``dropout_p > 0``) is a contiguous ``[2]`` int64 tensor (seed, offset)
+    on q's device, read by the kernels from memory (see :func:`draw_rng_state`).
 
-``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, dmask=None) -> (dq, dk, dv)``
-    Gradients of fwd's out; dq like q, dk/dv like k (summed over each group of query heads). With a
+``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None) -> (dq, dk, dv)``
+    Gradients of fwd's out; dq like q, dk/dv like k (summed over each group of query heads). With
+    dropout, ``dropout_p`` and ``rng_state`` must be the forward's: the keep-mask is regenerated, never
+    stored. With a
     floating ``attn_mask``, ``dmask`` (a contiguous ``[B, Hq, Lq, Lk]`` tensor of the mask's dtype) is
     overwritten with the mask's gradient (dS, zero where the key takes no part). The CUDA
     kernel adds each key block's share of dq into an fp32 buffer with atomics, in whatever order the
@@ -27,10 +35,17 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     The CPU implementation is always deterministic; it accepts the flag and ignores it. ``fwd`` is
     bitwise reproducible on both.
 
+``torch.ops.flashattn.dropout_keep_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> keep``
+    The keep-mask ``fwd`` and ``bwd`` apply for that ``rng_state`` and ``dropout_p``, as a bool
+    ``[batch, heads, seqlen_q, seqlen_k]`` tensor on rng_state's device (True = kept; all True for
+    ``dropout_p == 0``). ``heads`` counts query heads. For tests and debugging: it is quadratic in memory.
+
 This module adds what the Python side of the dispatcher needs: fake (meta) kernels so the ops can be
 traced by ``torch.compile`` and ``torch.export``, and an autograd formula for ``fwd`` that calls ``bwd``
-(with ``deterministic=False``). :func:`attention` is ``fwd`` with autograd that can ask for the
-deterministic backward instead.
+(with ``deterministic=False``; dropout_p and rng_state travel from the forward to the backward).
+:func:`attention` is ``fwd`` with autograd that can ask for the deterministic backward instead and that
+draws an ``rng_state`` for dropout; :func:`draw_rng_state` and :func:`dropout_keep_mask` are the
+dropout helpers.
 """
 from __future__ import annotations
 
@@ -38,10 +53,15 @@ import torch
 
 from . import _C  # noqa: F401  (loading the library registers torch.ops.flashattn.*)
 
-__all__ = ["fwd", "bwd", "attention", "cuda_kernels_built"]
+__all__ = ["fwd", "bwd", "attention", "cuda_kernels_built", "draw_rng_state", "dropout_keep_mask"]
 
 fwd = torch.ops.flashattn.fwd.default
 bwd = torch.ops.flashattn.bwd.default
+_keep_mask_op = torch.ops.flashattn.dropout_keep_mask.default
+
+# rng_state values are drawn uniformly from [0, 2^62): any int64 works, this range keeps torch.randint's
+# bounds simple. The kernels use all 64 bits of the seed and the low 32 bits of the offset.
+_RNG_STATE_HIGH = 2 ** 62
 
 _MAX_HEAD_DIM = 256
 
@@ -107,10 +127,30 @@ def _check_mask_meta(op, q, k, attn_mask):
     )
 
 
+def _check_rng_state_meta(op, rng_state):
+    torch._check(
+        rng_state.dtype == torch.int64 and rng_state.dim() == 1 and rng_state.size(0) == 2 and rng_state.is_contiguous(),
+        lambda: f"{op}: rng_state must be a contiguous [2] int64 tensor (seed, offset), got dtype {rng_state.dtype} "
+                f"and shape {list(rng_state.shape)}",
+    )
+
+
+def _check_dropout_meta(op, q, dropout_p, rng_state):
+    torch._check(0.0 <= dropout_p < 1.0, lambda: f"{op}: dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p == 0.0:
+        return
+    torch._check(rng_state is not None,
+                 lambda: f"{op}: dropout_p > 0 needs rng_state (a [2] int64 tensor: seed, offset)")
+    _check_rng_state_meta(op, rng_state)
+    torch._check(rng_state.device == q.device,
+                 lambda: f"{op}: rng_state must be on q's device {q.device}, got {rng_state.device}")
+
+
 @torch.library.register_fake("flashattn::fwd")
-def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None):
+def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None):
     _check_qkv_meta(q, k, v)
     _check_mask_meta("flashattn.fwd", q, k, attn_mask)
+    _check_dropout_meta("flashattn.fwd", q, dropout_p, rng_state)
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
     lse = q.new_empty((batch, heads_q, seqlen_q), dtype=_lse_dtype(q.dtype))
@@ -119,9 +159,10 @@ def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None):
 
 @torch.library.register_fake("flashattn::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None,
-              dmask=None):
+              dmask=None, dropout_p=0.0, rng_state=None):
     _check_qkv_meta(q, k, v)
     _check_mask_meta("flashattn.bwd", q, k, attn_mask)
+    _check_dropout_meta("flashattn.bwd", q, dropout_p, rng_state)
     if dmask is not None:
         torch._check(
             attn_mask is not None and attn_mask.dtype != torch.bool,
@@ -147,11 +188,27 @@ def _bwd_fake(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, de
     return dq, dk, dv
 
 
+@torch.library.register_fake("flashattn::dropout_keep_mask")
+def _dropout_keep_mask_fake(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p):
+    op = "flashattn.dropout_keep_mask"
+    torch._check(
+        batch >= 0 and heads >= 0 and seqlen_q >= 0 and seqlen_k >= 0,
+        lambda: f"{op}: batch, heads, seqlen_q and seqlen_k must be >= 0, got {[batch, heads, seqlen_q, seqlen_k]}",
+    )
+    torch._check(0.0 <= dropout_p < 1.0, lambda: f"{op}: dropout_p must be in [0, 1), got {dropout_p}")
+    _check_rng_state_meta(op, rng_state)
+    return rng_state.new_empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.bool)
+
+
 def _fwd_setup_context(ctx, inputs, output):
     q, k, v, scale, is_causal, causal_bottom_right = inputs[:6]
     attn_mask = inputs[6] if len(inputs) > 6 else None
+    dropout_p = inputs[7] if len(inputs) > 7 else 0.0
+    rng_state = inputs[8] if len(inputs) > 8 else None
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, attn_mask)
+    # rng_state is saved, not its values: the backward regenerates the forward's keep-mask from it.
+    ctx.save_for_backward(q, k, v, out, lse, attn_mask, rng_state)
+    ctx.dropout_p = dropout_p
     ctx.scale = scale
     ctx.is_causal = is_causal
     ctx.causal_bottom_right = causal_bottom_right
@@ -161,7 +218,7 @@ def _fwd_setup_context(ctx, inputs, output):
 def _input_grads(ctx, grad_out, deterministic):
     """(dq, dk, dv, dmask) from what _fwd_setup_context saved and the gradient of out; dmask is None
     unless a floating attn_mask needs its gradient."""
-    q, k, v, out, lse, attn_mask = ctx.saved_tensors
+    q, k, v, out, lse, attn_mask, rng_state = ctx.saved_tensors
     if grad_out.size(-1) > 1 and grad_out.stride(-1) != 1:
         # The kernels take any strides but need a contiguous last dim (e.g. an expanded grad of sum()).
         # Not .contiguous(): it returns an empty tensor (e.g. batch 0) unchanged, strides and all.
@@ -171,14 +228,14 @@ def _input_grads(ctx, grad_out, deterministic):
         # Full size: the expand that made the [B, Hq, Lq, Lk] view sums it back to the mask's shape.
         dmask = torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=q.device)
     dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.scale, ctx.is_causal, ctx.causal_bottom_right, deterministic,
-                     attn_mask, dmask)
+                     attn_mask, dmask, ctx.dropout_p, rng_state)
     return dq, dk, dv, dmask
 
 
 def _fwd_backward(ctx, grad_out, grad_lse):
     # grad_lse is ignored: lse is marked non-differentiable.
     dq, dk, dv, dmask = _input_grads(ctx, grad_out, False)
-    return dq, dk, dv, None, None, None, dmask
+    return dq, dk, dv, None, None, None, dmask, None, None
 
 
 torch.library.register_autograd("flashattn::fwd", _fwd_backward, setup_context=_fwd_setup_context)
@@ -189,25 +246,50 @@ class _FwdWithDeterministicBwd(torch.autograd.Function):
     (the op's own autograd formula above always runs the default backward), so it travels here."""
 
     @staticmethod
-    def forward(q, k, v, scale, is_causal, causal_bottom_right, attn_mask):
-        return fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask)
+    def forward(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state):
+        return fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state)
 
     setup_context = staticmethod(_fwd_setup_context)
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         dq, dk, dv, dmask = _input_grads(ctx, grad_out, True)
-        return dq, dk, dv, None, None, None, dmask
+        return dq, dk, dv, None, None, None, dmask, None, None
+
+
+def draw_rng_state(device, generator=None) -> torch.Tensor:
+    """A fresh dropout ``rng_state``: a ``[2]`` int64 tensor (seed, offset) drawn with ``torch.randint``
+    on ``device`` from ``generator`` (torch's default generator of that device when None, so
+    ``torch.manual_seed`` reproduces it). It is drawn on the device itself: no host synchronization,
+    and CUDA graph capture records the draw like any torch random op, so each replay gets a new state."""
+    return torch.randint(0, _RNG_STATE_HIGH, (2,), dtype=torch.int64, device=device, generator=generator)
+
+
+def dropout_keep_mask(rng_state: torch.Tensor, batch: int, heads: int, seqlen_q: int, seqlen_k: int,
+                      dropout_p: float) -> torch.Tensor:
+    """The keep-mask ``fwd``/``bwd`` apply for ``rng_state`` and ``dropout_p``: bool
+    ``[batch, heads, seqlen_q, seqlen_k]`` on rng_state's device, True where a probability is kept
+    (``heads`` counts query heads). Quadratic in memory: for tests and debugging."""
+    return _keep_mask_op(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p)
 
 
 def attention(q, k, v, scale: float, is_causal: bool, causal_bottom_right: bool, deterministic: bool = False,
-              attn_mask=None):
-    """``fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask) -> (out, lse)`` with autograd
-    (a floating ``attn_mask`` that requires grad gets one).
+              attn_mask=None, dropout_p: float = 0.0, rng_state=None, generator=None):
+    """``fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state) -> (out, lse)``
+    with autograd (a floating ``attn_mask`` that requires grad gets one).
 
     With ``deterministic=True`` the backward runs ``bwd(..., deterministic=True)`` (bitwise reproducible
     gradients on CUDA); otherwise this is ``fwd`` itself, whose backward is the default one.
+    With ``dropout_p > 0`` and no ``rng_state``, one is drawn with :func:`draw_rng_state` on q's device
+    from ``generator``; the backward reuses it, so it applies the forward's keep-mask. Pass an
+    ``rng_state`` to choose the mask (the same one gives the same mask: see :func:`dropout_keep_mask`).
     """
+    dropout_p = float(dropout_p)
+    if dropout_p == 0.0:
+        rng_state = None
+    elif rng_state is None:
+        rng_state = draw_rng_state(q.device, generator)
     if deterministic:
-        return _FwdWithDeterministicBwd.apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask)
-    return fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask)
+        return _FwdWithDeterministicBwd.apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p,
+                                              rng_state)
+    return fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state)

@@ -36,6 +36,8 @@ def attention_reference(
     upcast: bool = True,
     return_lse: bool = False,
     attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    dropout_mask: Optional[torch.Tensor] = None,
 ):
     """softmax(q k^T * scale) v in the ``(B, S, H, D)`` layout of the flashattn ops.
 
@@ -53,6 +55,11 @@ def attention_reference(
         attn_mask: broadcastable to ``[B, Hq, Lq, Lk]``; bool (True = the key takes part) or floating
             (added to the scaled scores, in the compute dtype; -inf excludes the key). It combines with
             ``is_causal``. Autograd reaches a floating mask that requires grad.
+        dropout_p: attention dropout probability in [0, 1): after the softmax the probabilities
+            become ``P * dropout_mask / (1 - dropout_p)``. The lse stays that of the undropped scores.
+        dropout_mask: bool, broadcastable to ``[B, Hq, Lq, Lk]``, True where a probability is kept;
+            required when ``dropout_p > 0`` (the reference draws nothing itself: pass the kernels'
+            mask, ``flashattn.ops.dropout_keep_mask(rng_state, B, Hq, Lq, Lk, dropout_p)``).
 
     A query row that sees no key (bottom-right causal with Lq > Lk, Lk == 0, or every key masked)
     gets a zero output row and an lse of -inf, with zero gradients; no NaN is produced.
@@ -68,6 +75,10 @@ def attention_reference(
         raise ValueError(f"heads_q={heads_q} must be a multiple of heads_kv={heads_kv}")
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p > 0.0 and dropout_mask is None:
+        raise ValueError("dropout_p > 0 needs dropout_mask (bool, True = kept)")
 
     compute_dtype = q.dtype
     if upcast and q.dtype != torch.float64:
@@ -97,6 +108,8 @@ def attention_reference(
     # Leave empty rows unmasked so softmax stays finite (no NaN in values or gradients), then zero them.
     scores = scores.masked_fill(~(visible | row_empty), float("-inf"))
     probs = torch.softmax(scores, dim=-1).masked_fill(row_empty, 0.0)
+    if dropout_p > 0.0:
+        probs = probs.masked_fill(~dropout_mask, 0.0) * (1.0 / (1.0 - dropout_p))
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v_).contiguous()
     if not return_lse:
         return out
