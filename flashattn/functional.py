@@ -66,8 +66,9 @@ def _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -
             raise TypeError(f"scaled_dot_product_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
     if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"scaled_dot_product_attention: attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
-    if dropout_p > 0.0:
-        return "dropout_p > 0 is not supported by flashattn yet"
+    if not 0.0 <= dropout_p < 1.0:
+        # torch returns zeros for dropout_p == 1 and raises for other values; the kernels take [0, 1).
+        return "dropout_p outside [0, 1) is not supported by flashattn"
     if query.is_nested or key.is_nested or value.is_nested:
         return "nested tensors are not supported by flashattn"
     if min(query.dim(), key.dim(), value.dim()) < 2:
@@ -158,6 +159,13 @@ def scaled_dot_product_attention(
       (and zero gradients). As in torch, ``attn_mask`` together with ``is_causal=True`` is an error.
     * Different head counts need ``enable_gqa=True`` (Hq a multiple of Hk) and raise otherwise, except
       that key/value with a single head broadcast over the query heads, as they do in torch.
+    * ``dropout_p`` in [0, 1): each attention probability is dropped with that probability (after the
+      softmax) and the kept ones are scaled by ``1 / (1 - dropout_p)``, on every call (like torch's
+      function, this one does not know about ``module.training``). The keep-mask is drawn from torch's
+      default generator of the query's device (``torch.manual_seed`` reproduces it; see
+      :func:`flashattn.ops.draw_rng_state`) and the backward applies the same mask. It is flashattn's
+      own mask (a Philox function of the positions, the same on the CPU and on CUDA), not the one
+      torch's SDPA would draw for the same seed.
     * Returns ``(..., Hq, L, E)`` in the query's dtype; for 4-dim inputs it is a transposed view of a
       contiguous ``(B, L, H, E)`` buffer, as torch's flash backend returns.
 
@@ -167,8 +175,8 @@ def scaled_dot_product_attention(
     Served by flashattn's kernels: CPU tensors of float16, bfloat16, float32 or float64, and CUDA
     float16/bfloat16 tensors on GPUs of compute capability 8.0 or newer, with head dims 1..256.
     Every other call is passed unchanged to ``torch.nn.functional.scaled_dot_product_attention``, with
-    a warning naming the reason (once per reason, and only outside ``torch.compile``): ``dropout_p >
-    0``, an ``attn_mask`` of another dtype or device, float32/float64 CUDA tensors, a head dim above 256, a value head dim
+    a warning naming the reason (once per reason, and only outside ``torch.compile``): ``dropout_p``
+    outside [0, 1) (torch returns zeros for 1 and raises otherwise), an ``attn_mask`` of another dtype or device, float32/float64 CUDA tensors, a head dim above 256, a value head dim
     different from the query's, a GPU older than sm_80, an extension built without CUDA kernels,
     broadcasting between batch dims (or of a size-1 query head dim), nested tensors, other devices.
 
@@ -206,7 +214,8 @@ def scaled_dot_product_attention(
     # torch.use_deterministic_algorithms(True) asks every op for reproducible results: the backward
     # then adds dq in a fixed order (the FlashAttention-2 API's deterministic=True).
     deterministic = torch.are_deterministic_algorithms_enabled()
-    out, _ = ops.attention(q, k, v, float(scale), bool(is_causal), False, deterministic, mask)  # (N, L, Hq, E)
+    out, _ = ops.attention(q, k, v, float(scale), bool(is_causal), False, deterministic, mask,
+                           float(dropout_p))  # (N, L, Hq, E)
     out = out.transpose(1, 2)  # (N, Hq, L, E)
     out = out.reshape(lead_shape + tuple(out.shape[1:]))
     if ndim == 2:
@@ -219,9 +228,7 @@ def scaled_dot_product_attention(
 # ----------------------------------------------------------------------------------------------------
 
 
-def _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes) -> None:
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"flashattn: dropout_p={dropout_p} is not implemented yet (only dropout_p=0.0)")
+def _reject_unimplemented(window_size, softcap, alibi_slopes) -> None:
     if tuple(window_size) != (-1, -1):
         raise NotImplementedError(
             f"flashattn: window_size={tuple(window_size)} (sliding-window attention) is not implemented yet "
@@ -245,7 +252,7 @@ def _check_tensor(name: str, t, ndim: int, layout: str) -> None:
         )
 
 
-def _flash_attn(q, k, v, softmax_scale, causal, deterministic, return_attn_probs):
+def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs):
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"flashattn: q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}")
     if q.device.type == "cuda" and not _CUDA_KERNELS_BUILT:
@@ -256,15 +263,28 @@ def _flash_attn(q, k, v, softmax_scale, causal, deterministic, return_attn_probs
     if softmax_scale is None:
         # (A head dim of 0 gets any scale: the op rejects it with a message naming the head dim.)
         softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0
-    out, softmax_lse = ops.attention(q, k, v, float(softmax_scale), bool(causal), True, bool(deterministic))
-    if return_attn_probs:
-        return out, softmax_lse, None
-    return out
+    dropout_p = float(dropout_p)
+    # Drawn here rather than inside ops.attention so that return_attn_probs can show the same mask.
+    rng_state = ops.draw_rng_state(q.device) if dropout_p > 0.0 else None
+    out, softmax_lse = ops.attention(q, k, v, float(softmax_scale), bool(causal), True, bool(deterministic),
+                                     None, dropout_p, rng_state)
+    if not return_attn_probs:
+        return out
+    keep_mask = None
+    if rng_state is not None:
+        # (batch, nheads, seqlen_q, seqlen_k) bool, True = kept.
+        keep_mask = ops.dropout_keep_mask(rng_state, q.size(0), q.size(2), q.size(1), k.size(1), dropout_p)
+    return out, softmax_lse, keep_mask
 
 
 _FA2_ARGS_DOC = """
     Args (after the tensors), as in flash_attn 2:
-        dropout_p: must be 0.0 (dropout is not implemented yet; other values raise NotImplementedError).
+        dropout_p: attention dropout probability in [0, 1) (other values raise the op's RuntimeError):
+            each probability is dropped after the softmax with this probability and the kept ones are
+            scaled by ``1 / (1 - dropout_p)``. Applied whenever it is > 0 (pass 0.0 at evaluation, as
+            with flash_attn). The keep-mask comes from torch's default generator of q's device
+            (``torch.manual_seed`` reproduces it) through flashattn's own Philox mask, the same on the
+            CPU and on CUDA (not flash_attn's); the backward applies the same mask.
         softmax_scale: multiplies q k^T before the softmax; defaults to ``1 / sqrt(headdim)``.
         causal: causal mask aligned to the bottom-right corner: key j is visible to query i iff
             ``j <= i + seqlen_k - seqlen_q``. When ``seqlen_q > seqlen_k`` the first
@@ -280,13 +300,18 @@ _FA2_ARGS_DOC = """
             yet). The forward is always bitwise reproducible, and so is the CPU backward (the flag
             changes nothing there).
         return_attn_probs: also return ``softmax_lse`` ``(batch, nheads, seqlen_q)`` float32, the
-            natural-log log-sum-exp of each row of scaled scores (-inf for a row that sees no key,
-            where flash_attn reports +inf), and ``None`` where flash_attn returns its debugging
-            ``S_dmask`` (attention probabilities are never materialized here).
+            natural-log log-sum-exp of each row of (undropped) scaled scores (-inf for a row that sees
+            no key, where flash_attn reports +inf), and, where flash_attn returns its debugging
+            ``S_dmask``, the dropout keep-mask: a bool ``(batch, nheads, seqlen_q, seqlen_k)`` tensor,
+            True where a probability was kept, or ``None`` when ``dropout_p == 0``. This differs from
+            flash_attn's ``S_dmask`` (which holds the probabilities with dropped ones negated) and,
+            like it, is quadratic in memory: for tests and debugging (attention probabilities are
+            never materialized here; ``attention_reference(..., dropout_mask=keep_mask)`` rebuilds
+            the output from it).
 
     Returns:
         out ``(batch, seqlen_q, nheads, headdim)`` contiguous, in the inputs' dtype;
-        or ``(out, softmax_lse, None)`` with ``return_attn_probs=True``.
+        or ``(out, softmax_lse, keep_mask)`` with ``return_attn_probs=True``.
 
     Supported: float16/bfloat16 CUDA tensors on GPUs of compute capability 8.0 or newer, and
     float16/bfloat16/float32/float64 CPU tensors; head dims 1..256; any strides except that the last
@@ -309,11 +334,11 @@ def flash_attn_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
 ):
-    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes)
+    _reject_unimplemented(window_size, softcap, alibi_slopes)
     _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     _check_tensor("k", k, 4, "(batch, seqlen_k, nheads_k, headdim)")
     _check_tensor("v", v, 4, "(batch, seqlen_k, nheads_k, headdim)")
-    return _flash_attn(q, k, v, softmax_scale, causal, deterministic, return_attn_probs)
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs)
 
 
 flash_attn_func.__doc__ = (
@@ -339,13 +364,13 @@ def flash_attn_kvpacked_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
 ):
-    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes)
+    _reject_unimplemented(window_size, softcap, alibi_slopes)
     _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     _check_tensor("kv", kv, 5, "(batch, seqlen_k, 2, nheads_k, headdim)")
     if kv.size(2) != 2:
         raise ValueError(f"flashattn: kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got {tuple(kv.shape)}")
     k, v = kv.unbind(dim=2)  # strided views into kv; autograd stacks dk, dv back into one dkv
-    return _flash_attn(q, k, v, softmax_scale, causal, deterministic, return_attn_probs)
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs)
 
 
 flash_attn_kvpacked_func.__doc__ = (
@@ -370,12 +395,12 @@ def flash_attn_qkvpacked_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
 ):
-    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes)
+    _reject_unimplemented(window_size, softcap, alibi_slopes)
     _check_tensor("qkv", qkv, 5, "(batch, seqlen, 3, nheads, headdim)")
     if qkv.size(2) != 3:
         raise ValueError(f"flashattn: qkv must have shape (batch, seqlen, 3, nheads, headdim), got {tuple(qkv.shape)}")
     q, k, v = qkv.unbind(dim=2)  # strided views into qkv; autograd stacks dq, dk, dv back into one dqkv
-    return _flash_attn(q, k, v, softmax_scale, causal, deterministic, return_attn_probs)
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs)
 
 
 flash_attn_qkvpacked_func.__doc__ = (

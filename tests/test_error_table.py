@@ -116,18 +116,25 @@ def qkvpacked(**kwargs):
     return flashattn.flash_attn_qkvpacked_func(_randn(2, 5, 3, 4, 8), **kwargs)
 
 
-def fwd(q, k, v, scale=0.35, is_causal=False, bottom_right=False, attn_mask=None):
-    return torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, attn_mask)
+def fwd(q, k, v, scale=0.35, is_causal=False, bottom_right=False, attn_mask=None, dropout_p=0.0, rng_state=None):
+    return torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, attn_mask, dropout_p, rng_state)
 
 
 def bwd(**replace):
     """torch.ops.flashattn.bwd on valid arguments from a forward, with some replaced."""
     q, k, v = _bshd()
     out, lse = fwd(q, k, v)
-    args = dict(dout=torch.randn_like(out), q=q, k=k, v=v, out=out, lse=lse, attn_mask=None, dmask=None)
+    args = dict(dout=torch.randn_like(out), q=q, k=k, v=v, out=out, lse=lse, attn_mask=None, dmask=None,
+                dropout_p=0.0, rng_state=None)
     args.update({name: make(args) for name, make in replace.items()})
     return torch.ops.flashattn.bwd(args["dout"], args["q"], args["k"], args["v"], args["out"], args["lse"],
-                                   0.35, False, False, False, args["attn_mask"], args["dmask"])
+                                   0.35, False, False, False, args["attn_mask"], args["dmask"], args["dropout_p"],
+                                   args["rng_state"])
+
+
+def keep_mask(rng_state=None, batch=2, heads=4, seqlen_q=5, seqlen_k=7, dropout_p=0.1):
+    rng_state = torch.tensor([1, 2]) if rng_state is None else rng_state
+    return torch.ops.flashattn.dropout_keep_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p)
 
 
 def _cpu_q_cuda_kv(layout):
@@ -144,7 +151,6 @@ def _old_gpu(mp):
 
 
 _UNIMPLEMENTED = {
-    "dropout": {"dropout_p": 0.1},
     "window": {"window_size": (8, 0)},
     "softcap": {"softcap": 30.0},
     "alibi": {"alibi_slopes": torch.ones(4)},
@@ -169,7 +175,7 @@ CALLS: Dict[str, Callable] = {
     "sdpa-attn-mask-and-causal": lambda mp: sdpa(*_bhsd(), attn_mask=torch.rand(5, 7) > 0.3, is_causal=True),
     "sdpa-attn-mask-shape": lambda mp: sdpa(*_bhsd(), attn_mask=torch.rand(5, 6) > 0.3),
     "sdpa-attn-mask-float64": lambda mp: sdpa(*_bhsd(), attn_mask=torch.zeros(5, 7, dtype=torch.float64)),
-    "sdpa-dropout": lambda mp: sdpa(*_bhsd(), dropout_p=0.2),
+    "sdpa-dropout-one": lambda mp: sdpa(*_bhsd(), dropout_p=1.0),
     "sdpa-head-dim-300": lambda mp: sdpa(_randn(2, 4, 5, 300), _randn(2, 4, 7, 300), _randn(2, 4, 7, 300)),
     "sdpa-head-dim-0": lambda mp: sdpa(_randn(2, 4, 5, 0), _randn(2, 4, 7, 0), _randn(2, 4, 7, 0)),
     "sdpa-value-head-dim": lambda mp: sdpa(_randn(2, 4, 5, 8), _randn(2, 4, 7, 8), _randn(2, 4, 7, 16)),
@@ -233,6 +239,10 @@ CALLS: Dict[str, Callable] = {
     "fwd-cuda-float32": lambda mp: fwd(*_bshd(device="cuda")),
     "fwd-mask-shape": lambda mp: fwd(*_bshd(), attn_mask=torch.ones(2, 4, 5, 6, dtype=torch.bool)),
     "fwd-mask-dtype": lambda mp: fwd(*_bshd(), attn_mask=torch.ones(2, 4, 5, 7, dtype=torch.int32)),
+    "fwd-dropout-without-rng-state": lambda mp: fwd(*_bshd(), dropout_p=0.1),
+    "fwd-dropout-negative": lambda mp: fwd(*_bshd(), dropout_p=-0.1, rng_state=torch.tensor([1, 2])),
+    "fwd-rng-state-dtype": lambda mp: fwd(*_bshd(), dropout_p=0.1, rng_state=torch.tensor([1, 2], dtype=torch.int32)),
+    "fwd-rng-state-shape": lambda mp: fwd(*_bshd(), dropout_p=0.1, rng_state=torch.tensor([1, 2, 3])),
     # torch.ops.flashattn.bwd
     "bwd-dout-shape": lambda mp: bwd(dout=lambda a: a["dout"][:, :, :2]),
     "bwd-out-shape": lambda mp: bwd(out=lambda a: a["out"][:, :3]),
@@ -248,6 +258,11 @@ CALLS: Dict[str, Callable] = {
     "bwd-dmask-bool-mask": lambda mp: bwd(attn_mask=lambda a: torch.ones(2, 4, 5, 7, dtype=torch.bool),
                                           dmask=lambda a: torch.zeros(2, 4, 5, 7)),
     "bwd-dmask-shape": lambda mp: bwd(attn_mask=lambda a: torch.zeros(2, 4, 5, 7), dmask=lambda a: torch.zeros(2, 4, 5, 6)),
+    "bwd-dropout-without-rng-state": lambda mp: bwd(dropout_p=lambda a: 0.1),
+    # torch.ops.flashattn.dropout_keep_mask
+    "keep-mask-negative-size": lambda mp: keep_mask(seqlen_q=-1),
+    "keep-mask-dropout-one": lambda mp: keep_mask(dropout_p=1.0),
+    "keep-mask-rng-state-dtype": lambda mp: keep_mask(rng_state=torch.tensor([1.0, 2.0])),
 }
 
 
@@ -257,7 +272,12 @@ def _bwd_lse_on_cpu():
     return torch.ops.flashattn.bwd(torch.randn_like(out), q, k, v, out, lse.cpu(), 0.35, False, False)
 
 
-for _name, _kwargs in _UNIMPLEMENTED.items():
+# Implemented, but out of range: the op raises.
+_OUT_OF_RANGE = {
+    "dropout-one": {"dropout_p": 1.0},
+}
+
+for _name, _kwargs in {**_UNIMPLEMENTED, **_OUT_OF_RANGE}.items():
     CALLS[f"fa2-{_name}"] = lambda mp, kw=_kwargs: fa2(*_bshd(), **kw)
     CALLS[f"kvpacked-{_name}"] = lambda mp, kw=_kwargs: kvpacked(*_bshd(), **kw)
     CALLS[f"qkvpacked-{_name}"] = lambda mp, kw=_kwargs: qkvpacked(**kw)
@@ -270,7 +290,7 @@ for _name, _kwargs in _UNIMPLEMENTED.items():
 ROWS = parse_rows(DOC.read_text()) if DOC.exists() else []
 API_NAMES = {
     "scaled_dot_product_attention", "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
-    "torch.ops.flashattn.fwd", "torch.ops.flashattn.bwd",
+    "torch.ops.flashattn.fwd", "torch.ops.flashattn.bwd", "torch.ops.flashattn.dropout_keep_mask",
 }
 
 

@@ -15,8 +15,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+import flashattn  # noqa: E402
 import flashattn.integrations.transformers as fa_hf  # noqa: E402  (registers "fattn")
-from flashattn.reference import causal_visibility  # noqa: E402
+from flashattn.reference import attention_reference, causal_visibility  # noqa: E402
 
 from conftest import CUDA_SKIP_REASON  # noqa: E402
 
@@ -190,16 +191,55 @@ def test_padded_batch_generation_runs_masked_and_matches_sdpa():
     assert fa_hf.path_counts[fa_hf.MASKED] > 0 and fa_hf.path_counts[fa_hf.FALLBACK] == 0
 
 
-def test_dropout_in_training_falls_back_with_a_warning():
-    _, ours = _model_pair(attention_dropout=0.1)
+def test_dropout_in_training_runs_on_the_kernels(monkeypatch):
+    """Attention dropout in training runs on flashattn's kernels (no fallback), and the model's loss and
+    gradients equal those of the same model whose attention is the reference under the keep-masks the
+    kernels drew (one rng_state per layer, recorded and replayed)."""
+    _, ours = _model_pair(attention_dropout=0.3)
     ours.train()
     input_ids = torch.randint(1, 128, (2, 9))
+    states = []
+    draw = flashattn.ops.draw_rng_state
+
+    def recording_draw(device, generator=None):
+        states.append(draw(device, generator))
+        return states[-1]
+
+    monkeypatch.setattr(flashattn.ops, "draw_rng_state", recording_draw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
+        logits, grads = _loss_and_grads(ours, input_ids)
+    assert fa_hf.path_counts[fa_hf.CAUSAL_TOP_LEFT] == LAYERS and fa_hf.path_counts[fa_hf.FALLBACK] == 0
+    assert len(states) == LAYERS
+
+    replay = iter(states)
+
+    def reference_attention(q, k, v, scale, is_causal, bottom_right, deterministic=False, attn_mask=None,
+                            dropout_p=0.0, rng_state=None, generator=None):
+        keep = flashattn.ops.dropout_keep_mask(next(replay), q.size(0), q.size(2), q.size(1), k.size(1), dropout_p)
+        return attention_reference(q, k, v, scale, is_causal, bottom_right, return_lse=True, attn_mask=attn_mask,
+                                   dropout_p=dropout_p, dropout_mask=keep)
+
+    monkeypatch.setattr(flashattn.ops, "attention", reference_attention)
+    ref_logits, ref_grads = _loss_and_grads(ours, input_ids)
+    torch.testing.assert_close(logits, ref_logits, **F32_TOL)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], **F32_TOL, msg=lambda m, name=name: f"{name}: {m}")
+    monkeypatch.undo()
+
+    fa_hf.path_counts.clear()
+    ours.eval()  # no dropout at inference: the same logits on every call
+    with torch.no_grad():
+        assert torch.equal(ours(input_ids).logits, ours(input_ids).logits)
+    assert fa_hf.path_counts[fa_hf.CAUSAL_TOP_LEFT] == 2 * LAYERS
+
+
+def test_dropout_outside_zero_one_falls_back_with_a_warning():
+    _, ours = _model_pair(attention_dropout=1.0)
+    ours.train()
     with pytest.warns(UserWarning, match="dropout"):
-        ours(input_ids)
+        ours(torch.randint(1, 128, (2, 9)))
     assert fa_hf.path_counts[fa_hf.FALLBACK] == LAYERS
-    ours.eval()  # no dropout at inference: back on the kernel
-    ours(input_ids)
-    assert fa_hf.path_counts[fa_hf.CAUSAL_TOP_LEFT] == LAYERS
 
 
 def test_from_pretrained_with_attn_implementation(tmp_path):

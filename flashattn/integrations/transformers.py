@@ -27,8 +27,11 @@ What runs where. The model's attention module hands over query ``(B, Hq, S, D)``
   is bottom-right aligned, and runs on the bottom-right causal kernel, the ``flash_attn_func`` semantics;
 * any other mask (a padding mask, another pattern, an additive bias): the masked kernel, which reads
   the mask in place (broadcast over heads, cut to the keys in use);
+* attention dropout in training (transformers passes ``module.attention_dropout`` while the module is
+  training, 0 otherwise) runs on the same kernels, with a keep-mask drawn from torch's default
+  generator of the query's device;
 * everything else goes to transformers' own ``sdpa`` implementation, with a warning naming the reason,
-  once per reason: attention dropout in training, inputs flashattn's kernels do not serve (float32
+  once per reason: a dropout probability outside [0, 1), inputs flashattn's kernels do not serve (float32
   CUDA tensors, head dims above 256, GPUs older than sm_80, a build without CUDA kernels, ...), a mask
   of another dtype than bool, float32 or the query's, ``position_bias``.
 * ``softcap`` and attention sinks (``s_aux``) raise ``ValueError``: neither flashattn nor SDPA has them.
@@ -176,8 +179,8 @@ def _plan(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if kwargs.get("s_aux") is not None:
         raise ValueError(f"attn_implementation={ATTN_IMPLEMENTATION!r} does not support attention sinks (s_aux); "
                          "use 'eager'")
-    if dropout and dropout > 0.0:
-        return "attention dropout in training (module.attention_dropout > 0) is not supported by flashattn yet", ""
+    if dropout and not 0.0 <= dropout < 1.0:
+        return f"an attention dropout of {dropout} (outside [0, 1)) is not supported by flashattn", ""
     if kwargs.get("position_bias") is not None:
         return "a position bias is not supported by flashattn", ""
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
@@ -236,7 +239,8 @@ def flashattn_attention_forward(
     if path == MASKED:
         # (B or 1, H or 1, q_len, >= kv_len) -> a (B, Hq, q_len, kv_len) view, read in place.
         mask = attention_mask[..., : k.size(1)].expand(q.size(0), q.size(2), q.size(1), k.size(1))
-    out, _ = ops.attention(q, k, v, float(scaling), causal, path == CAUSAL_BOTTOM_RIGHT, False, mask)  # (B, S, Hq, D)
+    out, _ = ops.attention(q, k, v, float(scaling), causal, path == CAUSAL_BOTTOM_RIGHT, False, mask,
+                           float(dropout or 0.0))  # (B, S, Hq, D)
     return out, None
 
 
