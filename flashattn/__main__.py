@@ -160,12 +160,17 @@ support matrix
                   flash_attn_*(deterministic=True) or, for scaled_dot_product_attention, under
                   torch.use_deterministic_algorithms(True) (sm80 kernels; the default adds dq with
                   atomics in no fixed order)
-  not supported   attention masks, dropout, sliding windows, softcap, ALiBi,
-                  variable-length (varlen) and KV-cache entry points
-  fallbacks       scaled_dot_product_attention passes to torch SDPA (one warning per reason): attn_mask,
-                  dropout_p > 0, float32/float64 CUDA tensors, head dim > 256, a value head dim different
-                  from the query's, GPUs older than sm_80, a build without CUDA kernels, broadcast batch
-                  dims, nested tensors, other devices. flash_attn_func and friends raise instead."""
+  attention masks bool or additive (float32 or the inputs' dtype), any shape that broadcasts, read in
+                  place; a floating mask gets its gradient
+  dropout         dropout_p in [0, 1) after the softmax, kept probabilities scaled by 1 / (1 - p); the
+                  keep-mask is a Philox function of (seed, offset, b, h, i, j), the same on CPU and CUDA,
+                  seeded from torch's generator (torch.manual_seed reproduces it)
+  not supported   sliding windows, softcap, ALiBi, variable-length (varlen) and KV-cache entry points
+  fallbacks       scaled_dot_product_attention passes to torch SDPA (one warning per reason): dropout_p
+                  outside [0, 1), an attn_mask of another dtype or device, float32/float64 CUDA tensors,
+                  head dim > 256, a value head dim different from the query's, GPUs older than sm_80, a
+                  build without CUDA kernels, broadcast batch dims, nested tensors, other devices.
+                  flash_attn_func and friends raise instead."""
 
 
 def info() -> None:
