@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <string>
+
 namespace flashattn {
 
 std::string to_text(int64_t value) { return std::to_string(value); }
@@ -123,6 +125,33 @@ void check_dmask(const at::Tensor& dmask, const std::optional<at::Tensor>& mask,
   TORCH_CHECK(dmask.scalar_type() == mask->scalar_type(), op, ": dmask must have attn_mask's dtype ",
               mask->scalar_type(), ", got ", dmask.scalar_type());
   TORCH_CHECK(dmask.device() == q.device(), op, ": dmask must be on q's device ", q.device().str());
+}
+
+void check_dropout(const char* op, double dropout_p, const std::optional<at::Tensor>& rng_state, const at::Tensor& q) {
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, op, ": dropout_p must be in [0, 1), got ",
+              std::to_string(dropout_p));
+  if (dropout_p == 0.0) return;
+  TORCH_CHECK(rng_state.has_value(), op, ": dropout_p > 0 needs rng_state (a [2] int64 tensor: seed, offset)");
+  const at::Tensor& r = *rng_state;
+  TORCH_CHECK(r.scalar_type() == at::kLong && r.dim() == 1 && r.size(0) == 2 && r.is_contiguous(), op,
+              ": rng_state must be a contiguous [2] int64 tensor (seed, offset), got dtype ", r.scalar_type(),
+              " and shape ", to_text(r.sizes()));
+  TORCH_CHECK(r.device() == q.device(), op, ": rng_state must be on q's device ", q.device().str(), ", got ",
+              r.device().str());
+}
+
+void check_keep_mask_args(const at::Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
+                          int64_t seqlen_k, double dropout_p) {
+  const char* op = "flashattn.dropout_keep_mask";
+  TORCH_CHECK(batch >= 0 && heads >= 0 && seqlen_q >= 0 && seqlen_k >= 0, op,
+              ": batch, heads, seqlen_q and seqlen_k must be >= 0, got ",
+              to_text(at::IntArrayRef({batch, heads, seqlen_q, seqlen_k})));
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, op, ": dropout_p must be in [0, 1), got ",
+              std::to_string(dropout_p));
+  TORCH_CHECK(rng_state.scalar_type() == at::kLong && rng_state.dim() == 1 && rng_state.size(0) == 2 &&
+                  rng_state.is_contiguous(),
+              op, ": rng_state must be a contiguous [2] int64 tensor (seed, offset), got dtype ",
+              rng_state.scalar_type(), " and shape ", to_text(rng_state.sizes()));
 }
 
 }  // namespace flashattn

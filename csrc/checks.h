@@ -38,4 +38,12 @@ void check_attn_mask(const char* op, const at::Tensor& mask, const at::Tensor& q
 void check_dmask(const at::Tensor& dmask, const std::optional<at::Tensor>& mask, const at::Tensor& q,
                  const CheckedShape& shape);
 
+// Checks dropout arguments: 0 <= dropout_p < 1, and with dropout_p > 0 an rng_state that is a
+// contiguous [2] int64 tensor (seed, offset) on q's device.
+void check_dropout(const char* op, double dropout_p, const std::optional<at::Tensor>& rng_state, const at::Tensor& q);
+
+// Checks the arguments of dropout_keep_mask: sizes >= 0, 0 <= dropout_p < 1, rng_state as above.
+void check_keep_mask_args(const at::Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
+                          int64_t seqlen_k, double dropout_p);
+
 }  // namespace flashattn

@@ -69,9 +69,22 @@ bool sm90_allowed(const at::Tensor& q) {
 }
 
 bool use_sm90_fwd(const at::Tensor& q, const FwdParams& p) { return sm90_allowed(q) && sm90::fwd_supported(p); }
-// Masks and deterministic mode run on the sm80 backward only (the sm90 one adds dq partials in any order).
+// Masks, dropout and deterministic mode run on the sm80 backward only (the sm90 one adds dq partials in
+// any order, and has no mask or dropout).
 bool use_sm90_bwd(const at::Tensor& q, const BwdParams& p) {
-  return p.mask.kind == MaskKind::kNone && !p.deterministic && sm90_allowed(q) && sm90::bwd_supported(p);
+  return p.mask.kind == MaskKind::kNone && !p.dropout.enabled && !p.deterministic && sm90_allowed(q) &&
+         sm90::bwd_supported(p);
+}
+
+// DropoutParams for a checked (dropout_p, rng_state); disabled for dropout_p == 0.
+DropoutParams make_dropout(double dropout_p, const std::optional<at::Tensor>& rng_state) {
+  DropoutParams d;
+  if (dropout_p == 0.0) return d;
+  d.enabled = true;
+  d.threshold = dropout_threshold(dropout_p);
+  d.keep_scale = static_cast<float>(1.0 / (1.0 - dropout_p));
+  d.rng_state = rng_state->data_ptr<int64_t>();
+  return d;
 }
 
 // MaskParams for `mask` ([B, Hq, Lq, Lk], checked), with tile classes on the kernel's `tile` grid when
@@ -120,8 +133,10 @@ bool worth_classifying(const at::Tensor& mask, const CheckedShape& s) {
 
 // One forward pass of q over k and v (some key range of the caller's) into out and lse.
 void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s, double scale,
-              bool is_causal, const std::optional<at::Tensor>& attn_mask, at::Tensor& out, at::Tensor& lse) {
+              bool is_causal, const std::optional<at::Tensor>& attn_mask, const DropoutParams& dropout,
+              at::Tensor& out, at::Tensor& lse) {
   FwdParams p;
+  p.dropout = dropout;
   p.shape = make_shape(s, q, scale, is_causal);
   p.shape.rows_aligned_16 = rows_aligned_16(q) && rows_aligned_16(k) && rows_aligned_16(v);
   p.q = q.data_ptr();
@@ -157,8 +172,8 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 // The forward over more than kKeysPerPass keys: one pass per key range, merged as
 // lse = log(sum_r exp(lse_r)) and out = sum_r exp(lse_r - lse) out_r, in float32.
 void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s,
-                       double scale, bool is_causal, const std::optional<at::Tensor>& attn_mask, at::Tensor& out,
-                       at::Tensor& lse) {
+                       double scale, bool is_causal, const std::optional<at::Tensor>& attn_mask,
+                       const DropoutParams& dropout, at::Tensor& out, at::Tensor& lse) {
   at::Tensor out_sum = at::zeros(out.sizes(), out.options().dtype(at::kFloat));  // [B, Lq, Hq, D]
   at::Tensor lse_sum = at::full(lse.sizes(), -std::numeric_limits<float>::infinity(), lse.options());
   at::Tensor range_out = at::empty_like(out);
@@ -170,8 +185,10 @@ void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     range.causal_offset = s.causal_offset - k0;  // key k0 + j is visible iff k0 + j <= i + offset
     std::optional<at::Tensor> range_mask;
     if (attn_mask.has_value()) range_mask = attn_mask->narrow(3, k0, keys);
-    fwd_pass(q, k.narrow(1, k0, keys), v.narrow(1, k0, keys), range, scale, is_causal, range_mask, range_out,
-             range_lse);
+    DropoutParams range_dropout = dropout;
+    range_dropout.key_base = static_cast<uint32_t>(k0);  // kKeysPerPass is even, as key_base must be
+    fwd_pass(q, k.narrow(1, k0, keys), v.narrow(1, k0, keys), range, scale, is_causal, range_mask, range_dropout,
+             range_out, range_lse);
     // A row that saw no key so far and none in this range stays -inf with weight 0 (not NaN);
     // a NaN anywhere stays NaN.
     const at::Tensor merged = at::logaddexp(lse_sum, range_lse);
@@ -190,10 +207,13 @@ void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                        bool is_causal, bool causal_bottom_right,
-                                       const std::optional<at::Tensor>& attn_mask) {
+                                       const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                                       const std::optional<at::Tensor>& rng_state) {
   const char* op = "flashattn.fwd";
   const CheckedShape s = check_qkv(op, q, k, v, causal_bottom_right);
   if (attn_mask.has_value()) check_attn_mask(op, *attn_mask, q, s);
+  check_dropout(op, dropout_p, rng_state, q);
+  const DropoutParams dropout = make_dropout(dropout_p, rng_state);
   const c10::cuda::CUDAGuard device_guard(q.device());
   check_cuda_device(op, q);
 
@@ -204,9 +224,9 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
     out.zero_();
     lse.fill_(-std::numeric_limits<float>::infinity());
   } else if (s.seqlen_k > kKeysPerPass) {
-    fwd_in_key_ranges(q, k, v, s, scale, is_causal, attn_mask, out, lse);
+    fwd_in_key_ranges(q, k, v, s, scale, is_causal, attn_mask, dropout, out, lse);
   } else {
-    fwd_pass(q, k, v, s, scale, is_causal, attn_mask, out, lse);
+    fwd_pass(q, k, v, s, scale, is_causal, attn_mask, dropout, out, lse);
   }
   return {out, lse};
 }
@@ -215,12 +235,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse_in,
                                                    double scale, bool is_causal, bool causal_bottom_right,
                                                    bool deterministic, const std::optional<at::Tensor>& attn_mask,
-                                                   const std::optional<at::Tensor>& dmask) {
+                                                   const std::optional<at::Tensor>& dmask, double dropout_p,
+                                                   const std::optional<at::Tensor>& rng_state) {
   const char* op = "flashattn.bwd";
   const CheckedShape s = check_qkv(op, q, k, v, causal_bottom_right);
   check_bwd_inputs(dout, q, out, lse_in, s);
   if (attn_mask.has_value()) check_attn_mask(op, *attn_mask, q, s);
   if (dmask.has_value()) check_dmask(*dmask, attn_mask, q, s);
+  check_dropout(op, dropout_p, rng_state, q);
   const c10::cuda::CUDAGuard device_guard(q.device());
   check_cuda_device(op, q);
 
@@ -262,6 +284,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   p.dq_accum_dim = accum_dim;
   p.deterministic = deterministic;
   p.dq_keys_done = deterministic ? dq_keys_done.data_ptr<int>() : nullptr;
+  p.dropout = make_dropout(dropout_p, rng_state);
   p.q_strides = strides_of(q);
   p.k_strides = strides_of(k);
   p.v_strides = strides_of(v);
@@ -290,6 +313,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   }
   C10_CUDA_CHECK(sm80::run_bwd(p, stream));
   return {dq, dk, dv};
+}
+
+at::Tensor dropout_keep_mask(const at::Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
+                             int64_t seqlen_k, double dropout_p) {
+  check_keep_mask_args(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p);
+  const c10::cuda::CUDAGuard device_guard(rng_state.device());
+  at::Tensor keep = at::empty({batch, heads, seqlen_q, seqlen_k}, rng_state.options().dtype(at::kBool));
+  if (keep.numel() == 0) return keep;
+  DropoutParams d = make_dropout(dropout_p, rng_state);
+  if (!d.enabled) return keep.fill_(true);
+  C10_CUDA_CHECK(sm80::write_dropout_keep_mask(d, batch * heads, static_cast<int>(seqlen_q),
+                                               static_cast<int>(seqlen_k), keep.data_ptr<bool>(),
+                                               at::cuda::getCurrentCUDAStream()));
+  return keep;
 }
 
 }  // namespace cuda_ops

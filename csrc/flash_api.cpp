@@ -1,15 +1,20 @@
 // The flashattn ops: schemas, per-device implementations (checks, allocation, dispatch), module init.
 //
-//   fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None) -> (out, lse)
+//   fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0,
+//       rng_state=None) -> (out, lse)
 //   bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False,
-//       attn_mask=None, dmask=None) -> (dq, dk, dv)
+//       attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None) -> (dq, dk, dv)
+//   dropout_keep_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> keep [B, H, Lq, Lk] bool
 //
 // q [B, Lq, Hq, D], k/v [B, Lk, Hk, D] with any strides but a contiguous last dim; out [B, Lq, Hq, D]
 // and lse [B, Hq, Lq] (natural log, -inf for a row that sees no key); dq like q, dk/dv like k, all
 // freshly allocated and contiguous. attn_mask is a [B, Hq, Lq, Lk] view with any strides (0 on
 // broadcast dims: it is read in place), bool (True = the key takes part), float32 or q's dtype (added
 // to scale * q.k). dmask, a contiguous [B, Hq, Lq, Lk] tensor of attn_mask's dtype, is overwritten
-// with the gradient of a floating attn_mask. Autograd and fake kernels are registered in flashattn/ops.py.
+// with the gradient of a floating attn_mask. dropout_p in [0, 1) drops each probability (after the
+// softmax; the LSE is that of the undropped scores) with the keep-mask of common/dropout.h, seeded by
+// rng_state, a [2] int64 tensor (seed, offset) on q's device that the backward must get unchanged;
+// dropout_keep_mask materialises that mask (for tests: it is quadratic in memory). Autograd and fake kernels are registered in flashattn/ops.py.
 // The forward is bitwise reproducible; the CUDA backward is only with deterministic=True (its dq sums
 // in a fixed order), the CPU backward always is.
 #include <torch/extension.h>
@@ -29,11 +34,13 @@ namespace {
 
 std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            double scale, bool is_causal, bool causal_bottom_right,
-                                           const std::optional<at::Tensor>& attn_mask) {
+                                           const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                                           const std::optional<at::Tensor>& rng_state) {
   const char* op = "flashattn.fwd";
   const CheckedShape s = check_qkv(op, q, k, v, causal_bottom_right);
   if (attn_mask.has_value()) check_attn_mask(op, *attn_mask, q, s);
-  return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, attn_mask);
+  check_dropout(op, dropout_p, rng_state, q);
+  return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, attn_mask, dropout_p, rng_state);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dout, const at::Tensor& q,
@@ -42,16 +49,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dout, c
                                                        double scale, bool is_causal, bool causal_bottom_right,
                                                        bool /*deterministic: the CPU backward always is*/,
                                                        const std::optional<at::Tensor>& attn_mask,
-                                                       const std::optional<at::Tensor>& dmask) {
+                                                       const std::optional<at::Tensor>& dmask, double dropout_p,
+                                                       const std::optional<at::Tensor>& rng_state) {
   const char* op = "flashattn.bwd";
   const CheckedShape s = check_qkv(op, q, k, v, causal_bottom_right);
   check_bwd_inputs(dout, q, out, lse, s);
   if (attn_mask.has_value()) check_attn_mask(op, *attn_mask, q, s);
+  check_dropout(op, dropout_p, rng_state, q);
   if (dmask.has_value()) {
     check_dmask(*dmask, attn_mask, q, s);
     dmask->zero_();  // elements whose key takes no part keep a zero gradient
   }
-  return cpu::bwd(dout, q, k, v, out, lse, scale, is_causal, s.causal_offset, attn_mask, dmask);
+  return cpu::bwd(dout, q, k, v, out, lse, scale, is_causal, s.causal_offset, attn_mask, dmask, dropout_p, rng_state);
+}
+
+at::Tensor dropout_keep_mask_cpu(const at::Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
+                                 int64_t seqlen_k, double dropout_p) {
+  check_keep_mask_args(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p);
+  return cpu::dropout_keep_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p);
 }
 
 bool compiled_with_sm90() {
@@ -75,21 +90,25 @@ bool compiled_with_cuda() {
 
 TORCH_LIBRARY(flashattn, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right,"
-        " Tensor? attn_mask=None) -> (Tensor out, Tensor lse)");
+        " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None) -> (Tensor out, Tensor lse)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, bool is_causal,"
-        " bool causal_bottom_right, bool deterministic=False, Tensor? attn_mask=None, Tensor(a!)? dmask=None)"
-        " -> (Tensor dq, Tensor dk, Tensor dv)");
+        " bool causal_bottom_right, bool deterministic=False, Tensor? attn_mask=None, Tensor(a!)? dmask=None,"
+        " float dropout_p=0.0, Tensor? rng_state=None) -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def("dropout_keep_mask(Tensor rng_state, int batch, int heads, int seqlen_q, int seqlen_k, float dropout_p)"
+        " -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(flashattn, CPU, m) {
   m.impl("fwd", &flashattn::fwd_cpu);
   m.impl("bwd", &flashattn::bwd_cpu);
+  m.impl("dropout_keep_mask", &flashattn::dropout_keep_mask_cpu);
 }
 
 #ifdef FLASHATTN_WITH_CUDA
 TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
   m.impl("fwd", &flashattn::cuda_ops::fwd);
   m.impl("bwd", &flashattn::cuda_ops::bwd);
+  m.impl("dropout_keep_mask", &flashattn::cuda_ops::dropout_keep_mask);
 }
 #endif
 

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "common/dropout.h"
+
 namespace flashattn {
 
 enum class ElementType : int { kFloat16 = 0, kBFloat16 = 1 };
@@ -72,6 +74,7 @@ struct FwdParams {
   float* lse;     // [B, Hq, Lq] contiguous, natural log; -inf for a row that sees no key
   TensorStrides q_strides, k_strides, v_strides, out_strides;
   MaskParams mask;
+  DropoutParams dropout;  // applied to the probabilities after the softmax (the LSE is unchanged)
 };
 
 struct BwdParams {
@@ -102,6 +105,7 @@ struct BwdParams {
   // With an additive mask: its gradient dS (d loss / d (scale * q.k + mask)) for every element,
   // [B, Hq, Lq, Lk] contiguous in the mask's element type, zeroed by the host (skipped tiles stay 0).
   void* dmask = nullptr;
+  DropoutParams dropout;  // the forward's: the keep-mask is regenerated, never stored
 };
 
 }  // namespace flashattn

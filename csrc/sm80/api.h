@@ -27,6 +27,11 @@ TileShape bwd_tile_shape(int head_dim);
 cudaError_t classify_mask_tiles(const MaskParams& mask, ElementType element_type, int batches, int heads,
                                 int seqlen_q, int seqlen_k, unsigned char* out, cudaStream_t stream);
 
+// Writes the dropout keep-mask (common/dropout.h) of `dropout` into keep [batch_heads, seqlen_q,
+// seqlen_k] contiguous (row group b * heads + h), true where the probability is kept.
+cudaError_t write_dropout_keep_mask(const DropoutParams& dropout, int64_t batch_heads, int seqlen_q, int seqlen_k,
+                                    bool* keep, cudaStream_t stream);
+
 // Forward: writes params.out and params.lse; returns the launch status. Requires seqlen_q, seqlen_k, batch, heads >= 1.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 

@@ -9,7 +9,9 @@
 //                          Q/dO blocks are double-buffered with cp.async.
 //   3. bwd_convert_dq_kernel: dq = scale * dq_accum, cast and laid out as [B, Lq, Hq, D].
 // The kMasked variant of bwd_kernel applies params.mask as the forward did (skipping the steps whose
-// tile the mask excludes entirely), and writes dS into params.dmask when that is set.
+// tile the mask excludes entirely), and writes dS into params.dmask when that is set. It also applies
+// the forward's dropout (params.dropout): the keep-mask Z is regenerated from the seed, dV takes
+// P^T Z / (1 - p) and dP^T is multiplied by Z / (1 - p) before dS^T = P^T (dP^T - delta).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/dropout.h"
 #include "common/mask.h"
 #include "params.h"
 #include "sm80/fragments.h"
@@ -244,6 +247,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
           }
         }
       }
+      // Dropout's keep bits (bit 4j + e of keep[mt] for element [mt][j][e]), computed in a loop that is
+      // not unrolled so that the Philox calls add no registers to this stage's.
+      const bool dropout = kMasked && p.dropout.enabled;
+      static_assert(kSNTiles * 4 <= 64, "one keep bit per element of an m tile in a 64-bit word");
+      uint64_t keep[kSMTiles];
+#pragma unroll
+      for (int mt = 0; mt < kSMTiles; ++mt) keep[mt] = ~uint64_t{0};
+      if (dropout) {
+        const DropoutRow rng(p.dropout, batch, s.heads_q, head);
+#pragma unroll
+        for (int mt = 0; mt < kSMTiles; ++mt) {
+          keep[mt] = 0;
+#pragma unroll 1
+          for (int j = 0; j < kSNTiles; ++j) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              bool keep0, keep1;
+              rng.keep_query_pair(m0 + s_query0 + j * 8 + (lane % 4) * 2, n0 + s_key0 + mt * 16 + lane / 4 + half * 8,
+                                  keep0, keep1);
+              keep[mt] |= static_cast<uint64_t>(keep0 | (keep1 << 1)) << (4 * j + 2 * half);
+            }
+          }
+        }
+      }
 #pragma unroll
       for (int mt = 0; mt < kSMTiles; ++mt) {
 #pragma unroll
@@ -253,9 +280,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
             const int row = s_key0 + mt * 16 + lane / 4 + half * 8;
             const int col = s_query0 + j * 8 + (lane % 4) * 2;
             const float p0 = s_acc[mt][j][2 * half], p1 = s_acc[mt][j][2 * half + 1];
-            const float ds0 = p0 * (dp_acc[mt][j][2 * half] - delta[j][0]);
-            const float ds1 = p1 * (dp_acc[mt][j][2 * half + 1] - delta[j][1]);
-            *reinterpret_cast<uint32_t*>(p_smem + row * kPStride + col) = Ops::pack(p0, p1);
+            float dp0 = dp_acc[mt][j][2 * half], dp1 = dp_acc[mt][j][2 * half + 1];
+            float kept0 = p0, kept1 = p1;  // the probabilities dV sees: P Z / (1 - p) under dropout
+            if (dropout) {
+              const bool keep0 = (keep[mt] >> (4 * j + 2 * half)) & 1, keep1 = (keep[mt] >> (4 * j + 2 * half + 1)) & 1;
+              const float z0 = keep0 ? p.dropout.keep_scale : 0.f, z1 = keep1 ? p.dropout.keep_scale : 0.f;
+              kept0 *= z0;
+              kept1 *= z1;
+              dp0 *= z0;
+              dp1 *= z1;
+            }
+            const float ds0 = p0 * (dp0 - delta[j][0]);
+            const float ds1 = p1 * (dp1 - delta[j][1]);
+            *reinterpret_cast<uint32_t*>(p_smem + row * kPStride + col) = Ops::pack(kept0, kept1);
             *reinterpret_cast<uint32_t*>(ds_smem + row * kPStride + col) = Ops::pack(ds0, ds1);
           }
         }

@@ -39,7 +39,7 @@ TileShape bwd_tile_shape(int head_dim) {
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const int padded = padded_head_dim(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
-  const bool masked = p.mask.kind != MaskKind::kNone;
+  const bool masked = p.mask.kind != MaskKind::kNone || p.dropout.enabled;  // the variant with both
 #define FLASHATTN_LAUNCH(D)                                                                                  \
   if (padded == D) {                                                                                         \
     if (masked) return bf16 ? launch_fwd_masked<__nv_bfloat16, D>(p, stream) : launch_fwd_masked<__half, D>(p, stream); \
@@ -53,7 +53,7 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   const int padded = padded_head_dim(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
-  const bool masked = p.mask.kind != MaskKind::kNone;
+  const bool masked = p.mask.kind != MaskKind::kNone || p.dropout.enabled;  // the variant with both
 #define FLASHATTN_LAUNCH(D)                                                                                  \
   if (padded == D) {                                                                                         \
     if (masked) return bf16 ? launch_bwd_masked<__nv_bfloat16, D>(p, stream) : launch_bwd_masked<__half, D>(p, stream); \

@@ -7,13 +7,16 @@
 //
 // The kMasked variant adds an attention mask (params.mask): key blocks whose tile class says the mask
 // excludes every element are skipped (K/V never loaded), and only blocks whose class needs it read
-// the mask, element by element beside the score fragments.
+// the mask, element by element beside the score fragments. It also applies dropout (params.dropout,
+// with or without a mask): after the row sums take P, each probability is kept or zeroed by the
+// keep-mask of common/dropout.h, and the epilogue scales O by 1 / (1 - p).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cmath>
 
+#include "common/dropout.h"
 #include "common/mask.h"
 #include "params.h"
 #include "sm80/fragments.h"
@@ -39,6 +42,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
   T* q_smem = reinterpret_cast<T*>(smem_raw);  // [kBlockM][kStride]; reused for O in the epilogue
   T* k_smem = q_smem + Cfg::kQTileElems;       // [kStages][kBlockN][kStride]
   T* v_smem = k_smem + Cfg::kStages * Cfg::kKVTileElems;
+  // kMasked only: [kMTiles][kThreads] dropout keep bits of the current key block, written and read by
+  // the same thread (parked here rather than in registers, which the accumulators fill).
+  uint64_t* keep_smem = reinterpret_cast<uint64_t*>(smem_raw + Cfg::kSmemBytes);
 
   const AttentionShape& s = p.shape;
   const int lane = threadIdx.x % 32;
@@ -118,6 +124,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
     const T* k_tile = k_smem + (iter % Cfg::kStages) * Cfg::kKVTileElems;  // [kBlockN][kStride]
     const T* v_tile = v_smem + (iter % Cfg::kStages) * Cfg::kKVTileElems;  // [kBlockN][kStride]
     const int n0 = n_block * kBlockN;
+
+    // Dropout's keep bits for this block (bit 4j + e of keep[mt] for s_acc[mt][j][e]), computed before
+    // the S accumulators are live and in a loop that is not unrolled, so that the Philox calls add no
+    // registers to the GEMM's or the softmax's.
+    static_assert(kSTiles * 4 <= 64, "one keep bit per score of an m tile in a 64-bit word");
+    if constexpr (kMasked) {
+      if (p.dropout.enabled) {
+        const DropoutRow rng(p.dropout, batch, s.heads_q, head);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          uint64_t keep = 0;
+#pragma unroll 1
+          for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              bool keep0, keep1;
+              rng.keep_key_pair(m0 + warp_row0 + mt * 16 + lane / 4 + half * 8, n0 + j * 8 + (lane % 4) * 2, keep0,
+                                keep1);
+              keep |= static_cast<uint64_t>(keep0 | (keep1 << 1)) << (4 * j + 2 * half);
+            }
+          }
+          keep_smem[mt * Cfg::kThreads + threadIdx.x] = keep;
+        }
+      }
+    }
 
     // S = Q K^T for this warp's rows and kBlockN keys.
     float s_acc[kMTiles][kSTiles][4];
@@ -206,7 +237,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
     // O += P V, with P taken from the S accumulators.
     warp_gemm<T, kMTiles, kOTiles, kBlockN / 16>(
         o_acc,
-        [&](uint32_t(&a)[4], int mt, int kk) { accumulator_to_a<T>(a, s_acc[mt][2 * kk], s_acc[mt][2 * kk + 1]); },
+        [&](uint32_t(&a)[4], int mt, int kk) {
+          if constexpr (kMasked) {
+            // Dropout zeroes the probabilities its keep bits drop (after the row sums took them).
+            const uint32_t keep = p.dropout.enabled ? static_cast<uint32_t>(keep_smem[mt * Cfg::kThreads + threadIdx.x] >> (8 * kk)) : 0xffu;
+            accumulator_to_a<T>(a, s_acc[mt][2 * kk], s_acc[mt][2 * kk + 1]);
+            // a[r] packs the elements of keep bits 2r (low half) and 2r + 1 (high half).
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              a[r] &= (((keep >> (2 * r)) & 1) ? 0xffffu : 0u) | (((keep >> (2 * r + 1)) & 1) ? 0xffff0000u : 0u);
+            }
+          } else {
+            accumulator_to_a<T>(a, s_acc[mt][2 * kk], s_acc[mt][2 * kk + 1]);
+          }
+        },
         [&](uint32_t(&b)[4], int np, int kk) { load_b_from_rows_kn<kStride>(b, v_tile, kk * 16, np * 16, lane); });
     n_block = next_block;
   }
@@ -222,7 +266,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
     for (int half = 0; half < 2; ++half) {
       const float sum = quad_sum(row_sum[mt][half]);
       // A NaN score makes sum NaN, and NaN must reach out and lse: test for exactly 0 (no key).
-      const float inv_sum = sum == 0.f ? 0.f : 1.f / sum;
+      const float inv_sum = sum == 0.f ? 0.f : (kMasked ? p.dropout.keep_scale : 1.f) / sum;
       const int row = warp_row0 + mt * 16 + lane / 4 + half * 8;
       if (lane % 4 == 0 && m0 + row < s.seqlen_q) {
         lse[row] = sum == 0.f ? -INFINITY : (row_max[mt][half] + log2f(sum)) * 0.6931471805599453f;
@@ -251,9 +295,10 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   const int64_t grid = num_m_blocks * p.shape.heads_q * p.shape.batch;
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
   auto kernel = fwd_kernel<T, Cfg, kMasked>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  constexpr int kSmemBytes = Cfg::kSmemBytes + (kMasked ? Cfg::kKeepBitsBytes : 0);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -26,6 +26,8 @@ struct FwdConfig {
   static constexpr int kKVTileElems = kBlockN * kStride;
   static constexpr int kStages = 2;  // K/V double buffer
   static constexpr int kSmemBytes = (kQTileElems + 2 * kStages * kKVTileElems) * 2;
+  // The kMasked variant's dropout keep bits: one 64-bit word per thread and m tile, after the tiles.
+  static constexpr int kKeepBitsBytes = kThreads * kMTiles * 8;
 };
 
 // The configuration each head dim runs with (see benchmarks/NOTES.md for how they were chosen).

@@ -49,9 +49,10 @@ struct MaskView {
   __device__ __forceinline__ bool skips(int key_tile) const {
     return classes != nullptr && !(classes[key_tile] & kTileAnyVisible);
   }
-  // Whether the elements of key tile `key_tile` must be read (some are not neutral).
+  // Whether the elements of key tile `key_tile` must be read (some are not neutral). Never without a
+  // mask (the masked kernel variants also run dropout without one).
   __device__ __forceinline__ bool needed(int key_tile) const {
-    return classes == nullptr || (classes[key_tile] & kTileNeedsMask);
+    return kind != MaskKind::kNone && (classes == nullptr || (classes[key_tile] & kTileNeedsMask));
   }
   // The term element (query, key) adds to a base-2 score: 0 or -inf for a boolean mask, the value
   // times log2(e) (floored at kMaskFloorLog2, -inf and NaN kept) for an additive one.

@@ -59,7 +59,7 @@ FwdTileShape fwd_tile_shape(int head_dim) {
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const int width = tile_width(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
-  const bool masked = p.mask.kind != MaskKind::kNone;
+  const bool masked = p.mask.kind != MaskKind::kNone || p.dropout.enabled;  // the variant with both
 #define FLASHATTN_LAUNCH(D)                                                                                  \
   if (width == D) {                                                                                          \
     if (masked) return bf16 ? launch_fwd_masked<__nv_bfloat16, D>(p, stream) : launch_fwd_masked<__half, D>(p, stream); \

@@ -19,7 +19,10 @@
 // units before the softmax (which then runs them with scale 1): a huge mask value such as finfo.min
 // must not meet the fused scale-and-subtract of raw scores, whose rounding residual at 1e30 is itself
 // about 1e22. Blocks the mask leaves alone go through the softmax as raw scores, as without a mask.
-// A CTA then runs one tile, as with causal masking, since tiles differ in cost.
+// A CTA then runs one tile, as with causal masking, since tiles differ in cost. The kMasked variant
+// also applies dropout (params.dropout, with or without a mask): after the softmax has summed P, each
+// probability is kept or zeroed by the keep-mask of common/dropout.h (this overlaps the PV GEMM of
+// the previous block), and the epilogue scales O by 1 / (1 - p).
 //
 // Shared tiles use the 128-byte swizzle: a [rows][kHeadDim] tile is stored as column blocks of
 // [rows][64] elements (128 bytes per row), which TMA writes and wgmma reads through descriptors.
@@ -31,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/dropout.h"
 #include "common/mask.h"
 #include "params.h"
 #include "sm80/mask_tile.h"  // MaskView: the attention mask of one (batch, head, query tile)
@@ -269,17 +273,40 @@ struct OnlineSoftmax {
   }
 };
 
+// Zeroes the probabilities of key block n0 that dropout drops (s[4j + 2 half + c] is row row0 + 8 half,
+// key n0 + 8j + 2 (lane % 4) + c): one Philox call per pair of keys. The calls run in a loop that is
+// not unrolled, collecting keep bits, so that they add no registers to the softmax's.
+template <int kBlockN>
+__device__ __forceinline__ void drop_probabilities(float (&s)[kBlockN / 2], const DropoutRow& rng, int row0, int n0,
+                                                   int lane) {
+  static_assert(kBlockN / 2 <= 64, "one keep bit per score in a 64-bit word");
+  uint64_t keep = 0;  // bit i: s[i] is kept
+#pragma unroll 1
+  for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      bool keep0, keep1;
+      rng.keep_key_pair(row0 + half * 8, n0 + j * 8 + (lane % 4) * 2, keep0, keep1);
+      keep |= static_cast<uint64_t>(keep0 | (keep1 << 1)) << (4 * j + 2 * half);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kBlockN / 2; ++i) {
+    if (!((keep >> i) & 1)) s[i] = 0.f;
+  }
+}
+
 template <int kCount>
 __device__ __forceinline__ void rescale_rows(float (&o)[kCount], const float (&correction)[2]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i) o[i] *= correction[(i % 4) / 2];
 }
 
-// O / rowsum and the natural-log LSE of this thread's two rows, straight to global memory.
+// O * out_scale / rowsum and the natural-log LSE of this thread's two rows, straight to global memory.
 template <typename T, int kHeadDim, int kBlockN>
 __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (&o)[kHeadDim / 2],
                                                const OnlineSoftmax<kBlockN>& softmax, int head, int batch,
-                                               int row0, int lane) {
+                                               int row0, int lane, float out_scale) {
   using Ops = sm80::ElementOps<T>;
   const AttentionShape& sh = p.shape;
   T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head;  // [Lq, D]
@@ -292,7 +319,7 @@ __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (
     const int row = row0 + half * 8;
     if (row >= sh.seqlen_q) continue;
     // A NaN score makes sum NaN, and NaN must reach out and lse: test for exactly 0 (no key).
-    const float inv = sum == 0.f ? 0.f : 1.f / sum;
+    const float inv = sum == 0.f ? 0.f : out_scale / sum;
     if (lane % 4 == 0) {
       lse[row] = sum == 0.f ? -INFINITY : (softmax.row_max[half] + log2f(sum)) * 0.6931471805599453f;
     }
@@ -398,6 +425,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       }
       return sh.scale_log2;
     };
+    const bool dropout = kMasked && p.dropout.enabled;
+    const DropoutRow rng = dropout ? DropoutRow(p.dropout, t.batch, sh.heads_q, t.head) : DropoutRow{};
+    auto apply_dropout = [&](int block) {
+      if (dropout) drop_probabilities<kBlockN>(s, rng, row0, block * kBlockN, lane);
+    };
     // Visit i (the i-th key block walked) uses ring position kv_iter + i.
     auto stage_of = [&](int i) { return (kv_iter + i) % kStages; };
     auto phase_of = [&](int i) { return ((kv_iter + i) / kStages) & 1; };
@@ -418,6 +450,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);  // the tile's last QK^T GEMM is done
       }
       softmax.update(s, apply_masks(block), correction);
+      apply_dropout(block);
       accumulator_to_a<T, kBlockN>(prob, s);
 
       int n = 1;  // visits so far
@@ -440,6 +473,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);
         }
         softmax.update(s, apply_masks(block), correction);
+        apply_dropout(block);
         wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
         fence_registers(o);
         fence_registers(prob);
@@ -459,7 +493,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       ++q_iter;
     }
     // Meanwhile the producer is already loading the next tile's Q and first key blocks.
-    write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, t.head, t.batch, row0, lane);
+    write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, t.head, t.batch, row0, lane,
+                                              dropout ? p.dropout.keep_scale : 1.f);
   }
 #endif
 }
