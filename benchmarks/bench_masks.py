@@ -7,6 +7,7 @@ same run:
                  masked) vs no mask (both flashattn)
   dense_float    a dense random (B, H, N, N) float mask, forward + backward with the mask's gradient:
                  flashattn vs SDPA's EFFICIENT_ATTENTION backend with the same mask
+  dropout        dropout_p = 0.1 vs dropout_p = 0 (both flashattn, no mask)
 
 TFLOP/s use the unmasked FLOP count (causal: halved), so a ratio is a ratio of times.
 
@@ -81,6 +82,10 @@ def bench_one(head_dim, seqlen, warmup, rep):
         record("padding_mask", mode, "flashattn no mask", False, lambda: ops.fwd(q, k, v, scale, False, False)[0], qkv)
         record("padding_mask", mode, "flashattn padding mask", False,
                lambda: ops.fwd(q, k, v, scale, False, False, padding)[0], qkv)
+        rng_state = torch.tensor([1234, 5678], dtype=torch.int64, device=dev)
+        record("dropout", mode, "flashattn p=0", False, lambda: ops.fwd(q, k, v, scale, False, False)[0], qkv)
+        record("dropout", mode, "flashattn p=0.1", False,
+               lambda: ops.attention(q, k, v, scale, False, False, dropout_p=0.1, rng_state=rng_state)[0], qkv)
     bhsd = [t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v)]
     mode = "fwdbwd"
     record("dense_float", mode, "flashattn dense float mask", False,
@@ -101,7 +106,8 @@ def ratios(rows):
     """(figure, mode, D, N) -> the figure's ratio: masked / baseline speed."""
     pairs = {"causal_mask": ("flashattn tril mask", "flashattn is_causal"),
              "padding_mask": ("flashattn padding mask", "flashattn no mask"),
-             "dense_float": ("flashattn dense float mask", "SDPA efficient dense float mask")}
+             "dense_float": ("flashattn dense float mask", "SDPA efficient dense float mask"),
+             "dropout": ("flashattn p=0.1", "flashattn p=0")}
     found = {}
     for r in rows:
         found[(r["figure"], r["mode"], r["head_dim"], r["seqlen"], r["method"])] = r.get("tflops")

@@ -33,9 +33,9 @@ run() {  # run NAME TIMEOUT COMMAND...: logs to $OUT/NAME.log, prints the tail
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || status=1
   tail -${TAIL:-15} "$OUT/$name.log"
 }
-GPU_TESTS="tests/test_gpu_attention.py tests/test_gpu_integration.py tests/test_gpu_paths.py tests/test_gpu_masks.py tests/test_gpu_reliability.py tests/test_cli.py tests/test_transformers.py"
+GPU_TESTS="tests/test_gpu_attention.py tests/test_gpu_integration.py tests/test_gpu_paths.py tests/test_gpu_masks.py tests/test_gpu_dropout.py tests/test_gpu_reliability.py tests/test_cli.py tests/test_transformers.py"
 has smoke && run smoke 300 python3 scripts/gpu_smoke.py ${SMOKE_ARGS---bench}
-has test && run tests 300 python3 -m pytest $GPU_TESTS -m "not large" -q -rfEs --timeout=120
+has test && run tests 420 python3 -m pytest $GPU_TESTS -m "not large" -q -rfEs --timeout=120
 has large && run tests_large 300 python3 -m pytest tests/test_gpu_reliability.py -m large -q -rfEs --timeout=120
 has sanitize && run sanitize 300 python3 scripts/sanitize.py --out "$OUT/sanitize"
 has fuzz && run fuzz_gpu 300 env FLASHATTN_FUZZ_PROFILE=gpu FLASHATTN_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-300} \

@@ -60,13 +60,16 @@ class Case:
     # "float" (a (1, Hq, Lq, Lk) additive mask with -inf entries, broadcast over batch, whose gradient
     # the backward writes)
     mask: str = "none"
+    dropout_p: float = 0.0  # with a fixed rng_state, so the CPU and GPU keep-masks are the same
 
 
-def _case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout="contiguous", mask="none"):
+def _case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout="contiguous", mask="none",
+          dropout_p=0.0):
     dtype_name = "fp16" if dtype == F16 else "bf16"
     name = (f"b{batch}-q{seqlen_q}-k{seqlen_k}-h{heads_q}/{heads_kv}-d{head_dim}-{dtype_name}-{causal}"
-            + ("" if layout == "contiguous" else f"-{layout}") + ("" if mask == "none" else f"-{mask}mask"))
-    return Case(name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout, mask)
+            + ("" if layout == "contiguous" else f"-{layout}") + ("" if mask == "none" else f"-{mask}mask")
+            + ("" if dropout_p == 0.0 else f"-dropout{dropout_p}"))
+    return Case(name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout, mask, dropout_p)
 
 
 # memcheck, initcheck, synccheck: seqlen 1, 17, 97, 1025, Lq != Lk both ways, every compiled head-dim
@@ -93,6 +96,11 @@ FULL_CASES = [
     _case(1, 300, 97, 2, 2, 128, F16, "bottom_right", mask="float"),
     _case(1, 1025, 1025, 2, 2, 256, BF16, "top_left", "bhsd", mask="bool"),
     _case(1, 97, 203, 4, 2, 40, F16, "none", "unaligned", mask="float"),
+    # dropout: the keep-mask regenerated in the forward (both paths) and the backward
+    _case(2, 97, 300, 2, 1, 64, BF16, "none", dropout_p=0.2),
+    _case(1, 300, 97, 2, 2, 128, F16, "bottom_right", mask="float", dropout_p=0.5),
+    _case(1, 17, 1025, 2, 2, 256, BF16, "top_left", "unaligned", dropout_p=0.1),
+    _case(1, 97, 97, 4, 2, 32, F16, "top_left", dropout_p=0.3),
 ]
 
 # racecheck (the slowest tool): one short case per head-dim tile, long enough to cross the query and
@@ -109,6 +117,7 @@ RACE_CASES = [
     _case(1, 150, 129, 2, 1, 128, BF16, "bottom_right", "unaligned"),
     _case(1, 129, 300, 2, 1, 64, F16, "none", mask="bool"),
     _case(1, 150, 300, 2, 1, 128, BF16, "top_left", mask="float"),
+    _case(1, 129, 300, 2, 1, 64, BF16, "none", dropout_p=0.2),
 ]
 
 CASE_SETS = {"full": FULL_CASES, "race": RACE_CASES}
@@ -165,6 +174,13 @@ def _args(case: Case):
     return 1.0 / math.sqrt(case.head_dim), is_causal, bottom_right
 
 
+def _dropout(case: Case, index: int, device):
+    """(dropout_p, rng_state) of the case: a fixed seed per item, so the CPU and GPU drop the same."""
+    if case.dropout_p == 0.0:
+        return 0.0, None
+    return case.dropout_p, torch.tensor([1000 + index, 7], dtype=torch.int64, device=device)
+
+
 class Expected:
     """flashattn's CPU results for each case (the bwd phase's inputs and the sanity check's reference)."""
 
@@ -175,9 +191,11 @@ class Expected:
         if index not in self._cache:
             q, k, v, dout, mask = _inputs(case, index, "cpu")
             scale, is_causal, bottom_right = _args(case)
-            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask)
+            p, rng = _dropout(case, index, "cpu")
+            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng)
             dmask = _dmask(mask)
-            grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right, False, mask, dmask)
+            grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right, False, mask, dmask,
+                                            p, rng)
             self._cache[index] = (out, lse, grads + ((dmask,) if dmask is not None else ()))
         return self._cache[index]
 
@@ -211,6 +229,7 @@ def has_deterministic_bwd() -> bool:
 def run_item(phase: str, index: int, case: Case, expected: Expected, device) -> None:
     scale, is_causal, bottom_right = _args(case)
     q, k, v, dout, mask = _inputs(case, index, device)
+    p, rng = _dropout(case, index, device)
     out_cpu, lse_cpu, grads_cpu = expected(index, case)
     if phase.endswith("-sm80"):
         os.environ[FORCE_SM80_ENV] = "1"
@@ -218,12 +237,12 @@ def run_item(phase: str, index: int, case: Case, expected: Expected, device) -> 
         os.environ.pop(FORCE_SM80_ENV, None)
     try:
         if phase.startswith("fwd"):
-            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask)
+            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng)
         else:
             out, lse = out_cpu.to(device), lse_cpu.to(device)
             dmask = _dmask(mask)
             grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right,
-                                            phase == "bwd-deterministic", mask, dmask)
+                                            phase == "bwd-deterministic", mask, dmask, p, rng)
             grads = grads + ((dmask,) if dmask is not None else ())
     finally:
         os.environ.pop(FORCE_SM80_ENV, None)
