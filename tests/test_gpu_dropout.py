@@ -65,7 +65,11 @@ def check_dropout(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype,
         assert_oracle(name, g, r, b, GRAD_FACTOR)
 
 
-SEQLENS = [(1, 1), (17, 17), (97, 203), (203, 97), (256, 256), (1025, 1025)]
+# No row of a single key only (Lk = 1, or Lq = Lk = 1 under causal masking) as the only row: there the
+# exact dq is identically 0 while the backward's delta = rowsum(dO * O) comes from the rounded output
+# (scaled by 1 / (1 - p)), the known limit in README's Limits; tests/test_cpu_dropout.py checks that
+# case in float32 instead.
+SEQLENS = [(3, 5), (17, 17), (97, 203), (203, 97), (256, 256), (1025, 1025)]
 
 
 def _cases():
