@@ -186,7 +186,7 @@ void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     std::optional<at::Tensor> range_mask;
     if (attn_mask.has_value()) range_mask = attn_mask->narrow(3, k0, keys);
     DropoutParams range_dropout = dropout;
-    range_dropout.key_base = static_cast<uint32_t>(k0);  // kKeysPerPass is even, as key_base must be
+    range_dropout.key_base = static_cast<uint32_t>(k0);  // a multiple of 32 (kKeysPerPass), as key_base must be
     fwd_pass(q, k.narrow(1, k0, keys), v.narrow(1, k0, keys), range, scale, is_causal, range_mask, range_dropout,
              range_out, range_lse);
     // A row that saw no key so far and none in this range stays -inf with weight 0 (not NaN);

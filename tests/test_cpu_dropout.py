@@ -45,24 +45,31 @@ def test_python_philox_matches_the_known_answers():
 
 
 def python_keep_mask(seed, offset, batch, heads, seqlen_q, seqlen_k, p):
-    """The keep-mask of csrc/common/dropout.h in plain Python: [B, H, Lq, Lk] bool."""
+    """The keep-mask of csrc/common/dropout.h in plain Python: [B, H, Lq, Lk] bool. Element (i, j) is
+    in the octet {i0, i0 + 8} x {j0 + 8t} with i0 = i - 8h, h = (i // 8) % 2 and j0 = j - 8t,
+    t = (j // 8) % 4; its 16 random bits are half h of word t of the octet's Philox call."""
     seed, offset = seed & (2**64 - 1), offset & (2**64 - 1)
-    threshold = min(int(p * 2.0**32), MASK32)
+    threshold = min(int(p * 2.0**16), 0xFFFF)
     keep = torch.empty(batch, heads, seqlen_q, seqlen_k, dtype=torch.bool)
     for bh in range(batch * heads):
         for i in range(seqlen_q):
+            h = (i >> 3) & 1
+            i0 = i - 8 * h
             for j in range(seqlen_k):
-                words = philox4x32_10((j >> 1, i >> 1, bh, offset & MASK32), (seed & MASK32, seed >> 32))
-                keep[bh // heads, bh % heads, i, j] = words[2 * (i & 1) + (j & 1)] >= threshold
+                t = (j >> 3) & 3
+                j0 = j - 8 * t
+                counter = (((j0 >> 5) << 3) | (j0 & 7), ((i0 >> 4) << 3) | (i0 & 7), bh, offset & MASK32)
+                words = philox4x32_10(counter, (seed & MASK32, seed >> 32))
+                keep[bh // heads, bh % heads, i, j] = ((words[t] >> (16 * h)) & 0xFFFF) >= threshold
     return keep
 
 
 @pytest.mark.parametrize("seed, offset", [(0, 0), (1234567, 89), (-(2**63), 2**40 + 5), (2**63 - 1, -1)])
 def test_keep_mask_matches_the_python_formula(seed, offset):
     rng_state = torch.tensor([seed, offset], dtype=torch.int64)
-    keep = ops.dropout_keep_mask(rng_state, 2, 3, 5, 7, 0.4)
-    assert keep.dtype == torch.bool and keep.shape == (2, 3, 5, 7)
-    assert torch.equal(keep, python_keep_mask(seed, offset, 2, 3, 5, 7, 0.4))
+    keep = ops.dropout_keep_mask(rng_state, 2, 3, 19, 41, 0.4)
+    assert keep.dtype == torch.bool and keep.shape == (2, 3, 19, 41)
+    assert torch.equal(keep, python_keep_mask(seed, offset, 2, 3, 19, 41, 0.4))
 
 
 @pytest.mark.parametrize("p", [0.05, 0.3, 0.5, 0.9])

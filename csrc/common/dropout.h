@@ -1,14 +1,21 @@
 // The dropout keep-mask: which (query, key) probabilities survive dropout. Shared by the CPU and GPU
 // paths, so that every kernel (forward and backward, any tiling) and the keep-mask op agree bit for bit.
 //
-// The mask is a pure function of (seed, offset, batch * heads_q + head, query, key): one
-// Philox4x32-10 call per aligned 2 x 2 block of (query, key) gives four 32-bit words, the word
-// 2 * (query % 2) + (key % 2) belongs to that element, and the element is kept iff its word is at
-// least `threshold` = floor(p * 2^32). A kept probability is scaled by 1 / (1 - p).
+// The mask is a pure function of (seed, offset, batch * heads_q + head, query, key). Elements come in
+// octets: {q0, q0 + 8} x {k0, k0 + 8, k0 + 16, k0 + 24} with q0 % 16 < 8 and k0 % 32 < 8. One
+// Philox4x32-10 call per octet gives four 32-bit words; word i holds key k0 + 8i, its low 16 bits for
+// query q0 and its high 16 bits for q0 + 8, and the element is kept iff those 16 bits are at least
+// `threshold` = floor(p * 2^16) (so the keep probability is 1 - threshold / 2^16, within 2^-16 of
+// 1 - p). A kept probability is scaled by 1 / (1 - p).
 //
-// Counter = (key / 2, query / 2, batch * heads_q + head, low 32 bits of offset); Philox key = the
-// 64-bit seed. Seed and offset come from a [2] int64 tensor (rng_state) drawn from torch's generator,
-// so a kernel reads them from device memory and CUDA-graph replays draw new ones.
+// Why this shape: the tensor-core fragments of every kernel give one thread rows (or columns) 8 apart
+// and, across its tiles, keys (or queries) 8 apart, so the forward (queries x keys) and the backward
+// (keys x queries) threads each hold whole octets and use all eight values of every call.
+//
+// Counter = ((k0 / 32) * 8 + k0 % 8, (q0 / 16) * 8 + q0 % 8, batch * heads_q + head, low 32 bits of
+// offset); Philox key = the 64-bit seed. Seed and offset come from a [2] int64 tensor (rng_state)
+// drawn from torch's generator, so a kernel reads them from device memory and CUDA-graph replays
+// draw new ones.
 #pragma once
 
 #include <cstdint>
@@ -54,31 +61,43 @@ FLASHATTN_HOST_DEVICE PhiloxWords philox4x32_10(uint32_t c0, uint32_t c1, uint32
 // Dropout of one call, as the kernels see it.
 struct DropoutParams {
   bool enabled = false;
-  uint32_t threshold = 0;              // keep iff the element's word >= threshold
+  uint32_t threshold = 0;              // keep iff the element's 16 random bits >= threshold
   float keep_scale = 1.f;              // 1 / (1 - p)
   const int64_t* rng_state = nullptr;  // [2] on the op's device: seed, offset
-  uint32_t key_base = 0;               // index of the kernel's key 0 in the op's keys (key-range passes); even
+  uint32_t key_base = 0;               // index of the kernel's key 0 in the op's keys (key-range passes); a multiple of 32
 };
 
-// threshold for probability p in [0, 1): floor(p * 2^32), at most 2^32 - 1.
+// threshold for probability p in [0, 1): floor(p * 2^16), at most 2^16 - 1.
 inline uint32_t dropout_threshold(double p) {
-  const double scaled = p * 4294967296.0;
-  return scaled >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<uint32_t>(scaled);
+  const double scaled = p * 65536.0;
+  return scaled >= 65535.0 ? 0xFFFFu : static_cast<uint32_t>(scaled);
 }
 
-// The four words of the aligned 2 x 2 block holding (query, key) of row group `bh` (batch * heads_q + head).
-FLASHATTN_HOST_DEVICE PhiloxWords dropout_block_words(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t query,
-                                                      uint32_t key) {
-  return philox4x32_10(key >> 1, query >> 1, bh, static_cast<uint32_t>(offset), static_cast<uint32_t>(seed),
-                       static_cast<uint32_t>(seed >> 32));
+// The keep bits of the octet {query0, query0 + 8} x {key0 + 8i, i < 4} (query0 % 16 < 8, key0 % 32 < 8)
+// of row group `bh` (batch * heads_q + head): bit 2i + h is (query0 + 8h, key0 + 8i).
+FLASHATTN_HOST_DEVICE uint32_t dropout_octet(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t query0,
+                                             uint32_t key0, uint32_t threshold) {
+  const PhiloxWords words = philox4x32_10(((key0 >> 5) << 3) | (key0 & 7), ((query0 >> 4) << 3) | (query0 & 7), bh,
+                                          static_cast<uint32_t>(offset), static_cast<uint32_t>(seed),
+                                          static_cast<uint32_t>(seed >> 32));
+  uint32_t bits = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < 4; ++i) {
+    bits |= static_cast<uint32_t>((words.w[i] & 0xFFFFu) >= threshold) << (2 * i);
+    bits |= static_cast<uint32_t>((words.w[i] >> 16) >= threshold) << (2 * i + 1);
+  }
+  return bits;
 }
 
-// The word of (query, key) inside its block's words (selects, not an indexed load: an array indexed by
-// a runtime value would live in local memory inside a kernel).
-FLASHATTN_HOST_DEVICE uint32_t dropout_word(const PhiloxWords& words, uint32_t query, uint32_t key) {
-  const uint32_t even_query = (key & 1) ? words.w[1] : words.w[0];
-  const uint32_t odd_query = (key & 1) ? words.w[3] : words.w[2];
-  return (query & 1) ? odd_query : even_query;
+// Whether element (query, key) of row group bh is kept (one octet call per element: for tests and the
+// keep-mask op; kernels use dropout_octet for whole octets).
+FLASHATTN_HOST_DEVICE bool dropout_keep(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t query, uint32_t key,
+                                        uint32_t threshold) {
+  const uint32_t h = (query >> 3) & 1, i = (key >> 3) & 3;
+  const uint32_t bits = dropout_octet(seed, offset, bh, query - 8 * h, key - 8 * i, threshold);
+  return (bits >> (2 * i + h)) & 1;
 }
 
 // The keep-mask of one (batch, query head) inside a kernel: seed and offset read once from rng_state.
@@ -98,25 +117,11 @@ struct DropoutRow {
         key_base(d.key_base) {}
 #endif
 
-  // Keys key_even and key_even + 1 of query `query` (key_even even): one Philox call, two elements.
-  FLASHATTN_HOST_DEVICE void keep_key_pair(int query, int key_even, bool& keep0, bool& keep1) const {
-    const uint32_t key = key_base + static_cast<uint32_t>(key_even);
-    const PhiloxWords words = dropout_block_words(seed, offset, bh, static_cast<uint32_t>(query), key);
-    keep0 = dropout_word(words, static_cast<uint32_t>(query), key) >= threshold;
-    keep1 = dropout_word(words, static_cast<uint32_t>(query), key + 1) >= threshold;
-  }
-  // Queries query_even and query_even + 1 (query_even even) of key `key`: one call, two elements.
-  FLASHATTN_HOST_DEVICE void keep_query_pair(int query_even, int key, bool& keep0, bool& keep1) const {
-    const uint32_t k = key_base + static_cast<uint32_t>(key);
-    const PhiloxWords words = dropout_block_words(seed, offset, bh, static_cast<uint32_t>(query_even), k);
-    keep0 = dropout_word(words, static_cast<uint32_t>(query_even), k) >= threshold;
-    keep1 = dropout_word(words, static_cast<uint32_t>(query_even) + 1, k) >= threshold;
+  // The octet {query0, query0 + 8} x {key0 + 8i}; key0 is relative to the kernel's keys.
+  FLASHATTN_HOST_DEVICE uint32_t octet(int query0, int key0) const {
+    return dropout_octet(seed, offset, bh, static_cast<uint32_t>(query0), key_base + static_cast<uint32_t>(key0),
+                         threshold);
   }
 };
-
-FLASHATTN_HOST_DEVICE bool dropout_keep(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t query, uint32_t key,
-                                        uint32_t threshold) {
-  return dropout_word(dropout_block_words(seed, offset, bh, query, key), query, key) >= threshold;
-}
 
 }  // namespace flashattn

@@ -21,25 +21,23 @@ namespace detail {
 struct DropoutRows {
   bool enabled = false;
   uint64_t seed = 0, offset = 0;  // rng_state's two int64 values, bits unchanged
-  uint32_t threshold = 0;         // keep iff the element's word >= threshold
+  uint32_t threshold = 0;         // keep iff the element's 16 random bits >= threshold
   double keep_scale = 1.0;        // 1 / (1 - p)
 
   // factor[0:n] = keep_scale for the keys [k0, k0 + n) that query i of row group bh (batch * heads_q +
-  // head) keeps, 0 for those it drops. One Philox call serves both keys of an aligned pair.  factor: [n]
+  // head) keeps, 0 for those it drops. One keep-mask octet call serves four keys of the row.  factor: [n]
   template <typename acc_t>
   void factor_row(acc_t* __restrict factor, int64_t bh, int64_t i, int64_t k0, int64_t n) const {
     const acc_t kept = static_cast<acc_t>(keep_scale);
     const uint32_t group = static_cast<uint32_t>(bh), query = static_cast<uint32_t>(i);
-    int64_t j = 0;
-    while (j < n) {
-      const uint32_t key = static_cast<uint32_t>(k0 + j);
-      const PhiloxWords words = dropout_block_words(seed, offset, group, query, key);
-      factor[j] = dropout_word(words, query, key) >= threshold ? kept : acc_t(0);
-      if ((key & 1u) == 0 && j + 1 < n) {
-        factor[j + 1] = dropout_word(words, query, key + 1) >= threshold ? kept : acc_t(0);
-        j += 2;
-      } else {
-        j += 1;
+    const uint32_t h = (query >> 3) & 1;  // which query of the octets this row is
+    for (int64_t block = k0 & ~int64_t{31}; block < k0 + n; block += 32) {
+      for (int64_t r = 0; r < 8; ++r) {
+        const uint32_t bits = dropout_octet(seed, offset, group, query - 8 * h, static_cast<uint32_t>(block + r), threshold);
+        for (int64_t ii = 0; ii < 4; ++ii) {
+          const int64_t key = block + r + 8 * ii;
+          if (key >= k0 && key < k0 + n) factor[key - k0] = ((bits >> (2 * ii + h)) & 1) ? kept : acc_t(0);
+        }
       }
     }
   }

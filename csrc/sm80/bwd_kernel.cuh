@@ -247,27 +247,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
           }
         }
       }
-      // Dropout's keep bits (bit 4j + e of keep[mt] for element [mt][j][e]), computed in a loop that is
-      // not unrolled so that the Philox calls add no registers to this stage's.
+      // Dropout's keep bits. Element [mt][j][2 half + c] is key k0 + 16 mt + 8 half (k0 = n0 + s_key0 +
+      // lane / 4, k0 % 32 < 8), query q0 + 8j + c (q0 = m0 + s_query0 + 2 (lane % 4)): each pair of query
+      // tiles jj and each c hold one whole keep-mask octet, whose bit 2i + h (key k0 + 8i, query tile
+      // 2jj + h) lands at bit 16jj + 8c + 2i + h of `keep`. The calls run in a loop that is not unrolled,
+      // so that they add no registers to this stage's.
+      static_assert(Cfg::kSKeys == 32 && kSNTiles % 2 == 0 && kSNTiles * 8 <= 64, "whole octets in 64 bits");
       const bool dropout = kMasked && p.dropout.enabled;
-      static_assert(kSNTiles * 4 <= 64, "one keep bit per element of an m tile in a 64-bit word");
-      uint64_t keep[kSMTiles];
-#pragma unroll
-      for (int mt = 0; mt < kSMTiles; ++mt) keep[mt] = ~uint64_t{0};
+      uint64_t keep = ~uint64_t{0};
       if (dropout) {
         const DropoutRow rng(p.dropout, batch, s.heads_q, head);
-#pragma unroll
-        for (int mt = 0; mt < kSMTiles; ++mt) {
-          keep[mt] = 0;
+        keep = 0;
 #pragma unroll 1
-          for (int j = 0; j < kSNTiles; ++j) {
+        for (int jj = 0; jj < kSNTiles / 2; ++jj) {
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              bool keep0, keep1;
-              rng.keep_query_pair(m0 + s_query0 + j * 8 + (lane % 4) * 2, n0 + s_key0 + mt * 16 + lane / 4 + half * 8,
-                                  keep0, keep1);
-              keep[mt] |= static_cast<uint64_t>(keep0 | (keep1 << 1)) << (4 * j + 2 * half);
-            }
+          for (int c = 0; c < 2; ++c) {
+            const uint32_t octet = rng.octet(m0 + s_query0 + 16 * jj + 2 * (lane % 4) + c, n0 + s_key0 + lane / 4);
+            keep |= static_cast<uint64_t>(octet) << (16 * jj + 8 * c);
           }
         }
       }
@@ -283,7 +279,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
             float dp0 = dp_acc[mt][j][2 * half], dp1 = dp_acc[mt][j][2 * half + 1];
             float kept0 = p0, kept1 = p1;  // the probabilities dV sees: P Z / (1 - p) under dropout
             if (dropout) {
-              const bool keep0 = (keep[mt] >> (4 * j + 2 * half)) & 1, keep1 = (keep[mt] >> (4 * j + 2 * half + 1)) & 1;
+              const int bit = 16 * (j / 2) + 2 * (2 * mt + half) + j % 2;  // + 8c
+              const bool keep0 = (keep >> bit) & 1, keep1 = (keep >> (bit + 8)) & 1;
               const float z0 = keep0 ? p.dropout.keep_scale : 0.f, z1 = keep1 ? p.dropout.keep_scale : 0.f;
               kept0 *= z0;
               kept1 *= z1;

@@ -125,10 +125,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
     const T* v_tile = v_smem + (iter % Cfg::kStages) * Cfg::kKVTileElems;  // [kBlockN][kStride]
     const int n0 = n_block * kBlockN;
 
-    // Dropout's keep bits for this block (bit 4j + e of keep[mt] for s_acc[mt][j][e]), computed before
-    // the S accumulators are live and in a loop that is not unrolled, so that the Philox calls add no
-    // registers to the GEMM's or the softmax's.
-    static_assert(kSTiles * 4 <= 64, "one keep bit per score of an m tile in a 64-bit word");
+    // Dropout's keep bits for this block, computed before the S accumulators are live and in a loop
+    // that is not unrolled, so that the Philox calls add no registers to the GEMM's or the softmax's.
+    // s_acc[mt][j][2h + c] is row r + 8h (r = warp_row0 + mt * 16 + lane / 4, r % 16 < 8), key
+    // n0 + 8j + 2 (lane % 4) + c: one whole keep-mask octet per m tile, 32 keys g and c, parked in shared
+    // memory at bit 16g + 8c + 2i + h of its m tile's word (for j = 4g + i).
+    static_assert(kBlockN % 32 == 0 && kSTiles * 4 <= 64, "whole octets; one keep bit per score in 64 bits");
     if constexpr (kMasked) {
       if (p.dropout.enabled) {
         const DropoutRow rng(p.dropout, batch, s.heads_q, head);
@@ -136,13 +138,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
         for (int mt = 0; mt < kMTiles; ++mt) {
           uint64_t keep = 0;
 #pragma unroll 1
-          for (int j = 0; j < kSTiles; ++j) {
+          for (int g = 0; g < kBlockN / 32; ++g) {
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              bool keep0, keep1;
-              rng.keep_key_pair(m0 + warp_row0 + mt * 16 + lane / 4 + half * 8, n0 + j * 8 + (lane % 4) * 2, keep0,
-                                keep1);
-              keep |= static_cast<uint64_t>(keep0 | (keep1 << 1)) << (4 * j + 2 * half);
+            for (int c = 0; c < 2; ++c) {
+              const uint32_t octet = rng.octet(m0 + warp_row0 + mt * 16 + lane / 4, n0 + 32 * g + 2 * (lane % 4) + c);
+              keep |= static_cast<uint64_t>(octet) << (16 * g + 8 * c);
             }
           }
           keep_smem[mt * Cfg::kThreads + threadIdx.x] = keep;
@@ -240,12 +240,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
         [&](uint32_t(&a)[4], int mt, int kk) {
           if constexpr (kMasked) {
             // Dropout zeroes the probabilities its keep bits drop (after the row sums took them).
-            const uint32_t keep = p.dropout.enabled ? static_cast<uint32_t>(keep_smem[mt * Cfg::kThreads + threadIdx.x] >> (8 * kk)) : 0xffu;
+            const uint64_t keep = p.dropout.enabled ? keep_smem[mt * Cfg::kThreads + threadIdx.x] : ~uint64_t{0};
             accumulator_to_a<T>(a, s_acc[mt][2 * kk], s_acc[mt][2 * kk + 1]);
-            // a[r] packs the elements of keep bits 2r (low half) and 2r + 1 (high half).
+            // a[r] packs s_acc[mt][2kk + r / 2][2 (r % 2) + c] for c = 0 (low half), 1 (high half).
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-              a[r] &= (((keep >> (2 * r)) & 1) ? 0xffffu : 0u) | (((keep >> (2 * r + 1)) & 1) ? 0xffff0000u : 0u);
+              const int j = 2 * kk + r / 2, h = r % 2;
+              const int bit = 16 * (j / 4) + 2 * (j % 4) + h;  // + 8c
+              a[r] &= (((keep >> bit) & 1) ? 0xffffu : 0u) | (((keep >> (bit + 8)) & 1) ? 0xffff0000u : 0u);
             }
           } else {
             accumulator_to_a<T>(a, s_acc[mt][2 * kk], s_acc[mt][2 * kk + 1]);

@@ -18,8 +18,9 @@ bool compiled();
 // strides that are positive multiples of 16 bytes).
 bool fwd_supported(const FwdParams& params);
 
-// The query x key tile of the forward for this head dim (fwd_supported): an attention mask's tile
-// classes must be computed on it ({0, 0} when no sm90 forward serves the head dim).
+// The query x key tile of the forward's masked variant (the one that reads masks) for this head dim
+// (fwd_supported): an attention mask's tile classes must be computed on it ({0, 0} when no sm90
+// forward serves the head dim).
 struct FwdTileShape {
   int queries;
   int keys;

@@ -53,7 +53,7 @@ bool fwd_supported(const FwdParams& p) {
 
 FwdTileShape fwd_tile_shape(int head_dim) {
   const int width = tile_width(head_dim);
-  return width == 0 ? FwdTileShape{0, 0} : FwdTileShape{kFwdQueriesPerTile, fwd_keys_per_step(width)};
+  return width == 0 ? FwdTileShape{0, 0} : FwdTileShape{kFwdQueriesPerTile, masked_fwd_keys_per_step(width)};
 }
 
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {

@@ -90,6 +90,19 @@ static_assert(DefaultFwdConfig<64>::type::kBlockN == fwd_keys_per_step(64) &&
                   DefaultFwdConfig<64>::type::kBlockM == kFwdQueriesPerTile,
               "sm90/fwd_tiles.h is out of date");
 
+// The masked variant's configurations: the default ones, but whole multiples of 32 keys per step.
+template <int kHeadDim>
+struct MaskedFwdConfig {
+  using type = typename DefaultFwdConfig<kHeadDim>::type;
+};
+template <> struct MaskedFwdConfig<256> { using type = FwdConfig<256, 64, 2>; };
+static_assert(MaskedFwdConfig<64>::type::kBlockN == masked_fwd_keys_per_step(64) &&
+                  MaskedFwdConfig<96>::type::kBlockN == masked_fwd_keys_per_step(96) &&
+                  MaskedFwdConfig<128>::type::kBlockN == masked_fwd_keys_per_step(128) &&
+                  MaskedFwdConfig<192>::type::kBlockN == masked_fwd_keys_per_step(192) &&
+                  MaskedFwdConfig<256>::type::kBlockN == masked_fwd_keys_per_step(256),
+              "sm90/fwd_tiles.h is out of date");
+
 struct FwdTensorMaps {
   CUtensorMap q, k, v;  // [B, L, H, D] read in [rows][64] boxes, 128-byte swizzle
 };
@@ -273,26 +286,29 @@ struct OnlineSoftmax {
   }
 };
 
-// Zeroes the probabilities of key block n0 that dropout drops (s[4j + 2 half + c] is row row0 + 8 half,
-// key n0 + 8j + 2 (lane % 4) + c): one Philox call per pair of keys. The calls run in a loop that is
-// not unrolled, collecting keep bits, so that they add no registers to the softmax's.
+// Zeroes the probabilities of key block n0 (a multiple of 32) that dropout drops. s[4j + 2 half + c]
+// is row row0 + 8 half (row0 % 16 < 8), key n0 + 8j + 2 (lane % 4) + c, so for each 32 keys g and each
+// c this thread holds one whole keep-mask octet. The calls run in a loop that is not unrolled,
+// collecting keep bits, so that they add no registers to the softmax's.
 template <int kBlockN>
 __device__ __forceinline__ void drop_probabilities(float (&s)[kBlockN / 2], const DropoutRow& rng, int row0, int n0,
                                                    int lane) {
-  static_assert(kBlockN / 2 <= 64, "one keep bit per score in a 64-bit word");
-  uint64_t keep = 0;  // bit i: s[i] is kept
+  static_assert(kBlockN % 32 == 0 && kBlockN / 2 <= 64, "whole octets; one keep bit per score in 64 bits");
+  uint64_t keep = 0;  // bit 16g + 8c + 2i + h: s[4 (4g + i) + 2h + c]
 #pragma unroll 1
-  for (int j = 0; j < kBlockN / 8; ++j) {
+  for (int g = 0; g < kBlockN / 32; ++g) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      bool keep0, keep1;
-      rng.keep_key_pair(row0 + half * 8, n0 + j * 8 + (lane % 4) * 2, keep0, keep1);
-      keep |= static_cast<uint64_t>(keep0 | (keep1 << 1)) << (4 * j + 2 * half);
+    for (int c = 0; c < 2; ++c) {
+      keep |= static_cast<uint64_t>(rng.octet(row0, n0 + 32 * g + 2 * (lane % 4) + c)) << (16 * g + 8 * c);
     }
   }
 #pragma unroll
-  for (int i = 0; i < kBlockN / 2; ++i) {
-    if (!((keep >> i) & 1)) s[i] = 0.f;
+  for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int bit = 16 * (j / 4) + 8 * (e % 2) + 2 * (j % 4) + e / 2;
+      if (!((keep >> bit) & 1)) s[4 * j + e] = 0.f;
+    }
   }
 }
 
@@ -535,7 +551,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
 
 template <typename T, int kHeadDim>
 cudaError_t launch_fwd_masked(const FwdParams& p, cudaStream_t stream) {
-  return launch_fwd_with_config<T, typename DefaultFwdConfig<kHeadDim>::type, true>(p, stream);
+  return launch_fwd_with_config<T, typename MaskedFwdConfig<kHeadDim>::type, true>(p, stream);
 }
 
 }  // namespace sm90

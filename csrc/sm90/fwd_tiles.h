@@ -10,5 +10,9 @@ constexpr int kFwdQueriesPerTile = 128;
 // Keys per step of the forward kernel for a tile width (a head dim with a compiled kernel).
 constexpr int fwd_keys_per_step(int tile_width) { return tile_width == 192 ? 96 : tile_width == 256 ? 80 : 128; }
 
+// The same for the masked variant (masks and dropout), whose steps are whole multiples of 32 keys
+// (dropout's keep-mask octets span 32 keys): 64 instead of 80 at tile width 256.
+constexpr int masked_fwd_keys_per_step(int tile_width) { return tile_width == 256 ? 64 : fwd_keys_per_step(tile_width); }
+
 }  // namespace sm90
 }  // namespace flashattn
