@@ -444,7 +444,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     const bool dropout = kMasked && p.dropout.enabled;
     const DropoutRow rng = dropout ? DropoutRow(p.dropout, t.batch, sh.heads_q, t.head) : DropoutRow{};
     auto apply_dropout = [&](int block) {
-      if (dropout) drop_probabilities<kBlockN>(s, rng, row0, block * kBlockN, lane);
+      if constexpr (kMasked) {
+        if (dropout) drop_probabilities<kBlockN>(s, rng, row0, block * kBlockN, lane);
+      }
     };
     // Visit i (the i-th key block walked) uses ring position kv_iter + i.
     auto stage_of = [&](int i) { return (kv_iter + i) % kStages; };
