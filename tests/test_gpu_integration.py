@@ -1,6 +1,7 @@
 """The public APIs on CUDA against torch SDPA, and the op's integration with PyTorch's machinery:
 opcheck, torch.compile(fullgraph=True), CUDA graph capture and replay, fallbacks."""
 import math
+import re
 import warnings
 
 import pytest
@@ -101,8 +102,23 @@ def test_sdpa_3d_and_5d_inputs():
         torch.testing.assert_close(out.float(), ref, atol=2e-3, rtol=2e-3)
 
 
+def test_sdpa_dropout_p_one_goes_to_torch():
+    """dropout_p = 1 is outside the kernels' [0, 1): the call goes to torch's SDPA with a warning naming
+    the reason, and gives whatever torch gives (zeros, or torch's own error where its backend refuses
+    p = 1, as its cuDNN backend does)."""
+    q, k, v = (torch.randn(2, 4, 33, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    fa_functional._warned_reasons.clear()
+    with pytest.warns(UserWarning, match="dropout_p"):
+        try:
+            out = flashattn.scaled_dot_product_attention(q, k, v, dropout_p=1.0)
+        except RuntimeError as exc:
+            with pytest.raises(RuntimeError, match=re.escape(str(exc).splitlines()[0])):
+                F.scaled_dot_product_attention(q, k, v, dropout_p=1.0)
+        else:
+            assert out.shape == q.shape and not out.any()
+
+
 @pytest.mark.parametrize("kwargs, reason", [
-    ({"dropout_p": 1.0}, "dropout_p"),
     ({"dtype": torch.float32}, "float32"),
     ({"head_dim": 320}, "head dim"),
 ])
@@ -115,9 +131,8 @@ def test_sdpa_falls_back_on_cuda(kwargs, reason):
     with pytest.warns(UserWarning, match=reason):
         out = flashattn.scaled_dot_product_attention(q, k, v, **kwargs)
     assert out.shape == q.shape
-    if "dropout_p" not in kwargs:
-        ref = F.scaled_dot_product_attention(q, k, v, **kwargs)
-        torch.testing.assert_close(out, ref)
+    ref = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    torch.testing.assert_close(out, ref)
 
 
 # --------------------------------------------------------------------------------------------------
