@@ -69,11 +69,10 @@ bool sm90_allowed(const at::Tensor& q) {
 }
 
 bool use_sm90_fwd(const at::Tensor& q, const FwdParams& p) { return sm90_allowed(q) && sm90::fwd_supported(p); }
-// Masks, dropout and deterministic mode run on the sm80 backward only (the sm90 one adds dq partials in
-// any order, and has no mask or dropout).
+// Dropout and deterministic mode run on the sm80 backward only (the sm90 one adds dq partials in any
+// order, and has no dropout).
 bool use_sm90_bwd(const at::Tensor& q, const BwdParams& p) {
-  return p.mask.kind == MaskKind::kNone && !p.dropout.enabled && !p.deterministic && sm90_allowed(q) &&
-         sm90::bwd_supported(p);
+  return !p.dropout.enabled && !p.deterministic && sm90_allowed(q) && sm90::bwd_supported(p);
 }
 
 // DropoutParams for a checked (dropout_p, rng_state); disabled for dropout_p == 0.
@@ -294,22 +293,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   p.dk_strides = strides_of(dk);
   p.dv_strides = strides_of(dv);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool sm90 = use_sm90_bwd(q, p);
   at::Tensor classes;
   if (attn_mask.has_value()) {
-    // Deterministic mode needs every key block to take its dq turn at every query block: no skipping.
-    p.mask = make_mask(*attn_mask, s, p.shape.element_type, sm80::bwd_tile_shape(p.shape.head_dim),
-                       !deterministic && worth_classifying(*attn_mask, s), classes, stream);
+    // Tile classes on the grid of the kernel that reads them. Deterministic mode needs every key block
+    // to take its dq turn at every query block: no skipping.
+    const sm90::FwdTileShape sm90_tile = sm90::bwd_tile_shape();
+    const sm80::TileShape tile = sm90 ? sm80::TileShape{sm90_tile.queries, sm90_tile.keys}
+                                      : sm80::bwd_tile_shape(p.shape.head_dim);
+    p.mask = make_mask(*attn_mask, s, p.shape.element_type, tile, !deterministic && worth_classifying(*attn_mask, s),
+                       classes, stream);
     if (dmask.has_value()) {
       dmask->zero_();  // tiles the kernel skips have a zero gradient
       p.dmask = dmask->data_ptr();
     }
   }
-  if (use_sm90_bwd(q, p)) {
+  if (sm90) {
     const cudaError_t err = sm90::run_bwd(p, stream);
-    if (err != cudaErrorNotSupported) {
-      C10_CUDA_CHECK(err);
-      return {dq, dk, dv};
-    }
+    C10_CUDA_CHECK(err);  // never cudaErrorNotSupported: bwd_supported vouched for these inputs
+    return {dq, dk, dv};
   }
   C10_CUDA_CHECK(sm80::run_bwd(p, stream));
   return {dq, dk, dv};

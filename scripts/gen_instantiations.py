@@ -36,10 +36,11 @@ def main():
                         f"    const flashattn::FwdParams&, cudaStream_t);\n")
                 (out_dir / f"fwd{suffix}_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
         for head_dim in SM90_BWD_HEAD_DIMS:
-            text = (f"{HEADER}#include \"sm90/bwd_kernel.cuh\"\n\n"
-                    f"template cudaError_t flashattn::sm90::launch_bwd<{element}, {head_dim}>(\n"
-                    f"    const flashattn::BwdParams&, cudaStream_t);\n")
-            (out_dir / f"bwd_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
+            for suffix in ("", "_masked"):
+                text = (f"{HEADER}#include \"sm90/bwd_kernel.cuh\"\n\n"
+                        f"template cudaError_t flashattn::sm90::launch_bwd{suffix}<{element}, {head_dim}>(\n"
+                        f"    const flashattn::BwdParams&, cudaStream_t);\n")
+                (out_dir / f"bwd{suffix}_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
     cases = lambda dims: " ".join(f"X({d})" for d in dims)  # noqa: E731
     (ROOT / "csrc" / "sm80" / "head_dims.h").write_text(
         f"{HEADER}// The head dims with compiled sm80 kernels; X(D) is applied to each, smallest first.\n"

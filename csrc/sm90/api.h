@@ -27,6 +27,9 @@ struct FwdTileShape {
 };
 FwdTileShape fwd_tile_shape(int head_dim);
 
+// The query x key grid of the backward (every head dim it serves): a mask's tile classes for it.
+FwdTileShape bwd_tile_shape();
+
 // Forward: writes params.out and params.lse (applying params.mask when it has one). Returns cudaErrorNotSupported, before launching
 // anything, when a TMA descriptor cannot be built; the caller then falls back to the sm80 path.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);

@@ -13,6 +13,10 @@
 //     A operands (dK, dV stay in registers for the whole CTA); dQ_partial = dS K from shared memory
 //     (dS^T is written there, swizzled, for this), staged in shared memory as fp32 and added into the
 //     dq workspace with one asynchronous bulk reduction per step.
+// The kMasked variant applies params.mask (its tile classes on this kernel's 64-query x 128-key grid):
+// producer and consumers walk only the steps whose tile lets some key through (the same walk on both
+// sides, so the ring stays in step), steps whose tile needs it add the mask element by element to the
+// scores, and dS is written to params.dmask when that is set (the mask's gradient).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,7 +27,9 @@
 #include "common/mask.h"
 #include "params.h"
 #include "sm80/bwd_kernel.cuh"  // the preprocess and dq conversion kernels
+#include "sm80/mask_tile.h"     // MaskView: the attention mask of one (batch, head, query tile)
 #include "sm90/fragments.h"
+#include "sm90/fwd_tiles.h"
 #include "sm90/ptx.h"
 #include "sm90/tensor_map.h"
 #include "sm90/wgmma.h"
@@ -62,6 +68,10 @@ struct BwdConfig {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
 };
 
+static_assert(BwdConfig<64>::kBlockM == kBwdQueriesPerStep && BwdConfig<64>::kBlockN == kBwdKeysPerCta &&
+                  BwdConfig<128>::kBlockM == kBwdQueriesPerStep && BwdConfig<128>::kBlockN == kBwdKeysPerCta,
+              "sm90/fwd_tiles.h is out of date");
+
 struct BwdTensorMaps {
   CUtensorMap q, k, v, dout;  // [B, L, H, D] read in [rows][64] boxes, 128-byte swizzle
 };
@@ -82,16 +92,36 @@ struct BwdSteps {
   __device__ __forceinline__ int m0(int step) const { return (m_begin + step % num_m) * kBlockM; }
 };
 
-template <typename Cfg>
+// The steps a CTA runs: from step i on, the first one whose mask tile does not exclude every element
+// (every step without a mask); steps.count() when none is left.
+template <typename T, bool kMasked>
+struct BwdStepWalk {
+  const BwdParams& p;
+  const BwdSteps& steps;
+  int kv_head, batch, n_block;
+
+  __device__ __forceinline__ sm80::MaskView<T> mask(int step) const {
+    return sm80::MaskView<T>(p.mask, batch, steps.head(step, kv_head), steps.m_begin + step % steps.num_m);
+  }
+  __device__ __forceinline__ int next(int step) const {
+    if constexpr (kMasked) {
+      while (step < steps.count() && mask(step).skips(n_block)) ++step;
+    }
+    return step;
+  }
+};
+
+template <typename T, typename Cfg, bool kMasked>
 __device__ void produce_bwd(const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, unsigned char* base, int n0, int kv_head,
-                            int batch, const BwdSteps& steps) {
+                            int batch, const BwdSteps& steps, const BwdStepWalk<T, kMasked>& walk) {
   mbar_arrive_expect_tx(&bars.kv_full, 2 * Cfg::kKVBytes);
   tma_load_tile<Cfg::kColBlocks>(base, &maps.k, &bars.kv_full, n0, kv_head, batch, Cfg::kKVColBlockBytes);
   tma_load_tile<Cfg::kColBlocks>(base + Cfg::kVOffset, &maps.v, &bars.kv_full, n0, kv_head, batch,
                                  Cfg::kKVColBlockBytes);
-  for (int step = 0; step < steps.count(); ++step) {
-    const int stage = step % Cfg::kStages;
-    const int use = step / Cfg::kStages;
+  int iter = 0;  // steps run so far: picks the ring stage
+  for (int step = walk.next(0); step < steps.count(); step = walk.next(step + 1), ++iter) {
+    const int stage = iter % Cfg::kStages;
+    const int use = iter / Cfg::kStages;
     if (use > 0) mbar_wait(&bars.qdo_empty[stage], (use - 1) & 1);
     const int head = steps.head(step, kv_head);
     const int m0 = steps.m0<Cfg::kBlockM>(step);
@@ -159,7 +189,29 @@ __device__ __forceinline__ void store_ds_swizzled(unsigned char* ds_tile, const 
   }
 }
 
-template <typename T, typename Cfg>
+// The mask's gradient: this thread's dS^T elements (the gradient of the masked scaled score) into
+// params.dmask, [B, Hq, Lq, Lk] contiguous in the mask's element type (q's or float32).
+template <typename T>
+__device__ __forceinline__ void write_dmask(const BwdParams& p, const float (&ds)[32], int batch, int head, int m0,
+                                            int key0, int warp_in_group, int lane) {
+  const AttentionShape& sh = p.shape;
+  const int64_t first = (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q * sh.seqlen_k;
+  const bool f32 = p.mask.kind == MaskKind::kAdditiveFloat32;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int key = key0 + accumulator_row(i, warp_in_group, lane);
+    const int query = m0 + accumulator_col(i, lane);
+    if (query >= sh.seqlen_q || key >= sh.seqlen_k) continue;
+    const int64_t offset = first + static_cast<int64_t>(query) * sh.seqlen_k + key;
+    if (f32) {
+      static_cast<float*>(p.dmask)[offset] = ds[i];
+    } else {
+      static_cast<T*>(p.dmask)[offset] = sm80::ElementOps<T>::from_float(ds[i]);
+    }
+  }
+}
+
+template <typename T, typename Cfg, bool kMasked>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_constant__ BwdTensorMaps maps,
                                                                const BwdParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -182,6 +234,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   steps.m_begin = first_query / kBlockM;
   steps.num_m = first_query < sh.seqlen_q ? (sh.seqlen_q + kBlockM - 1) / kBlockM - steps.m_begin : 0;
   const int warpgroup = threadIdx.x / 128;
+  const BwdStepWalk<T, kMasked> walk{p, steps, kv_head, batch, n_block};
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&maps.q);
@@ -199,7 +252,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) produce_bwd<Cfg>(maps, bars, base, n0, kv_head, batch, steps);
+    if (threadIdx.x == 0) produce_bwd<T, Cfg, kMasked>(maps, bars, base, n0, kv_head, batch, steps, walk);
     return;
   }
   registers_increase<Cfg::kConsumerRegisters>();
@@ -220,8 +273,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   for (int i = 0; i < Cfg::kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
 
   mbar_wait(&bars.kv_full, 0);
-  for (int step = 0; step < steps.count(); ++step) {
-    const int stage = step % kStages;
+  int iter = 0;  // steps run so far: picks the ring stage, as in produce_bwd
+  for (int step = walk.next(0); step < steps.count(); step = walk.next(step + 1), ++iter) {
+    const int stage = iter % kStages;
     const int head = steps.head(step, kv_head);
     const int m0 = steps.m0<kBlockM>(step);
     const unsigned char* q_tile = base + Cfg::kQOffset + stage * Cfg::kQBytes;
@@ -239,7 +293,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     }
 
     float s[32], dp[32];
-    mbar_wait(&bars.qdo_full[stage], (step / kStages) & 1);
+    mbar_wait(&bars.qdo_full[stage], (iter / kStages) & 1);
     wgmma_fence();
     issue_keys_by_queries<T, Cfg>(s, k_rows, q_tile);
     wgmma_commit();
@@ -248,21 +302,42 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     wgmma_wait<1>();
     fence_registers(s);
     // P^T; keys this query may not see get 0 (only blocks on the causal diagonal or past the end).
+    const sm80::MaskView<T> mask = kMasked ? walk.mask(step) : sm80::MaskView<T>();
+    const bool mask_needed = kMasked && mask.needed(n_block);
     const bool needs_mask = key0 + 64 > sh.seqlen_k || (sh.is_causal && key0 + 63 > m0 + sh.causal_offset);
+    if (mask_needed) {
+      // With the attention mask: exp2(S^T scale + mask - LSE), all in base-2 units, where visible.
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int c = 2 * (i / 4) + i % 2;  // index of this element's query column in lse / delta
-      s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[c]));
-      if (needs_mask) {
+      for (int i = 0; i < 32; ++i) {
+        const int c = 2 * (i / 4) + i % 2;
         const int key = key0 + accumulator_row(i, warp_in_group, lane);
         const int query = m0 + accumulator_col(i, lane);
-        s[i] = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset) ? s[i] : 0.f;
+        const bool visible =
+            (query < sh.seqlen_q) & key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
+        float x = s[i] * sh.scale_log2 - lse[c];
+        if (visible) x += mask.add_log2(query, key);
+        s[i] = visible ? exp2f(x) : 0.f;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int c = 2 * (i / 4) + i % 2;  // index of this element's query column in lse / delta
+        s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[c]));
+        if (needs_mask) {
+          const int key = key0 + accumulator_row(i, warp_in_group, lane);
+          const int query = m0 + accumulator_col(i, lane);
+          s[i] = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset) ? s[i] : 0.f;
+        }
       }
     }
     wgmma_wait<0>();
     fence_registers(dp);
 #pragma unroll
     for (int i = 0; i < 32; ++i) dp[i] = s[i] * (dp[i] - delta[2 * (i / 4) + i % 2]);  // dS^T
+
+    if constexpr (kMasked) {
+      if (p.dmask != nullptr) write_dmask<T>(p, dp, batch, head, m0, key0, warp_in_group, lane);
+    }
 
     uint32_t p_frag[4][4], ds_frag[4][4];
     accumulator_to_a<T, 64>(p_frag, s);
@@ -339,7 +414,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 #endif
 }
 
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, bool kMasked>
 cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   const AttentionShape& sh = p.shape;
   if (p.dq_accum_dim != Cfg::kHeadDim) return cudaErrorNotSupported;
@@ -360,7 +435,7 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
-  auto kernel = bwd_kernel<T, Cfg>;
+  auto kernel = bwd_kernel<T, Cfg, kMasked>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
@@ -376,7 +451,12 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
 
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  return launch_bwd_with_config<T, BwdConfig<kHeadDim>>(p, stream);
+  return launch_bwd_with_config<T, BwdConfig<kHeadDim>, false>(p, stream);
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_bwd_masked(const BwdParams& p, cudaStream_t stream) {
+  return launch_bwd_with_config<T, BwdConfig<kHeadDim>, true>(p, stream);
 }
 
 }  // namespace sm90

@@ -56,6 +56,8 @@ FwdTileShape fwd_tile_shape(int head_dim) {
   return width == 0 ? FwdTileShape{0, 0} : FwdTileShape{kFwdQueriesPerTile, masked_fwd_keys_per_step(width)};
 }
 
+FwdTileShape bwd_tile_shape() { return FwdTileShape{kBwdQueriesPerStep, kBwdKeysPerCta}; }
+
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const int width = tile_width(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
@@ -80,8 +82,12 @@ bool bwd_supported(const BwdParams& p) {
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   const int width = bwd_tile_width(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
-#define FLASHATTN_LAUNCH(D) \
-  if (width == D) return bf16 ? launch_bwd<__nv_bfloat16, D>(p, stream) : launch_bwd<__half, D>(p, stream);
+  const bool masked = p.mask.kind != MaskKind::kNone;
+#define FLASHATTN_LAUNCH(D)                                                                                  \
+  if (width == D) {                                                                                          \
+    if (masked) return bf16 ? launch_bwd_masked<__nv_bfloat16, D>(p, stream) : launch_bwd_masked<__half, D>(p, stream); \
+    return bf16 ? launch_bwd<__nv_bfloat16, D>(p, stream) : launch_bwd<__half, D>(p, stream);               \
+  }
   FLASHATTN_SM90_BWD_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
 #undef FLASHATTN_LAUNCH
   return cudaErrorNotSupported;

@@ -15,9 +15,13 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream);
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);
 
-// The forward with params.mask applied.
+// The forward with params.mask and params.dropout applied.
 template <typename T, int kHeadDim>
 cudaError_t launch_fwd_masked(const FwdParams& p, cudaStream_t stream);
+
+// The backward with params.mask applied (and its gradient written to params.dmask when set).
+template <typename T, int kHeadDim>
+cudaError_t launch_bwd_masked(const BwdParams& p, cudaStream_t stream);
 
 }  // namespace sm90
 }  // namespace flashattn
