@@ -293,7 +293,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   p.dk_strides = strides_of(dk);
   p.dv_strides = strides_of(dv);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const bool sm90 = use_sm90_bwd(q, p);
+  const bool sm90 = use_sm90_bwd(q, p) && (!attn_mask.has_value() || sm90::bwd_masked_supported(p.shape.head_dim));
   at::Tensor classes;
   if (attn_mask.has_value()) {
     // Tile classes on the grid of the kernel that reads them. Deterministic mode needs every key block

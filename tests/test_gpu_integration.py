@@ -1,7 +1,6 @@
 """The public APIs on CUDA against torch SDPA, and the op's integration with PyTorch's machinery:
 opcheck, torch.compile(fullgraph=True), CUDA graph capture and replay, fallbacks."""
 import math
-import re
 import warnings
 
 import pytest
@@ -104,16 +103,16 @@ def test_sdpa_3d_and_5d_inputs():
 
 def test_sdpa_dropout_p_one_goes_to_torch():
     """dropout_p = 1 is outside the kernels' [0, 1): the call goes to torch's SDPA with a warning naming
-    the reason, and gives whatever torch gives (zeros, or torch's own error where its backend refuses
-    p = 1, as its cuDNN backend does)."""
+    the reason, and gives what torch gives: zeros, or torch's own error where its backend refuses p = 1
+    (its cuDNN backend does; calling it a second time with p = 1 crashed the process here, so the
+    error is not compared against a second torch call)."""
     q, k, v = (torch.randn(2, 4, 33, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     fa_functional._warned_reasons.clear()
     with pytest.warns(UserWarning, match="dropout_p"):
         try:
             out = flashattn.scaled_dot_product_attention(q, k, v, dropout_p=1.0)
         except RuntimeError as exc:
-            with pytest.raises(RuntimeError, match=re.escape(str(exc).splitlines()[0])):
-                F.scaled_dot_product_attention(q, k, v, dropout_p=1.0)
+            assert "flashattn" not in str(exc)  # torch's error, not one of the kernels'
         else:
             assert out.shape == q.shape and not out.any()
 

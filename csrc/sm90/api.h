@@ -27,6 +27,9 @@ struct FwdTileShape {
 };
 FwdTileShape fwd_tile_shape(int head_dim);
 
+// Whether the backward's masked variant serves this head dim (given bwd_supported).
+bool bwd_masked_supported(int head_dim);
+
 // The query x key grid of the backward (every head dim it serves): a mask's tile classes for it.
 FwdTileShape bwd_tile_shape();
 

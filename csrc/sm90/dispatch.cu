@@ -79,15 +79,27 @@ bool bwd_supported(const BwdParams& p) {
          tma_compatible(p.v, p.v_strides) && tma_compatible(p.dout, p.dout_strides);
 }
 
+bool bwd_masked_supported(int head_dim) {
+  const int width = bwd_tile_width(head_dim);
+#define FLASHATTN_MATCH(D) \
+  if (width == D) return true;
+  FLASHATTN_SM90_BWD_MASKED_FOR_EACH_HEAD_DIM(FLASHATTN_MATCH)
+#undef FLASHATTN_MATCH
+  return false;
+}
+
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   const int width = bwd_tile_width(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
-  const bool masked = p.mask.kind != MaskKind::kNone;
-#define FLASHATTN_LAUNCH(D)                                                                                  \
-  if (width == D) {                                                                                          \
-    if (masked) return bf16 ? launch_bwd_masked<__nv_bfloat16, D>(p, stream) : launch_bwd_masked<__half, D>(p, stream); \
-    return bf16 ? launch_bwd<__nv_bfloat16, D>(p, stream) : launch_bwd<__half, D>(p, stream);               \
+  if (p.mask.kind != MaskKind::kNone) {
+#define FLASHATTN_LAUNCH(D) \
+  if (width == D) return bf16 ? launch_bwd_masked<__nv_bfloat16, D>(p, stream) : launch_bwd_masked<__half, D>(p, stream);
+    FLASHATTN_SM90_BWD_MASKED_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
+#undef FLASHATTN_LAUNCH
+    return cudaErrorNotSupported;
   }
+#define FLASHATTN_LAUNCH(D) \
+  if (width == D) return bf16 ? launch_bwd<__nv_bfloat16, D>(p, stream) : launch_bwd<__half, D>(p, stream);
   FLASHATTN_SM90_BWD_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
 #undef FLASHATTN_LAUNCH
   return cudaErrorNotSupported;
