@@ -2,7 +2,8 @@
 
 A tiny Llama-style model (random weights, built from a LlamaConfig, nothing downloaded) runs with
 attn_implementation="fattn" and with "sdpa" from the same weights: logits, gradients, padding masks
-(the fallback), generation with a KV cache. Skipped where transformers is not installed.
+(run on the kernels as masks), attention dropout in training, generation with a KV cache. Skipped
+where transformers is not installed.
 """
 import copy
 import inspect
