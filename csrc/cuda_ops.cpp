@@ -156,7 +156,7 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
     }
   };
   if (use_sm90_fwd(q, p)) {
-    const sm90::FwdTileShape tile = sm90::fwd_tile_shape(p.shape.head_dim);
+    const sm90::TileShape tile = sm90::fwd_tile_shape(p.shape.head_dim);
     set_mask({tile.queries, tile.keys});
     const cudaError_t err = sm90::run_fwd(p, stream);
     if (err != cudaErrorNotSupported) {
@@ -298,7 +298,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   if (attn_mask.has_value()) {
     // Tile classes on the grid of the kernel that reads them. Deterministic mode needs every key block
     // to take its dq turn at every query block: no skipping.
-    const sm90::FwdTileShape sm90_tile = sm90::bwd_tile_shape();
+    const sm90::TileShape sm90_tile = sm90::bwd_tile_shape();
     const sm80::TileShape tile = sm90 ? sm80::TileShape{sm90_tile.queries, sm90_tile.keys}
                                       : sm80::bwd_tile_shape(p.shape.head_dim);
     p.mask = make_mask(*attn_mask, s, p.shape.element_type, tile, !deterministic && worth_classifying(*attn_mask, s),

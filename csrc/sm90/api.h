@@ -21,17 +21,17 @@ bool fwd_supported(const FwdParams& params);
 // The query x key tile of the forward's masked variant (the one that reads masks) for this head dim
 // (fwd_supported): an attention mask's tile classes must be computed on it ({0, 0} when no sm90
 // forward serves the head dim).
-struct FwdTileShape {
+struct TileShape {
   int queries;
   int keys;
 };
-FwdTileShape fwd_tile_shape(int head_dim);
+TileShape fwd_tile_shape(int head_dim);
 
 // Whether the backward's masked variant serves this head dim (given bwd_supported).
 bool bwd_masked_supported(int head_dim);
 
 // The query x key grid of the backward (every head dim it serves): a mask's tile classes for it.
-FwdTileShape bwd_tile_shape();
+TileShape bwd_tile_shape();
 
 // Forward: writes params.out and params.lse (applying params.mask when it has one). Returns cudaErrorNotSupported, before launching
 // anything, when a TMA descriptor cannot be built; the caller then falls back to the sm80 path.

@@ -51,12 +51,12 @@ bool fwd_supported(const FwdParams& p) {
          tma_compatible(p.q, p.q_strides) && tma_compatible(p.k, p.k_strides) && tma_compatible(p.v, p.v_strides);
 }
 
-FwdTileShape fwd_tile_shape(int head_dim) {
+TileShape fwd_tile_shape(int head_dim) {
   const int width = tile_width(head_dim);
-  return width == 0 ? FwdTileShape{0, 0} : FwdTileShape{kFwdQueriesPerTile, masked_fwd_keys_per_step(width)};
+  return width == 0 ? TileShape{0, 0} : TileShape{kFwdQueriesPerTile, masked_fwd_keys_per_step(width)};
 }
 
-FwdTileShape bwd_tile_shape() { return FwdTileShape{kBwdQueriesPerStep, kBwdKeysPerCta}; }
+TileShape bwd_tile_shape() { return TileShape{kBwdQueriesPerStep, kBwdKeysPerCta}; }
 
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const int width = tile_width(p.shape.head_dim);
