@@ -552,6 +552,29 @@ def op_mask_cases(draw, device: str):
     return OpMaskCase(api=draw(st.sampled_from(["fwd", "attention", "attention_deterministic"])), op=op, mask=mask)
 
 
+@dataclass(frozen=True)
+class OpDropoutCase:
+    """An OpMaskCase (its mask may be "none") run with dropout: probability ``dropout_p`` and the
+    keep-mask of ``rng_state`` = (seed, offset)."""
+
+    case: OpMaskCase
+    dropout_p: float
+    rng_state: Tuple[int, int]
+
+
+@st.composite
+def op_dropout_cases(draw, device: str):
+    case = draw(op_mask_cases(device))
+    if case.op.dtype in LOW_PRECISION:
+        # The masked cases' floor, for the same reason: the FlashAttention backward's delta comes from
+        # the rounded output, which dropout scales by 1 / (1 - p).
+        case = replace(case, op=replace(case.op, seqlen_q=draw(low_precision_mask_seqlens()),
+                                        seqlen_k=draw(low_precision_mask_seqlens())))
+    int64 = st.integers(-(2**63), 2**63 - 1)
+    return OpDropoutCase(case=case, dropout_p=draw(st.sampled_from([0.1, 0.25, 0.5, 0.9])),
+                         rng_state=(draw(int64), draw(int64)))
+
+
 @st.composite
 def sdpa_mask_cases(draw, device: str):
     sdpa = draw(sdpa_cases(device))

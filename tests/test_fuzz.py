@@ -27,6 +27,11 @@ gradient, and no NaN anywhere. float16/bfloat16 masked cases keep sequence lengt
 0): on shorter ones the FA2 oracle can reject the mask's gradient of a faithful FlashAttention backward
 (tests/test_mask_regressions.py).
 
+test_fuzz_op_with_dropout runs the op and flashattn.ops.attention on those masked cases (the mask may
+be "none") with dropout (p in {0.1, 0.25, 0.5, 0.9}, any 64-bit seed and offset) against the reference
+under the keep-mask the op exposes for the same rng_state; float32/float64 rounding budgets grow by
+1 / (1 - p), the scale of the kept probabilities.
+
 The number of examples comes from the profile in FLASHATTN_FUZZ_PROFILE (ci, the default; gpu; long).
 Every test runs on the CPU and, where flashattn's CUDA kernels can run, on the GPU; the gpu profile
 runs the GPU variants only (FLASHATTN_FUZZ_PROFILE=gpu python -m pytest tests/test_fuzz.py).
@@ -54,6 +59,7 @@ from fuzz_strategies import (
     PROFILE,
     Layout,
     OpCase,
+    OpDropoutCase,
     OpMaskCase,
     PackedCase,
     SdpaCase,
@@ -66,6 +72,7 @@ from fuzz_strategies import (
     make_mask,
     make_storage,
     op_cases,
+    op_dropout_cases,
     op_mask_cases,
     packed_cases,
     rounding_magnitudes,
@@ -121,7 +128,7 @@ def _sum_to_mask(mask_to_full, mask):
 
 
 def run_and_check(api, inputs, dout, reference, to_bshd, components, scale, is_causal, bottom_right, lse_expected,
-                  mask=None, mask_to_full=None):
+                  mask=None, mask_to_full=None, value_scale=1.0):
     """Calls ``api(*inputs) -> (out, lse or None)``, backpropagates ``dout``, and checks everything.
 
     reference(*inputs) computes the API's result with plain PyTorch (autograd gives its gradients);
@@ -133,6 +140,8 @@ def run_and_check(api, inputs, dout, reference, to_bshd, components, scale, is_c
     ``mask_to_full(mask)`` is the ``[B, Hq, Lq, Lk]`` mask the kernels see. A floating mask that
     requires grad has its gradient checked like an input's. Rows that see no key must give exact zeros
     in out and dq, the mask's gradient exact zeros wherever its key takes no part, and nothing a NaN.
+    ``value_scale`` multiplies the float32/float64 rounding magnitudes: with dropout, kept probabilities
+    are scaled by 1 / (1 - p), and so is every sum they enter.
     """
     masked = mask_to_full is not None
     dtype = inputs[0].dtype
@@ -171,9 +180,9 @@ def run_and_check(api, inputs, dout, reference, to_bshd, components, scale, is_c
     else:
         factor, magnitudes = rounding_magnitudes(q, k, v, dout_bshd, scale, is_causal, bottom_right, full_mask,
                                                  sum_to_mask if mask_grad else None)
-        check_rounding("out", out, ref_out, magnitudes["out"], factor)
+        check_rounding("out", out, ref_out, value_scale * magnitudes["out"], factor)
         for name, component, g, r in zip(names, components, grads, ref_grads):
-            magnitude = max(magnitudes[c] for c in component)
+            magnitude = value_scale * max(magnitudes[c] for c in component)
             check_rounding(name, g, r, magnitude, factor)
 
     if lse is not None:
@@ -458,6 +467,43 @@ def check_sdpa_mask_case(case: SdpaMaskCase, device: str = "cpu"):
 
     run_and_check(api, (q, k, v), dout, reference, to_bshd, (("q",), ("k",), ("v",)), scale, sdpa.is_causal, False,
                   lse_expected=False, mask=mask, mask_to_full=to_full)
+
+
+def check_op_dropout_case(case: OpDropoutCase, device: str = "cpu"):
+    """check_op_mask_case's calls with dropout: the op and flashattn.ops.attention get dropout_p and
+    the case's rng_state; the reference applies the keep-mask the op exposes for that rng_state."""
+    mc, p = case.case, case.dropout_p
+    op = mc.op
+    q, k, v, dout = _op_inputs(op, device)
+    scale = _default_scale(op.head_dim) if op.scale is None else op.scale
+    full = (op.batch, op.heads_q, op.seqlen_q, op.seqlen_k)
+    mask = make_mask(mc.mask, mc.mask.shape(full), op.dtype, device)
+    rng_state = torch.tensor(case.rng_state, dtype=torch.int64, device=device)
+    keep = flashattn.ops.dropout_keep_mask(rng_state, *full, p)  # [B, Hq, Lq, Lk]
+
+    def to_full(m):
+        return None if m is None else m.expand(full)
+
+    def api(q, k, v, m):
+        if mc.api == "fwd":
+            return torch.ops.flashattn.fwd(q, k, v, scale, op.causal, op.bottom_right, to_full(m), p, rng_state)
+        return flashattn.ops.attention(q, k, v, scale, op.causal, op.bottom_right,
+                                       deterministic=mc.api == "attention_deterministic", attn_mask=to_full(m),
+                                       dropout_p=p, rng_state=rng_state)
+
+    def reference(q, k, v, m, upcast=True):
+        return attention_reference(q, k, v, scale, op.causal, op.bottom_right, upcast=upcast, attn_mask=to_full(m),
+                                   dropout_p=p, dropout_mask=keep)
+
+    run_and_check(api, (q, k, v), dout, reference, _identity_bshd, (("q",), ("k",), ("v",)), scale, op.causal,
+                  op.bottom_right, lse_expected=True, mask=mask, mask_to_full=to_full, value_scale=1.0 / (1.0 - p))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@fuzz_settings(1.0)
+@given(data=st.data())
+def test_fuzz_op_with_dropout(device, data):
+    check_op_dropout_case(data.draw(op_dropout_cases(device), label="case"), device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
