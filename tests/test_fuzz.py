@@ -392,30 +392,37 @@ def test_fuzz_sdpa(device, data):
 # --------------------------------------------------------------------------------------------------
 
 
-def check_op_mask_case(case: OpMaskCase, device: str = "cpu"):
+def check_op_mask_case(case: OpMaskCase, device: str = "cpu", dropout_p: float = 0.0, rng_state=None):
     """torch.ops.flashattn.fwd or flashattn.ops.attention with the mask of ``case`` expanded to
     ``[B, Hq, Lq, Lk]`` (a stride-0 view), against attention_reference; a float mask's gradient is
-    taken with respect to the mask before the expand (summed over its broadcast dims)."""
+    taken with respect to the mask before the expand (summed over its broadcast dims). With
+    ``dropout_p`` > 0 the calls get it and ``rng_state`` (seed, offset), and the reference applies the
+    keep-mask the op exposes for that rng_state."""
     op = case.op
     q, k, v, dout = _op_inputs(op, device)
     scale = _default_scale(op.head_dim) if op.scale is None else op.scale
     full = (op.batch, op.heads_q, op.seqlen_q, op.seqlen_k)
     mask = make_mask(case.mask, case.mask.shape(full), op.dtype, device)
+    rng = None if dropout_p == 0.0 else torch.tensor(rng_state, dtype=torch.int64, device=device)
+    keep = None if rng is None else flashattn.ops.dropout_keep_mask(rng, *full, dropout_p)  # [B, Hq, Lq, Lk]
 
     def to_full(m):
         return None if m is None else m.expand(full)
 
     def api(q, k, v, m):
         if case.api == "fwd":
-            return torch.ops.flashattn.fwd(q, k, v, scale, op.causal, op.bottom_right, attn_mask=to_full(m))
+            return torch.ops.flashattn.fwd(q, k, v, scale, op.causal, op.bottom_right, to_full(m), dropout_p, rng)
         return flashattn.ops.attention(q, k, v, scale, op.causal, op.bottom_right,
-                                       deterministic=case.api == "attention_deterministic", attn_mask=to_full(m))
+                                       deterministic=case.api == "attention_deterministic", attn_mask=to_full(m),
+                                       dropout_p=dropout_p, rng_state=rng)
 
     def reference(q, k, v, m, upcast=True):
-        return attention_reference(q, k, v, scale, op.causal, op.bottom_right, upcast=upcast, attn_mask=to_full(m))
+        return attention_reference(q, k, v, scale, op.causal, op.bottom_right, upcast=upcast, attn_mask=to_full(m),
+                                   dropout_p=dropout_p, dropout_mask=keep)
 
     out, _, _ = run_and_check(api, (q, k, v), dout, reference, _identity_bshd, (("q",), ("k",), ("v",)),
-                              scale, op.causal, op.bottom_right, lse_expected=True, mask=mask, mask_to_full=to_full)
+                              scale, op.causal, op.bottom_right, lse_expected=True, mask=mask, mask_to_full=to_full,
+                              value_scale=1.0 / (1.0 - dropout_p))
     assert out.is_contiguous()
 
 
@@ -469,41 +476,12 @@ def check_sdpa_mask_case(case: SdpaMaskCase, device: str = "cpu"):
                   lse_expected=False, mask=mask, mask_to_full=to_full)
 
 
-def check_op_dropout_case(case: OpDropoutCase, device: str = "cpu"):
-    """check_op_mask_case's calls with dropout: the op and flashattn.ops.attention get dropout_p and
-    the case's rng_state; the reference applies the keep-mask the op exposes for that rng_state."""
-    mc, p = case.case, case.dropout_p
-    op = mc.op
-    q, k, v, dout = _op_inputs(op, device)
-    scale = _default_scale(op.head_dim) if op.scale is None else op.scale
-    full = (op.batch, op.heads_q, op.seqlen_q, op.seqlen_k)
-    mask = make_mask(mc.mask, mc.mask.shape(full), op.dtype, device)
-    rng_state = torch.tensor(case.rng_state, dtype=torch.int64, device=device)
-    keep = flashattn.ops.dropout_keep_mask(rng_state, *full, p)  # [B, Hq, Lq, Lk]
-
-    def to_full(m):
-        return None if m is None else m.expand(full)
-
-    def api(q, k, v, m):
-        if mc.api == "fwd":
-            return torch.ops.flashattn.fwd(q, k, v, scale, op.causal, op.bottom_right, to_full(m), p, rng_state)
-        return flashattn.ops.attention(q, k, v, scale, op.causal, op.bottom_right,
-                                       deterministic=mc.api == "attention_deterministic", attn_mask=to_full(m),
-                                       dropout_p=p, rng_state=rng_state)
-
-    def reference(q, k, v, m, upcast=True):
-        return attention_reference(q, k, v, scale, op.causal, op.bottom_right, upcast=upcast, attn_mask=to_full(m),
-                                   dropout_p=p, dropout_mask=keep)
-
-    run_and_check(api, (q, k, v), dout, reference, _identity_bshd, (("q",), ("k",), ("v",)), scale, op.causal,
-                  op.bottom_right, lse_expected=True, mask=mask, mask_to_full=to_full, value_scale=1.0 / (1.0 - p))
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @fuzz_settings(1.0)
 @given(data=st.data())
 def test_fuzz_op_with_dropout(device, data):
-    check_op_dropout_case(data.draw(op_dropout_cases(device), label="case"), device)
+    case: OpDropoutCase = data.draw(op_dropout_cases(device), label="case")
+    check_op_mask_case(case.case, device, case.dropout_p, case.rng_state)
 
 
 @pytest.mark.parametrize("device", DEVICES)
