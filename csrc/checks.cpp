@@ -154,4 +154,27 @@ void check_keep_mask_args(const at::Tensor& rng_state, int64_t batch, int64_t he
               rng_state.scalar_type(), " and shape ", to_text(rng_state.sizes()));
 }
 
+CheckedShape check_fwd_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal_bottom_right,
+                            const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                            const std::optional<at::Tensor>& rng_state) {
+  const char* op = "flashattn.fwd";
+  const CheckedShape s = check_qkv(op, q, k, v, causal_bottom_right);
+  if (attn_mask.has_value()) check_attn_mask(op, *attn_mask, q, s);
+  check_dropout(op, dropout_p, rng_state, q);
+  return s;
+}
+
+CheckedShape check_bwd_args(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& out, const at::Tensor& lse, bool causal_bottom_right,
+                            const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& dmask,
+                            double dropout_p, const std::optional<at::Tensor>& rng_state) {
+  const char* op = "flashattn.bwd";
+  const CheckedShape s = check_qkv(op, q, k, v, causal_bottom_right);
+  check_bwd_inputs(dout, q, out, lse, s);
+  if (attn_mask.has_value()) check_attn_mask(op, *attn_mask, q, s);
+  if (dmask.has_value()) check_dmask(*dmask, attn_mask, q, s);
+  check_dropout(op, dropout_p, rng_state, q);
+  return s;
+}
+
 }  // namespace flashattn

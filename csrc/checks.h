@@ -46,4 +46,16 @@ void check_dropout(const char* op, double dropout_p, const std::optional<at::Ten
 void check_keep_mask_args(const at::Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
                           int64_t seqlen_k, double dropout_p);
 
+// Every argument check of the fwd op, in the order both devices' implementations run them: q/k/v,
+// attn_mask, dropout. Returns the checked shape.
+CheckedShape check_fwd_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal_bottom_right,
+                            const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                            const std::optional<at::Tensor>& rng_state);
+
+// Every argument check of the bwd op: q/k/v, the backward inputs, attn_mask, dmask, dropout.
+CheckedShape check_bwd_args(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& out, const at::Tensor& lse, bool causal_bottom_right,
+                            const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& dmask,
+                            double dropout_p, const std::optional<at::Tensor>& rng_state);
+
 }  // namespace flashattn

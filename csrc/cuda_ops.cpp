@@ -209,9 +209,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                                        const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                        const std::optional<at::Tensor>& rng_state) {
   const char* op = "flashattn.fwd";
-  const CheckedShape s = check_qkv(op, q, k, v, causal_bottom_right);
-  if (attn_mask.has_value()) check_attn_mask(op, *attn_mask, q, s);
-  check_dropout(op, dropout_p, rng_state, q);
+  const CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
   const DropoutParams dropout = make_dropout(dropout_p, rng_state);
   const c10::cuda::CUDAGuard device_guard(q.device());
   check_cuda_device(op, q);
@@ -237,11 +235,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    const std::optional<at::Tensor>& dmask, double dropout_p,
                                                    const std::optional<at::Tensor>& rng_state) {
   const char* op = "flashattn.bwd";
-  const CheckedShape s = check_qkv(op, q, k, v, causal_bottom_right);
-  check_bwd_inputs(dout, q, out, lse_in, s);
-  if (attn_mask.has_value()) check_attn_mask(op, *attn_mask, q, s);
-  if (dmask.has_value()) check_dmask(*dmask, attn_mask, q, s);
-  check_dropout(op, dropout_p, rng_state, q);
+  const CheckedShape s =
+      check_bwd_args(dout, q, k, v, out, lse_in, causal_bottom_right, attn_mask, dmask, dropout_p, rng_state);
   const c10::cuda::CUDAGuard device_guard(q.device());
   check_cuda_device(op, q);
 

@@ -36,10 +36,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
                                            double scale, bool is_causal, bool causal_bottom_right,
                                            const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                            const std::optional<at::Tensor>& rng_state) {
-  const char* op = "flashattn.fwd";
-  const CheckedShape s = check_qkv(op, q, k, v, causal_bottom_right);
-  if (attn_mask.has_value()) check_attn_mask(op, *attn_mask, q, s);
-  check_dropout(op, dropout_p, rng_state, q);
+  const CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
   return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, attn_mask, dropout_p, rng_state);
 }
 
@@ -51,15 +48,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dout, c
                                                        const std::optional<at::Tensor>& attn_mask,
                                                        const std::optional<at::Tensor>& dmask, double dropout_p,
                                                        const std::optional<at::Tensor>& rng_state) {
-  const char* op = "flashattn.bwd";
-  const CheckedShape s = check_qkv(op, q, k, v, causal_bottom_right);
-  check_bwd_inputs(dout, q, out, lse, s);
-  if (attn_mask.has_value()) check_attn_mask(op, *attn_mask, q, s);
-  check_dropout(op, dropout_p, rng_state, q);
-  if (dmask.has_value()) {
-    check_dmask(*dmask, attn_mask, q, s);
-    dmask->zero_();  // elements whose key takes no part keep a zero gradient
-  }
+  const CheckedShape s =
+      check_bwd_args(dout, q, k, v, out, lse, causal_bottom_right, attn_mask, dmask, dropout_p, rng_state);
+  if (dmask.has_value()) dmask->zero_();  // elements whose key takes no part keep a zero gradient
   return cpu::bwd(dout, q, k, v, out, lse, scale, is_causal, s.causal_offset, attn_mask, dmask, dropout_p, rng_state);
 }
 
