@@ -77,6 +77,10 @@ struct FwdParams {
   DropoutParams dropout;  // applied to the probabilities after the softmax (the LSE is unchanged)
 };
 
+// Rows of the backward's statistics workspaces are padded to a multiple of this many queries: the
+// largest query block of any backward kernel.
+constexpr int kBwdStatsAlign = 128;
+
 struct BwdParams {
   AttentionShape shape;
   const void* q;     // [B, Lq, Hq, D]
@@ -89,8 +93,12 @@ struct BwdParams {
   void* dk;          // [B, Lk, Hk, D]
   void* dv;          // [B, Lk, Hk, D]
   float* dq_accum;   // [B, Hq, Lq, dq_accum_dim] contiguous fp32 workspace, zeroed by the host
-  float* delta;      // [B, Hq, Lq] contiguous fp32 workspace: rowsum(dout * out)
-  float* lse_log2;   // [B, Hq, Lq] contiguous fp32 workspace: lse * log2(e), +inf where lse is -inf
+  // Per-row statistics, [B, Hq, stats_stride] contiguous fp32 workspaces. stats_stride is seqlen_q
+  // rounded up to kBwdStatsAlign, and the padding rows hold delta 0 and lse_log2 +inf (P = 0 there),
+  // so a kernel can copy whole, aligned query blocks of them without bounds checks.
+  float* delta;      // rowsum(dout * out)
+  float* lse_log2;   // lse * log2(e), +inf where lse is -inf
+  int64_t stats_stride;
   int dq_accum_dim;  // head dim padded to the kernel's tile width (sm80::padded_head_dim)
   // Deterministic mode: the key blocks that add into one query block's dq_accum rows take turns in
   // increasing key-block order, so every dq element sums its terms in the same order on every run.

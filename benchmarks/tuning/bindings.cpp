@@ -59,13 +59,15 @@ std::vector<at::Tensor> bwd(int variant, at::Tensor dout, at::Tensor q, at::Tens
   TORCH_CHECK(q.size(3) == d);
   auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   auto dq_accum = at::zeros({q.size(0), q.size(2), q.size(1), d}, q.options().dtype(at::kFloat));
-  auto delta = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+  const int64_t stats_stride = (q.size(1) + flashattn::kBwdStatsAlign - 1) / flashattn::kBwdStatsAlign * flashattn::kBwdStatsAlign;
+  auto delta = at::empty({q.size(0), q.size(2), stats_stride}, q.options().dtype(at::kFloat));
   auto lse_log2 = at::empty_like(delta);
   flashattn::BwdParams p;
   p.shape = shape_of(q, k, scale, causal);
   p.q = q.data_ptr(); p.k = k.data_ptr(); p.v = v.data_ptr(); p.out = out.data_ptr(); p.dout = dout.data_ptr();
   p.lse = lse.data_ptr<float>(); p.dq = dq.data_ptr(); p.dk = dk.data_ptr(); p.dv = dv.data_ptr();
   p.dq_accum = dq_accum.data_ptr<float>(); p.delta = delta.data_ptr<float>(); p.lse_log2 = lse_log2.data_ptr<float>(); p.dq_accum_dim = d;
+  p.stats_stride = stats_stride;
   p.q_strides = strides(q); p.k_strides = strides(k); p.v_strides = strides(v); p.out_strides = strides(out);
   p.dout_strides = strides(dout); p.dq_strides = strides(dq); p.dk_strides = strides(dk); p.dv_strides = strides(dv);
   C10_CUDA_CHECK(bwd_variants()[variant].launch(p, at::cuda::getCurrentCUDAStream()));

@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
                                                 s.seqlen_q - m0, s.head_dim, s.rows_aligned_16);
     load_tile<kBlockM, kHeadDim, Cfg::kThreads>(do_smem + stage * Cfg::kQTileElems, dout, p.dout_strides.row,
                                                 s.seqlen_q - m0, s.head_dim, s.rows_aligned_16);
-    const int64_t row_offset = (static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + m0;
+    const int64_t row_offset = (static_cast<int64_t>(batch) * s.heads_q + head) * p.stats_stride + m0;
     load_row_floats<kBlockM, Cfg::kThreads>(lse_smem + stage * kBlockM, p.lse_log2 + row_offset, s.seqlen_q - m0);
     load_row_floats<kBlockM, Cfg::kThreads>(delta_smem + stage * kBlockM, p.delta + row_offset, s.seqlen_q - m0);
   };
@@ -415,19 +415,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
   }
 }
 
+// Rows (one warp each) of bwd_preprocess_kernel: every (batch, query head, padded query).
+__host__ __device__ inline int64_t bwd_preprocess_rows(const BwdParams& p) {
+  return static_cast<int64_t>(p.shape.batch) * p.stats_stride * p.shape.heads_q;
+}
+
 // delta[b, h, i] = sum_d dout[b, i, h, d] * out[b, i, h, d] and lse_log2 = lse * log2(e) (+inf for a
-// row that saw no key, so its P = exp2(s - lse_log2) is 0); one warp per row, 8 columns per lane.
+// row that saw no key, so its P = exp2(s - lse_log2) is 0); one warp per row, 8 columns per lane. The
+// padding rows i in [seqlen_q, stats_stride) get delta 0 and lse_log2 +inf.
 template <typename T>
 __global__ void bwd_preprocess_kernel(const BwdParams p) {
   using Ops = ElementOps<T>;
   const AttentionShape& s = p.shape;
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int64_t num_rows = static_cast<int64_t>(s.batch) * s.seqlen_q * s.heads_q;
-  if (row >= num_rows) return;
+  if (row >= bwd_preprocess_rows(p)) return;
   const int head = static_cast<int>(row % s.heads_q);
-  const int query = static_cast<int>((row / s.heads_q) % s.seqlen_q);
-  const int batch = static_cast<int>(row / s.heads_q / s.seqlen_q);
+  const int query = static_cast<int>((row / s.heads_q) % p.stats_stride);
+  const int batch = static_cast<int>(row / s.heads_q / p.stats_stride);
+  const int64_t index = (static_cast<int64_t>(batch) * s.heads_q + head) * p.stats_stride + query;
+  if (query >= s.seqlen_q) {
+    if (lane == 0) {
+      p.delta[index] = 0.f;
+      p.lse_log2[index] = INFINITY;
+    }
+    return;
+  }
   const T* out = static_cast<const T*>(p.out) + batch * p.out_strides.batch + query * p.out_strides.row +
                  head * p.out_strides.head;  // [D]
   const T* dout = static_cast<const T*>(p.dout) + batch * p.dout_strides.batch + query * p.dout_strides.row +
@@ -449,9 +462,8 @@ __global__ void bwd_preprocess_kernel(const BwdParams p) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
   if (lane == 0) {
-    const int64_t index = (static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + query;
     p.delta[index] = sum;
-    const float lse = p.lse[index];
+    const float lse = p.lse[(static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + query];
     p.lse_log2[index] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
   }
 }
@@ -476,33 +488,43 @@ __global__ void bwd_convert_dq_kernel(const BwdParams p) {
   }
 }
 
+// The first launch of every backward (sm80 and sm90): delta and lse_log2.
+template <typename T>
+cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
+  constexpr int kDeltaWarps = 8;
+  const int64_t blocks = (bwd_preprocess_rows(p) + kDeltaWarps - 1) / kDeltaWarps;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  bwd_preprocess_kernel<T><<<static_cast<unsigned>(blocks), kDeltaWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// The last launch of every backward: dq from the fp32 workspace.
+template <typename T>
+cudaError_t launch_bwd_convert_dq(const BwdParams& p, cudaStream_t stream) {
+  const AttentionShape& s = p.shape;
+  constexpr int kConvertThreads = 256;
+  const int64_t elems = static_cast<int64_t>(s.batch) * s.seqlen_q * s.heads_q * s.head_dim;
+  const int64_t blocks = std::min<int64_t>((elems + kConvertThreads - 1) / kConvertThreads, 65536);
+  bwd_convert_dq_kernel<T><<<static_cast<unsigned>(blocks), kConvertThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <typename T, typename Cfg, bool kMasked = false>
 cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   const AttentionShape& s = p.shape;
-
-  constexpr int kDeltaWarps = 8;
-  const int64_t rows = static_cast<int64_t>(s.batch) * s.seqlen_q * s.heads_q;
-  const int64_t delta_blocks = (rows + kDeltaWarps - 1) / kDeltaWarps;
   const int64_t num_n_blocks = (s.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const int64_t grid = num_n_blocks * s.heads_kv * s.batch;
-  if (delta_blocks > 0x7fffffff || grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
 
-  bwd_preprocess_kernel<T><<<static_cast<unsigned>(delta_blocks), kDeltaWarps * 32, 0, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = launch_bwd_preprocess<T>(p, stream);
   if (err != cudaSuccess) return err;
-
   auto kernel = bwd_kernel<T, Cfg, kMasked>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-
-  constexpr int kConvertThreads = 256;
-  const int64_t elems = rows * s.head_dim;
-  const int64_t convert_blocks = std::min<int64_t>((elems + kConvertThreads - 1) / kConvertThreads, 65536);
-  bwd_convert_dq_kernel<T><<<static_cast<unsigned>(convert_blocks), kConvertThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_bwd_convert_dq<T>(p, stream);
 }
 
 template <typename T, int kHeadDim>

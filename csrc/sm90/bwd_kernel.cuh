@@ -5,14 +5,16 @@
 //
 // Main kernel: one CTA per (128-key block, kv head, batch), three warpgroups.
 //   Warpgroup 0, the producer: one thread loads the CTA's K and V blocks once, then for every step
-//     (query head of the GQA group x 64-query block that sees these keys) Q and dO into a ring of
-//     kStages stages, each released by the consumer warps when their GEMMs are done with it.
-//   Warpgroups 1 and 2, the consumers: each owns 64 of the keys and works independently:
+//     (query head of the GQA group x 64-query block that sees these keys) Q, dO and the step's LSE and
+//     delta into a ring of kStages stages, each released by the consumer warps when their GEMMs are
+//     done with it.
+//   Warpgroups 1 and 2, the consumers: each owns 64 of the keys:
 //     S^T = K Q^T and dP^T = V dO^T (wgmma from shared memory), P^T = exp2(S^T scale - LSE) and
 //     dS^T = P^T (dP^T - delta) in registers; dV += P^T dO and dK += dS^T Q with P^T, dS^T as register
-//     A operands (dK, dV stay in registers for the whole CTA); dQ_partial = dS K from shared memory
-//     (dS^T is written there, swizzled, for this), staged in shared memory as fp32 and added into the
-//     dq workspace with one asynchronous bulk reduction per step.
+//     A operands (dK, dV stay in registers for the whole CTA). dS^T is also written to shared memory
+//     (swizzled), and once both consumers' tiles are there each computes half the columns of
+//     dQ_partial = dS K over all 128 keys; the halves meet in one fp32 staging tile that is added into
+//     the dq workspace with one asynchronous bulk reduction per step (one per 128 keys, not per 64).
 // The kMasked variant applies params.mask (its tile classes on this kernel's 64-query x 128-key grid):
 // producer and consumers walk only the steps whose tile lets some key through (the same walk on both
 // sides, so the ring stays in step), steps whose tile needs it add the mask element by element to the
@@ -54,17 +56,23 @@ struct BwdConfig {
   static constexpr int kQBytes = kColBlocks * kQColBlockBytes;    // a Q or dO tile
   static constexpr int kKVBytes = kColBlocks * kKVColBlockBytes;  // a K or V tile
   static constexpr int kDsBytes = 64 * kBlockM * 2;               // dS^T of one consumer: [64 keys][64 queries]
-  static constexpr int kDqBytes = kBlockM * kHeadDim * 4;         // dQ partial of one consumer, fp32
-  // K, V, the Q ring, the dO ring, dS^T per consumer, dQ staging per consumer, then the mbarriers.
+  static constexpr int kDqBytes = kBlockM * kHeadDim * 4;         // the step's dQ partial, fp32 [64][kHeadDim]
+  static constexpr int kDqCols = kHeadDim / kConsumers;           // dQ columns per consumer
+  static constexpr int kStatsBytes = 2 * kBlockM * 4;             // a step's LSE (base 2) then delta, fp32
+  // K, V, the Q ring, the dO ring, dS^T per consumer, the dQ staging tile, the LSE / delta ring, then the
+  // mbarriers.
   static constexpr int kVOffset = kKVBytes;
   static constexpr int kQOffset = 2 * kKVBytes;
   static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
   static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;
   static constexpr int kDqOffset = kDsOffset + kConsumers * kDsBytes;
-  static constexpr int kBarriersOffset = kDqOffset + kConsumers * kDqBytes;
+  static constexpr int kStatsOffset = kDqOffset + kDqBytes;
+  static constexpr int kBarriersOffset = kStatsOffset + kStages * kStatsBytes;
   static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + 2 * kStages) * 8;
 
   static_assert(kHeadDim % 64 == 0, "whole 64-column blocks");
+  static_assert(kConsumers == 2 && kDqCols % 32 == 0, "each consumer's dQ columns lie in one 64-column block");
+  static_assert(kBlockM % kBwdStatsAlign == 0 || kBwdStatsAlign % kBlockM == 0, "steps never cross a stats row");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
 };
 
@@ -112,8 +120,8 @@ struct BwdStepWalk {
 };
 
 template <typename T, typename Cfg, bool kMasked>
-__device__ void produce_bwd(const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, unsigned char* base, int n0, int kv_head,
-                            int batch, const BwdSteps& steps, const BwdStepWalk<T, kMasked>& walk) {
+__device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, unsigned char* base,
+                            int n0, int kv_head, int batch, const BwdSteps& steps, const BwdStepWalk<T, kMasked>& walk) {
   mbar_arrive_expect_tx(&bars.kv_full, 2 * Cfg::kKVBytes);
   tma_load_tile<Cfg::kColBlocks>(base, &maps.k, &bars.kv_full, n0, kv_head, batch, Cfg::kKVColBlockBytes);
   tma_load_tile<Cfg::kColBlocks>(base + Cfg::kVOffset, &maps.v, &bars.kv_full, n0, kv_head, batch,
@@ -125,11 +133,16 @@ __device__ void produce_bwd(const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, u
     if (use > 0) mbar_wait(&bars.qdo_empty[stage], (use - 1) & 1);
     const int head = steps.head(step, kv_head);
     const int m0 = steps.m0<Cfg::kBlockM>(step);
-    mbar_arrive_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes);
+    mbar_arrive_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes + Cfg::kStatsBytes);
     tma_load_tile<Cfg::kColBlocks>(base + Cfg::kQOffset + stage * Cfg::kQBytes, &maps.q, &bars.qdo_full[stage], m0,
                                    head, batch, Cfg::kQColBlockBytes);
     tma_load_tile<Cfg::kColBlocks>(base + Cfg::kDoOffset + stage * Cfg::kQBytes, &maps.dout, &bars.qdo_full[stage],
                                    m0, head, batch, Cfg::kQColBlockBytes);
+    // The padded statistics rows (see BwdParams) make every step's 64 entries whole and 16-byte aligned.
+    const int64_t stats_offset = (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0;
+    unsigned char* stats = base + Cfg::kStatsOffset + stage * Cfg::kStatsBytes;
+    bulk_load(stats, p.lse_log2 + stats_offset, Cfg::kBlockM * 4, &bars.qdo_full[stage]);
+    bulk_load(stats + Cfg::kBlockM * 4, p.delta + stats_offset, Cfg::kBlockM * 4, &bars.qdo_full[stage]);
   }
 }
 
@@ -159,24 +172,25 @@ __device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 
   }
 }
 
-// dq (64 queries x 64 columns of column block cb) = dS (from the dS^T tile, MN-major A) times this
-// consumer's 64 rows of K (MN-major B).
+// dq (64 queries x this consumer's kDqCols columns, from col0) = dS (64 queries x 128 keys: the two
+// consumers' dS^T tiles, MN-major A) times K (those 128 keys x the columns, MN-major B). col0 lies in
+// one 64-column block (a 32-column half starts 64 bytes into the swizzled rows).
 template <typename T, typename Cfg>
-__device__ __forceinline__ void issue_dq(float (&dq)[32], const unsigned char* ds_tile, const unsigned char* k_rows,
-                                         int cb) {
+__device__ __forceinline__ void issue_dq(float (&dq)[Cfg::kDqCols / 2], const unsigned char* ds_tiles,
+                                         const unsigned char* k_tile, int col0) {
 #pragma unroll
-  for (int kk = 0; kk < 64 / 16; ++kk) {
-    const uint64_t desc_a = smem_desc_sw128(ds_tile + kk * 16 * 128, 64 * 128, 1024);
-    const uint64_t desc_b = smem_desc_sw128(k_rows + cb * Cfg::kKVColBlockBytes + kk * 16 * 128, Cfg::kKVColBlockBytes, 1024);
-    Wgmma<T, 64>::ss_mn(dq, desc_a, desc_b, kk > 0);
+  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
+    const unsigned char* a = ds_tiles + (kk / 4) * Cfg::kDsBytes + (kk % 4) * 16 * 128;
+    const unsigned char* b = k_tile + (col0 / 64) * Cfg::kKVColBlockBytes + kk * 16 * 128 + (col0 % 64) * 2;
+    Wgmma<T, Cfg::kDqCols>::ss_mn(dq, smem_desc_sw128(a, 64 * 128, 1024),
+                                  smem_desc_sw128(b, Cfg::kKVColBlockBytes, 1024), kk > 0);
   }
 }
 
-// Writes dS^T (this thread's accumulator elements) into a [64 keys][64 queries] tile with the 128-byte
-// swizzle: the 16-byte chunk c of row r lives at chunk c ^ (r % 8).
+// Writes dS^T (this thread's accumulator elements) into a [64 keys][64 queries] tile at shared address
+// ds_tile with the 128-byte swizzle: the 16-byte chunk c of row r lives at chunk c ^ (r % 8).
 template <typename T>
-__device__ __forceinline__ void store_ds_swizzled(unsigned char* ds_tile, const float (&ds)[32], int warp_in_group,
-                                                  int lane) {
+__device__ __forceinline__ void store_ds_swizzled(uint32_t ds_tile, const float (&ds)[32], int warp_in_group, int lane) {
   using Ops = sm80::ElementOps<T>;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -184,7 +198,7 @@ __device__ __forceinline__ void store_ds_swizzled(unsigned char* ds_tile, const 
     for (int half = 0; half < 2; ++half) {
       const int row = warp_in_group * 16 + lane / 4 + half * 8;
       const int offset = row * 128 + ((j ^ (row % 8)) << 4) + (lane % 4) * 4;
-      *reinterpret_cast<uint32_t*>(ds_tile + offset) = Ops::pack(ds[4 * j + 2 * half], ds[4 * j + 2 * half + 1]);
+      st_shared_u32(ds_tile + offset, Ops::pack(ds[4 * j + 2 * half], ds[4 * j + 2 * half + 1]));
     }
   }
 }
@@ -252,7 +266,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) produce_bwd<T, Cfg, kMasked>(maps, bars, base, n0, kv_head, batch, steps, walk);
+    if (threadIdx.x == 0) produce_bwd<T, Cfg, kMasked>(p, maps, bars, base, n0, kv_head, batch, steps, walk);
     return;
   }
   registers_increase<Cfg::kConsumerRegisters>();
@@ -262,11 +276,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int warp_in_group = thread_in_group / 32;
   const int lane = threadIdx.x % 32;
   const bool warp_leader = lane == 0;
-  const int key0 = n0 + consumer * 64;  // this warpgroup's keys: [key0, key0 + 64)
+  const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
+  const int key0 = n0 + consumer * 64;      // this warpgroup's keys: [key0, key0 + 64)
+  const int dq_col0 = consumer * Cfg::kDqCols;
   const unsigned char* k_rows = base + consumer * 64 * 128;
   const unsigned char* v_rows = base + Cfg::kVOffset + consumer * 64 * 128;
-  unsigned char* ds_tile = base + Cfg::kDsOffset + consumer * Cfg::kDsBytes;
-  float* dq_stage = reinterpret_cast<float*>(base + Cfg::kDqOffset + consumer * Cfg::kDqBytes);  // [64][kHeadDim]
+  const unsigned char* ds_tiles = base + Cfg::kDsOffset;  // both consumers' [64 keys][64 queries] dS^T
+  const uint32_t ds_tile = smem_u32(ds_tiles + consumer * Cfg::kDsBytes);
+  float* dq_stage = reinterpret_cast<float*>(base + Cfg::kDqOffset);  // [64][kHeadDim]
+  const uint32_t dq_stage_addr = smem_u32(dq_stage);
+  const uint32_t stats_addr = smem_u32(base + Cfg::kStatsOffset);
+  constexpr uint32_t kConsumerBarrier = 1;  // named barrier of the 256 consumer threads
 
   float dk[Cfg::kHeadDim / 2], dv[Cfg::kHeadDim / 2];
 #pragma unroll
@@ -281,17 +301,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     const unsigned char* q_tile = base + Cfg::kQOffset + stage * Cfg::kQBytes;
     const unsigned char* do_tile = base + Cfg::kDoOffset + stage * Cfg::kQBytes;
 
-    // This thread's 16 query columns: LSE (base 2; +inf past the end, so P = 0 there) and delta.
-    const int64_t row_offset = (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;
-    float lse[16], delta[16];
-#pragma unroll
-    for (int c = 0; c < 16; ++c) {
-      const int query = m0 + accumulator_col(c % 2 + 4 * (c / 2), lane);
-      const bool valid = query < sh.seqlen_q;
-      lse[c] = valid ? p.lse_log2[row_offset + query] : INFINITY;
-      delta[c] = valid ? p.delta[row_offset + query] : 0.f;
-    }
-
     float s[32], dp[32];
     mbar_wait(&bars.qdo_full[stage], (iter / kStages) & 1);
     wgmma_fence();
@@ -299,6 +308,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     wgmma_commit();
     issue_keys_by_queries<T, Cfg>(dp, v_rows, do_tile);
     wgmma_commit();
+    // This thread's 16 query columns 8j + 2 (lane % 4) + {0, 1}: LSE (base 2; +inf past the end, so
+    // P = 0 there) and delta, from the stage.
+    float lse[16], delta[16];
+    const uint32_t stats = stats_addr + stage * Cfg::kStatsBytes + (lane % 4) * 8;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 l = ld_shared_f32x2(stats + j * 32);
+      const float2 d = ld_shared_f32x2(stats + kBlockM * 4 + j * 32);
+      lse[2 * j] = l.x;
+      lse[2 * j + 1] = l.y;
+      delta[2 * j] = d.x;
+      delta[2 * j + 1] = d.y;
+    }
     wgmma_wait<1>();
     fence_registers(s);
     // P^T; keys this query may not see get 0 (only blocks on the causal diagonal or past the end).
@@ -344,47 +366,41 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     accumulator_to_a<T, 64>(ds_frag, dp);
     store_ds_swizzled<T>(ds_tile, dp, warp_in_group, lane);
     fence_proxy_async_shared();
-    if (thread_in_group == 0) bulk_wait_read();  // the previous step's dQ reduction has left dq_stage
-    named_barrier_sync(1 + consumer, 128);       // dS^T tile complete, dq_stage free
+    if (reducer) bulk_wait_read();                // the previous step's dQ reduction has left dq_stage
+    named_barrier_sync(kConsumerBarrier, 256);    // both dS^T tiles complete, dq_stage free
 
+    float dq[Cfg::kDqCols / 2];
     wgmma_fence();
     issue_keys_by_dims<T, Cfg>(dv, p_frag, do_tile);
     issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
     wgmma_commit();
+    issue_dq<T, Cfg>(dq, ds_tiles, base, dq_col0);
+    wgmma_commit();
+    wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO
+    fence_registers(dv);
+    fence_registers(dk);
+    fence_registers(p_frag);
+    fence_registers(ds_frag);
+    if (warp_leader) mbar_arrive(&bars.qdo_empty[stage]);
+    wgmma_wait<0>();
+    fence_registers(dq);
 #pragma unroll
-    for (int cb = 0; cb < Cfg::kColBlocks; ++cb) {
-      float dq[32];
-      // The previous column block's dq registers were just read by the staging stores: fence before
-      // the GEMM may write them again.
-      if (cb > 0) wgmma_fence();
-      issue_dq<T, Cfg>(dq, ds_tile, k_rows, cb);
-      wgmma_commit();
-      if (cb == 0) {
-        wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO
-        fence_registers(dv);
-        fence_registers(dk);
-        fence_registers(p_frag);
-        fence_registers(ds_frag);
-        if (warp_leader) mbar_arrive(&bars.qdo_empty[stage]);
-      }
-      wgmma_wait<0>();
-      fence_registers(dq);
-#pragma unroll
-      for (int i = 0; i < 32; i += 2) {
-        const int row = accumulator_row(i, warp_in_group, lane);
-        const int col = cb * 64 + accumulator_col(i, lane);
-        *reinterpret_cast<float2*>(dq_stage + row * Cfg::kHeadDim + col) = make_float2(dq[i], dq[i + 1]);
-      }
+    for (int i = 0; i < Cfg::kDqCols / 2; i += 2) {
+      const int row = accumulator_row(i, warp_in_group, lane);
+      const int col = dq_col0 + accumulator_col(i, lane);
+      st_shared_f32x2(dq_stage_addr + (row * Cfg::kHeadDim + col) * 4, dq[i], dq[i + 1]);
     }
     fence_proxy_async_shared();
-    named_barrier_sync(1 + consumer, 128);  // dq_stage complete
-    if (thread_in_group == 0) {
+    // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
+    named_barrier_sync(kConsumerBarrier, 256);
+    if (reducer) {
       const int rows = min(kBlockM, sh.seqlen_q - m0);
+      const int64_t row_offset = (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;
       bulk_reduce_add_f32(p.dq_accum + (row_offset + m0) * Cfg::kHeadDim, dq_stage, rows * Cfg::kHeadDim * 4);
       bulk_commit();
     }
   }
-  if (thread_in_group == 0) bulk_wait();
+  if (reducer) bulk_wait();
 
   // dK = scale * dS^T Q and dV, straight from the accumulators.
   using Ops = sm80::ElementOps<T>;
@@ -425,28 +441,18 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   if (err == cudaSuccess) err = make_tensor_map(&maps.v, p.v, sh, sh.seqlen_k, sh.heads_kv, p.v_strides, Cfg::kBlockN);
   if (err != cudaSuccess) return err;
 
-  constexpr int kDeltaWarps = 8;
-  const int64_t rows = static_cast<int64_t>(sh.batch) * sh.seqlen_q * sh.heads_q;
-  const int64_t delta_blocks = (rows + kDeltaWarps - 1) / kDeltaWarps;
   const int64_t grid = static_cast<int64_t>((sh.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN) * sh.heads_kv * sh.batch;
-  if (delta_blocks > 0x7fffffff || grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
 
-  sm80::bwd_preprocess_kernel<T><<<static_cast<unsigned>(delta_blocks), kDeltaWarps * 32, 0, stream>>>(p);
-  err = cudaGetLastError();
+  err = sm80::launch_bwd_preprocess<T>(p, stream);
   if (err != cudaSuccess) return err;
-
   auto kernel = bwd_kernel<T, Cfg, kMasked>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-
-  constexpr int kConvertThreads = 256;
-  const int64_t elems = rows * sh.head_dim;
-  const int64_t convert_blocks = std::min<int64_t>((elems + kConvertThreads - 1) / kConvertThreads, 65536);
-  sm80::bwd_convert_dq_kernel<T><<<static_cast<unsigned>(convert_blocks), kConvertThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return sm80::launch_bwd_convert_dq<T>(p, stream);
 }
 
 template <typename T, int kHeadDim>

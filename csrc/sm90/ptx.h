@@ -67,6 +67,15 @@ __device__ __forceinline__ void tma_load_tile(unsigned char* smem, const CUtenso
   for (int cb = 0; cb < kColBlocks; ++cb) tma_load_4d(smem + cb * col_block_bytes, map, bar, cb * 64, row, head, batch);
 }
 
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) of contiguous global memory into
+// shared memory and completes them on `bar` (a 1-D bulk copy, no tensor map).
+__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(smem)),
+      "l"(reinterpret_cast<uint64_t>(gmem)), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -87,6 +96,21 @@ __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_g
 // Orders this thread's ordinary shared-memory writes before later async-proxy (wgmma, TMA) accesses.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ---- shared memory through 32-bit shared-window addresses (smem_u32): plain ld/st.shared, where a
+// pointer that has lost its address space would compile to generic loads and stores ----
+
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t value) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(value) : "memory");
+}
+__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
 }
 
 // ---- wgmma ----
