@@ -1,5 +1,5 @@
 // Backward attention on the sm80 path (mma.sync), in three launches:
-//   1. bwd_preprocess_kernel: delta = rowsum(dout * out) and the LSE in base 2, one warp per row
+//   1. bwd_preprocess_kernel: delta = rowsum(dout * out) and the LSE in base 2
 //   2. bwd_kernel:         one CTA per (key block, kv head, batch); loops over every query head of the
 //                          group and every query block that sees its keys, recomputing S^T = K Q^T and
 //                          P^T from the saved LSE (P is never written to global memory). dK and dV stay
@@ -415,97 +415,123 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
   }
 }
 
-// Rows (one warp each) of bwd_preprocess_kernel: every (batch, query head, padded query).
-__host__ __device__ inline int64_t bwd_preprocess_rows(const BwdParams& p) {
-  return static_cast<int64_t>(p.shape.batch) * p.stats_stride * p.shape.heads_q;
-}
+// The two auxiliary kernels run on a grid of (query head x chunk of kAuxRows rows) along x and batches
+// along y (looping past the grid's limit), so no thread divides a 64-bit index.
+constexpr int kAuxRows = 16;
+constexpr int kAuxThreads = 256;
+constexpr int kAuxMaxGridY = 65535;
+
+struct AuxTile {
+  int head, row0, batch;
+  __device__ __forceinline__ explicit AuxTile(int chunks_per_head)
+      : head(static_cast<int>(blockIdx.x) / chunks_per_head),
+        row0(static_cast<int>(blockIdx.x) % chunks_per_head * kAuxRows),
+        batch(static_cast<int>(blockIdx.y)) {}
+};
 
 // delta[b, h, i] = sum_d dout[b, i, h, d] * out[b, i, h, d] and lse_log2 = lse * log2(e) (+inf for a
-// row that saw no key, so its P = exp2(s - lse_log2) is 0); one warp per row, 8 columns per lane. The
-// padding rows i in [seqlen_q, stats_stride) get delta 0 and lse_log2 +inf.
+// row that saw no key, so its P = exp2(s - lse_log2) is 0). The padding rows i in [seqlen_q,
+// stats_stride) get delta 0 and lse_log2 +inf. A row is summed by kAuxThreads / kAuxRows threads,
+// 8 columns each at a time.
 template <typename T>
-__global__ void bwd_preprocess_kernel(const BwdParams p) {
+__global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdParams p, int chunks_per_head) {
   using Ops = ElementOps<T>;
+  constexpr int kLanes = kAuxThreads / kAuxRows;  // threads per row, within one warp
+  static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row's threads share a warp");
   const AttentionShape& s = p.shape;
-  const int lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= bwd_preprocess_rows(p)) return;
-  const int head = static_cast<int>(row % s.heads_q);
-  const int query = static_cast<int>((row / s.heads_q) % p.stats_stride);
-  const int batch = static_cast<int>(row / s.heads_q / p.stats_stride);
-  const int64_t index = (static_cast<int64_t>(batch) * s.heads_q + head) * p.stats_stride + query;
-  if (query >= s.seqlen_q) {
-    if (lane == 0) {
-      p.delta[index] = 0.f;
-      p.lse_log2[index] = INFINITY;
-    }
-    return;
-  }
-  const T* out = static_cast<const T*>(p.out) + batch * p.out_strides.batch + query * p.out_strides.row +
-                 head * p.out_strides.head;  // [D]
-  const T* dout = static_cast<const T*>(p.dout) + batch * p.dout_strides.batch + query * p.dout_strides.row +
-                  head * p.dout_strides.head;  // [D]
-  const int col0 = lane * 8;
-  float sum = 0.f;
-  if (s.rows_aligned_16) {
-    if (col0 < s.head_dim) {
-      const uint4 o_vec = *reinterpret_cast<const uint4*>(out + col0);
-      const uint4 do_vec = *reinterpret_cast<const uint4*>(dout + col0);
-      const T* o8 = reinterpret_cast<const T*>(&o_vec);
-      const T* do8 = reinterpret_cast<const T*>(&do_vec);
+  const AuxTile tile(chunks_per_head);
+  const int query = tile.row0 + static_cast<int>(threadIdx.x) / kLanes;
+  const int sub = static_cast<int>(threadIdx.x) % kLanes;
+  for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
+    float sum = 0.f;
+    if (query < s.seqlen_q) {
+      const T* out = static_cast<const T*>(p.out) + batch * p.out_strides.batch + query * p.out_strides.row +
+                     tile.head * p.out_strides.head;  // [D]
+      const T* dout = static_cast<const T*>(p.dout) + batch * p.dout_strides.batch + query * p.dout_strides.row +
+                      tile.head * p.dout_strides.head;  // [D]
+      for (int col0 = sub * 8; col0 < s.head_dim; col0 += kLanes * 8) {
+        if (s.rows_aligned_16 && col0 + 8 <= s.head_dim) {
+          const uint4 o_vec = *reinterpret_cast<const uint4*>(out + col0);
+          const uint4 do_vec = *reinterpret_cast<const uint4*>(dout + col0);
+          const T* o8 = reinterpret_cast<const T*>(&o_vec);
+          const T* do8 = reinterpret_cast<const T*>(&do_vec);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) sum += Ops::to_float(o8[i]) * Ops::to_float(do8[i]);
+          for (int i = 0; i < 8; ++i) sum += Ops::to_float(o8[i]) * Ops::to_float(do8[i]);
+        } else {
+          for (int c = col0; c < col0 + 8 && c < s.head_dim; ++c) sum += Ops::to_float(out[c]) * Ops::to_float(dout[c]);
+        }
+      }
     }
-  } else {
-    for (int c = col0; c < col0 + 8 && c < s.head_dim; ++c) sum += Ops::to_float(out[c]) * Ops::to_float(dout[c]);
-  }
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
-  if (lane == 0) {
-    p.delta[index] = sum;
-    const float lse = p.lse[(static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + query];
-    p.lse_log2[index] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+    if (sub == 0 && query < p.stats_stride) {
+      const int64_t row = static_cast<int64_t>(batch) * s.heads_q + tile.head;
+      float lse_log2 = INFINITY;
+      if (query < s.seqlen_q) {
+        const float lse = p.lse[row * s.seqlen_q + query];
+        if (lse != -INFINITY) lse_log2 = lse * 1.4426950408889634f;
+      }
+      p.delta[row * p.stats_stride + query] = query < s.seqlen_q ? sum : 0.f;
+      p.lse_log2[row * p.stats_stride + query] = lse_log2;
+    }
   }
 }
 
-// dq[b, i, h, d] = scale * dq_accum[b, h, i, d], one thread per element.
+// dq[b, i, h, d] = scale * dq_accum[b, h, i, d]: each thread converts 4 consecutive columns of a row.
 template <typename T>
-__global__ void bwd_convert_dq_kernel(const BwdParams p) {
+__global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_kernel(const BwdParams p, int chunks_per_head) {
   using Ops = ElementOps<T>;
   const AttentionShape& s = p.shape;
-  const int64_t total = static_cast<int64_t>(s.batch) * s.seqlen_q * s.heads_q * s.head_dim;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int col = static_cast<int>(idx % s.head_dim);
-    const int head = static_cast<int>((idx / s.head_dim) % s.heads_q);
-    const int query = static_cast<int>((idx / s.head_dim / s.heads_q) % s.seqlen_q);
-    const int batch = static_cast<int>(idx / s.head_dim / s.heads_q / s.seqlen_q);
-    const float value =
-        p.dq_accum[((static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + query) * p.dq_accum_dim + col];
-    T* dq = static_cast<T*>(p.dq) + batch * p.dq_strides.batch + query * p.dq_strides.row +
-            head * p.dq_strides.head;
-    dq[col] = Ops::from_float(value * s.scale);
+  const AuxTile tile(chunks_per_head);
+  const int quads = (s.head_dim + 3) / 4;
+  for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
+    const int64_t accum_rows = (static_cast<int64_t>(batch) * s.heads_q + tile.head) * s.seqlen_q;
+    for (int i = threadIdx.x; i < kAuxRows * quads; i += blockDim.x) {
+      const int query = tile.row0 + i / quads;
+      const int col = i % quads * 4;
+      if (query >= s.seqlen_q) break;  // i only grows
+      const float4 v = *reinterpret_cast<const float4*>(p.dq_accum + (accum_rows + query) * p.dq_accum_dim + col);
+      T* dq = static_cast<T*>(p.dq) + batch * p.dq_strides.batch + query * p.dq_strides.row +
+              tile.head * p.dq_strides.head;  // [D]
+      if (col + 4 <= s.head_dim && (reinterpret_cast<uintptr_t>(dq + col) & 7) == 0) {
+        *reinterpret_cast<uint2*>(dq + col) = make_uint2(Ops::pack(v.x * s.scale, v.y * s.scale),
+                                                         Ops::pack(v.z * s.scale, v.w * s.scale));
+      } else {
+        const float values[4] = {v.x, v.y, v.z, v.w};
+        for (int c = 0; c < 4 && col + c < s.head_dim; ++c) dq[col + c] = Ops::from_float(values[c] * s.scale);
+      }
+    }
   }
+}
+
+// Grid of an auxiliary kernel covering `rows` rows per (batch, head); fails past the grid's x limit.
+inline cudaError_t aux_grid(const AttentionShape& s, int64_t rows, int* chunks_per_head, dim3* grid) {
+  const int64_t chunks = (rows + kAuxRows - 1) / kAuxRows;
+  if (chunks * s.heads_q > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  *chunks_per_head = static_cast<int>(chunks);
+  *grid = dim3(static_cast<unsigned>(chunks * s.heads_q), static_cast<unsigned>(std::min(s.batch, kAuxMaxGridY)));
+  return cudaSuccess;
 }
 
 // The first launch of every backward (sm80 and sm90): delta and lse_log2.
 template <typename T>
 cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
-  constexpr int kDeltaWarps = 8;
-  const int64_t blocks = (bwd_preprocess_rows(p) + kDeltaWarps - 1) / kDeltaWarps;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  bwd_preprocess_kernel<T><<<static_cast<unsigned>(blocks), kDeltaWarps * 32, 0, stream>>>(p);
+  int chunks_per_head = 0;
+  dim3 grid;
+  cudaError_t err = aux_grid(p.shape, p.stats_stride, &chunks_per_head, &grid);
+  if (err != cudaSuccess) return err;
+  bwd_preprocess_kernel<T><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
   return cudaGetLastError();
 }
 
 // The last launch of every backward: dq from the fp32 workspace.
 template <typename T>
 cudaError_t launch_bwd_convert_dq(const BwdParams& p, cudaStream_t stream) {
-  const AttentionShape& s = p.shape;
-  constexpr int kConvertThreads = 256;
-  const int64_t elems = static_cast<int64_t>(s.batch) * s.seqlen_q * s.heads_q * s.head_dim;
-  const int64_t blocks = std::min<int64_t>((elems + kConvertThreads - 1) / kConvertThreads, 65536);
-  bwd_convert_dq_kernel<T><<<static_cast<unsigned>(blocks), kConvertThreads, 0, stream>>>(p);
+  int chunks_per_head = 0;
+  dim3 grid;
+  cudaError_t err = aux_grid(p.shape, p.shape.seqlen_q, &chunks_per_head, &grid);
+  if (err != cudaSuccess) return err;
+  bwd_convert_dq_kernel<T><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
   return cudaGetLastError();
 }
 

@@ -44,12 +44,11 @@ struct BwdConfig {
   static constexpr int kHeadDim = kHeadDim_;  // tile width (64 or 128), equal to the dq workspace width
   static constexpr int kBlockM = 64;          // queries per step
   static constexpr int kBlockN = 128;         // keys per CTA: 64 per consumer warpgroup
-  static constexpr int kStages = 2;           // Q / dO ring depth
+  static constexpr int kStages = 2;           // Q / dO ring depth (3 measured the same)
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kConsumerRegisters = 240;
   static constexpr int kProducerRegisters = 24;
-
   static constexpr int kColBlocks = kHeadDim / 64;
   static constexpr int kQColBlockBytes = kBlockM * 128;   // one [64 queries][64] column block
   static constexpr int kKVColBlockBytes = kBlockN * 128;  // one [128 keys][64] column block
@@ -149,8 +148,7 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
 // X^T Y^T-shaped GEMM of one consumer: acc (64 keys x 64 queries) = rows of `kv` (64 keys x D, a
 // K-major tile) times a [64 queries][D] K-major tile, transposed. Used for S^T = K Q^T and dP^T = V dO^T.
 template <typename T, typename Cfg>
-__device__ __forceinline__ void issue_keys_by_queries(float (&acc)[32], const unsigned char* kv_rows,
-                                                      const unsigned char* q_tile) {
+__device__ __forceinline__ void issue_keys_by_queries(float (&acc)[32], uint32_t kv_rows, uint32_t q_tile) {
 #pragma unroll
   for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
     const int offset = (ks % 4) * 32;
@@ -164,7 +162,7 @@ __device__ __forceinline__ void issue_keys_by_queries(float (&acc)[32], const un
 // Used for dV += P^T dO and dK += dS^T Q.
 template <typename T, typename Cfg>
 __device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 2], uint32_t (&a)[4][4],
-                                                   const unsigned char* q_tile) {
+                                                   uint32_t q_tile) {
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk) {
     const uint64_t desc_b = smem_desc_sw128(q_tile + kk * 16 * 128, Cfg::kQColBlockBytes, 1024);
@@ -176,30 +174,41 @@ __device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 
 // consumers' dS^T tiles, MN-major A) times K (those 128 keys x the columns, MN-major B). col0 lies in
 // one 64-column block (a 32-column half starts 64 bytes into the swizzled rows).
 template <typename T, typename Cfg>
-__device__ __forceinline__ void issue_dq(float (&dq)[Cfg::kDqCols / 2], const unsigned char* ds_tiles,
-                                         const unsigned char* k_tile, int col0) {
+__device__ __forceinline__ void issue_dq(float (&dq)[Cfg::kDqCols / 2], uint32_t ds_tiles, uint32_t k_tile,
+                                         int col0) {
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
-    const unsigned char* a = ds_tiles + (kk / 4) * Cfg::kDsBytes + (kk % 4) * 16 * 128;
-    const unsigned char* b = k_tile + (col0 / 64) * Cfg::kKVColBlockBytes + kk * 16 * 128 + (col0 % 64) * 2;
+    const uint32_t a = ds_tiles + (kk / 4) * Cfg::kDsBytes + (kk % 4) * 16 * 128;
+    const uint32_t b = k_tile + (col0 / 64) * Cfg::kKVColBlockBytes + kk * 16 * 128 + (col0 % 64) * 2;
     Wgmma<T, Cfg::kDqCols>::ss_mn(dq, smem_desc_sw128(a, 64 * 128, 1024),
                                   smem_desc_sw128(b, Cfg::kKVColBlockBytes, 1024), kk > 0);
   }
 }
 
-// Writes dS^T (this thread's accumulator elements) into a [64 keys][64 queries] tile at shared address
-// ds_tile with the 128-byte swizzle: the 16-byte chunk c of row r lives at chunk c ^ (r % 8).
-template <typename T>
-__device__ __forceinline__ void store_ds_swizzled(uint32_t ds_tile, const float (&ds)[32], int warp_in_group, int lane) {
-  using Ops = sm80::ElementOps<T>;
+// Writes dS^T (this thread's A fragments of it, as accumulator_to_a packs them) into a [64 keys][64
+// queries] tile at shared address ds_tile with the 128-byte swizzle: the 16-byte chunk c of row r lives
+// at chunk c ^ (r % 8).
+__device__ __forceinline__ void store_ds_swizzled(uint32_t ds_tile, const uint32_t (&ds)[4][4], int warp_in_group,
+                                                  int lane) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < 8; ++j) {  // n8 block j of the accumulator: A fragment j / 2, registers 2 (j % 2) + half
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = warp_in_group * 16 + lane / 4 + half * 8;
       const int offset = row * 128 + ((j ^ (row % 8)) << 4) + (lane % 4) * 4;
-      st_shared_u32(ds_tile + offset, Ops::pack(ds[4 * j + 2 * half], ds[4 * j + 2 * half + 1]));
+      st_shared_u32(ds_tile + offset, ds[j / 2][2 * (j % 2) + half]);
     }
+  }
+}
+
+// The 16 query columns 8j + 2 (lane % 4) + {0, 1} of a step's statistics row (LSE or delta), from
+// `row` = its shared address plus (lane % 4) * 8 bytes, in the order of an accumulator's columns.
+__device__ __forceinline__ void load_query_columns(float (&values)[16], uint32_t row) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 v = ld_shared_f32x2(row + j * 32);
+    values[2 * j] = v.x;
+    values[2 * j + 1] = v.y;
   }
 }
 
@@ -279,13 +288,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
   const int key0 = n0 + consumer * 64;      // this warpgroup's keys: [key0, key0 + 64)
   const int dq_col0 = consumer * Cfg::kDqCols;
-  const unsigned char* k_rows = base + consumer * 64 * 128;
-  const unsigned char* v_rows = base + Cfg::kVOffset + consumer * 64 * 128;
-  const unsigned char* ds_tiles = base + Cfg::kDsOffset;  // both consumers' [64 keys][64 queries] dS^T
-  const uint32_t ds_tile = smem_u32(ds_tiles + consumer * Cfg::kDsBytes);
-  float* dq_stage = reinterpret_cast<float*>(base + Cfg::kDqOffset);  // [64][kHeadDim]
-  const uint32_t dq_stage_addr = smem_u32(dq_stage);
-  const uint32_t stats_addr = smem_u32(base + Cfg::kStatsOffset);
+  // Shared-memory addresses (the shared window's 32-bit form).
+  const uint32_t smem = smem_u32(base);
+  const uint32_t k_rows = smem + consumer * 64 * 128;
+  const uint32_t v_rows = smem + Cfg::kVOffset + consumer * 64 * 128;
+  const uint32_t ds_tiles = smem + Cfg::kDsOffset;  // both consumers' [64 keys][64 queries] dS^T
+  const uint32_t ds_tile = ds_tiles + consumer * Cfg::kDsBytes;
+  const float* dq_stage = reinterpret_cast<const float*>(base + Cfg::kDqOffset);  // [64][kHeadDim]
+  const uint32_t dq_stage_addr = smem + Cfg::kDqOffset;
+  const uint32_t stats_addr = smem + Cfg::kStatsOffset;
   constexpr uint32_t kConsumerBarrier = 1;  // named barrier of the 256 consumer threads
 
   float dk[Cfg::kHeadDim / 2], dv[Cfg::kHeadDim / 2];
@@ -298,9 +309,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     const int stage = iter % kStages;
     const int head = steps.head(step, kv_head);
     const int m0 = steps.m0<kBlockM>(step);
-    const unsigned char* q_tile = base + Cfg::kQOffset + stage * Cfg::kQBytes;
-    const unsigned char* do_tile = base + Cfg::kDoOffset + stage * Cfg::kQBytes;
-
+    const uint32_t q_tile = smem + Cfg::kQOffset + stage * Cfg::kQBytes;
+    const uint32_t do_tile = smem + Cfg::kDoOffset + stage * Cfg::kQBytes;
     float s[32], dp[32];
     mbar_wait(&bars.qdo_full[stage], (iter / kStages) & 1);
     wgmma_fence();
@@ -309,19 +319,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     issue_keys_by_queries<T, Cfg>(dp, v_rows, do_tile);
     wgmma_commit();
     // This thread's 16 query columns 8j + 2 (lane % 4) + {0, 1}: LSE (base 2; +inf past the end, so
-    // P = 0 there) and delta, from the stage.
-    float lse[16], delta[16];
+    // P = 0 there), then delta, from the stage.
     const uint32_t stats = stats_addr + stage * Cfg::kStatsBytes + (lane % 4) * 8;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 l = ld_shared_f32x2(stats + j * 32);
-      const float2 d = ld_shared_f32x2(stats + kBlockM * 4 + j * 32);
-      lse[2 * j] = l.x;
-      lse[2 * j + 1] = l.y;
-      delta[2 * j] = d.x;
-      delta[2 * j + 1] = d.y;
-    }
-    wgmma_wait<1>();
+    float lse[16];
+    load_query_columns(lse, stats);
+    wgmma_wait<1>();  // S^T is ready; dP^T may still run while P^T is computed
     fence_registers(s);
     // P^T; keys this query may not see get 0 (only blocks on the causal diagonal or past the end).
     const sm80::MaskView<T> mask = kMasked ? walk.mask(step) : sm80::MaskView<T>();
@@ -341,17 +343,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
         s[i] = visible ? exp2f(x) : 0.f;
       }
     } else {
+      // key_visible with the indices split into this thread's first row / column and per-element
+      // constants: element i has key key_row + 8 ((i % 4) / 2) and query query_col + 8 (i / 4) + i % 2.
+      const int key_row = key0 + accumulator_row(0, warp_in_group, lane);
+      const int keys_left = sh.seqlen_k - key_row;
+      const int diagonal = sh.is_causal ? m0 + accumulator_col(0, lane) + sh.causal_offset - key_row : kBlockM;
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int c = 2 * (i / 4) + i % 2;  // index of this element's query column in lse / delta
         s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[c]));
         if (needs_mask) {
-          const int key = key0 + accumulator_row(i, warp_in_group, lane);
-          const int query = m0 + accumulator_col(i, lane);
-          s[i] = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset) ? s[i] : 0.f;
+          const int key_step = 8 * ((i % 4) / 2), query_step = 8 * (i / 4) + i % 2;
+          s[i] = (key_step < keys_left) & (key_step - query_step <= diagonal) ? s[i] : 0.f;
         }
       }
     }
+    float delta[16];
+    load_query_columns(delta, stats + kBlockM * 4);
     wgmma_wait<0>();
     fence_registers(dp);
 #pragma unroll
@@ -364,19 +372,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     uint32_t p_frag[4][4], ds_frag[4][4];
     accumulator_to_a<T, 64>(p_frag, s);
     accumulator_to_a<T, 64>(ds_frag, dp);
-    store_ds_swizzled<T>(ds_tile, dp, warp_in_group, lane);
+    store_ds_swizzled(ds_tile, ds_frag, warp_in_group, lane);
     fence_proxy_async_shared();
-    if (reducer) bulk_wait_read();                // the previous step's dQ reduction has left dq_stage
-    named_barrier_sync(kConsumerBarrier, 256);    // both dS^T tiles complete, dq_stage free
+    if (reducer) bulk_wait_read();              // the previous step's dQ reduction has left dq_stage
+    named_barrier_sync(kConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free
 
     float dq[Cfg::kDqCols / 2];
     wgmma_fence();
     issue_keys_by_dims<T, Cfg>(dv, p_frag, do_tile);
     issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
     wgmma_commit();
-    issue_dq<T, Cfg>(dq, ds_tiles, base, dq_col0);
+    issue_dq<T, Cfg>(dq, ds_tiles, smem, dq_col0);
     wgmma_commit();
-    wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO
+    wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO (and the next S^T, dP^T with them)
     fence_registers(dv);
     fence_registers(dk);
     fence_registers(p_frag);

@@ -118,13 +118,16 @@ __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
 // Matrix descriptor of a shared tile stored with the 128-byte swizzle (the layout TMA writes with
 // CU_TENSOR_MAP_SWIZZLE_128B): start address, leading and stride byte offsets (see Wgmma's users for
 // what they mean for each operand).
-__device__ __forceinline__ uint64_t smem_desc_sw128(const void* ptr, uint32_t leading_bytes, uint32_t stride_bytes) {
+__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
   uint64_t desc = 0;
-  desc |= static_cast<uint64_t>((smem_u32(ptr) & 0x3FFFF) >> 4);
+  desc |= static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
   desc |= static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16;
   desc |= static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32;
   desc |= static_cast<uint64_t>(1) << 62;  // layout type 1: 128-byte swizzle
   return desc;
+}
+__device__ __forceinline__ uint64_t smem_desc_sw128(const void* ptr, uint32_t leading_bytes, uint32_t stride_bytes) {
+  return smem_desc_sw128(smem_u32(ptr), leading_bytes, stride_bytes);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
