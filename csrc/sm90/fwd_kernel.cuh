@@ -1,7 +1,7 @@
 // Forward attention on the sm90 path: TMA, mbarriers, wgmma and warp specialisation (sm_90a only).
 //
-// CTAs walk the tiles: (128-query block, query head, batch); persistent (one per SM) without causal
-// masking, one per tile with it (see launch_fwd_with_config). Three warpgroups:
+// Persistent CTAs (at most one per SM) walk the tiles, (128-query block, query head, batch), in pairs
+// of equal causal cost (FwdSchedule). Three warpgroups:
 //   warpgroup 0, the producer: one thread issues TMA loads of each tile's Q block and of its K and V
 //     blocks into rings of kStages shared-memory stages. A stage is "full" when its bytes have landed
 //     (an mbarrier with the transaction count) and "empty" when every consumer warp is done with it.
@@ -19,8 +19,7 @@
 // units before the softmax (which then runs them with scale 1): a huge mask value such as finfo.min
 // must not meet the fused scale-and-subtract of raw scores, whose rounding residual at 1e30 is itself
 // about 1e22. Blocks the mask leaves alone go through the softmax as raw scores, as without a mask.
-// A CTA then runs one tile, as with causal masking, since tiles differ in cost. The kMasked variant
-// also applies dropout (params.dropout, with or without a mask): after the softmax has summed P, each
+// The kMasked variant also applies dropout (params.dropout, with or without a mask): after the softmax has summed P, each
 // probability is kept or zeroed by the keep-mask of common/dropout.h (this overlaps the PV GEMM of
 // the previous block), and the epilogue scales O by 1 / (1 - p).
 //
@@ -138,6 +137,35 @@ struct FwdTile {
   }
 };
 
+// Which tiles a CTA runs. With kTilesPerUnit = 2, the query blocks of each (query head, batch) are
+// paired, block j with block num_m - 1 - j (the middle block alone when num_m is odd): under causal
+// masking, or a causal-shaped mask, every pair then costs the same, so CTA c can simply run pairs c,
+// c + gridDim.x, ... (heavier block first) and no SM is left with much more work than another, while
+// each CTA's next tile loads during its current tile's epilogue. Consecutive pairs share a head, so
+// the CTAs running at once read the same K and V (L2 hits). With 1, a unit is one tile (when the tiles
+// fit in one wave, pairing would only halve the CTAs).
+struct FwdSchedule {
+  int num_m, units_per_head, tiles_per_unit;
+
+  __device__ __forceinline__ FwdSchedule(const AttentionShape& sh, int block_m, int tiles_per_unit_)
+      : num_m((sh.seqlen_q + block_m - 1) / block_m),
+        units_per_head(tiles_per_unit_ == 2 ? (num_m + 1) / 2 : num_m),
+        tiles_per_unit(tiles_per_unit_) {}
+  __device__ __forceinline__ int num_units(const AttentionShape& sh) const {
+    return units_per_head * sh.heads_q * sh.batch;
+  }
+  // Tiles in unit `unit` (1 or 2), and FwdTile::at's index of its tile `i`.
+  __device__ __forceinline__ int tiles_in(int unit) const {
+    return tiles_per_unit == 2 && 2 * (unit % units_per_head) + 1 != num_m ? 2 : 1;
+  }
+  __device__ __forceinline__ int tile(int unit, int i) const {
+    if (tiles_per_unit == 1) return unit;
+    const int j = unit % units_per_head;
+    const int m_block = i == 0 ? num_m - 1 - j : j;
+    return unit / units_per_head * num_m + (num_m - 1 - m_block);
+  }
+};
+
 // The key blocks a tile visits: from block n on, the first one the mask does not exclude entirely
 // (all of them without a mask); num_n_blocks when none is left.
 template <typename T, bool kMasked>
@@ -161,11 +189,12 @@ struct KeyBlockWalk {
 // released the stage's previous contents. The ring position runs on across tiles.
 template <typename T, typename Cfg, bool kMasked>
 __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsigned char* q_smem,
-                        unsigned char* k_smem, unsigned char* v_smem, const FwdParams& p, int num_tiles) {
+                        unsigned char* k_smem, unsigned char* v_smem, const FwdParams& p, const FwdSchedule& sched) {
   const AttentionShape& sh = p.shape;
   int kv_iter = 0, q_iter = 0;
-  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const FwdTile t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(tile, sh);
+  for (int unit = blockIdx.x; unit < sched.num_units(sh); unit += gridDim.x)
+  for (int i = 0; i < sched.tiles_in(unit); ++i) {
+    const FwdTile t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(sched.tile(unit, i), sh);
     const KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
     if (walk.next(0) >= t.num_n_blocks) continue;
     if (q_iter > 0) mbar_wait(&bars.q_empty, (q_iter - 1) & 1);
@@ -362,7 +391,7 @@ __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (
 
 template <typename T, typename Cfg, bool kMasked>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdTensorMaps maps,
-                                                               const FwdParams p) {
+                                                               const FwdParams p, int tiles_per_unit) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Built for another architecture too (sm_80): never launched there (see sm90/api.h).
   __trap();
@@ -376,7 +405,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   auto& bars = *reinterpret_cast<FwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
 
   const AttentionShape& sh = p.shape;
-  const int num_tiles = ((sh.seqlen_q + kBlockM - 1) / kBlockM) * sh.heads_q * sh.batch;
+  const FwdSchedule sched(sh, kBlockM, tiles_per_unit);
   const int warpgroup = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -397,7 +426,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) produce<T, Cfg, kMasked>(maps, bars, q_smem, k_smem, v_smem, p, num_tiles);
+    if (threadIdx.x == 0) produce<T, Cfg, kMasked>(maps, bars, q_smem, k_smem, v_smem, p, sched);
     return;
   }
   registers_increase<Cfg::kConsumerRegisters>();
@@ -409,8 +438,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   const unsigned char* q_rows = q_smem + consumer * 64 * 128;
   int kv_iter = 0, q_iter = 0;  // ring and Q positions, in step with the producer
 
-  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const FwdTile t = FwdTile::at<kBlockM, kBlockN>(tile, sh);
+  for (int unit = blockIdx.x; unit < sched.num_units(sh); unit += gridDim.x)
+  for (int i = 0; i < sched.tiles_in(unit); ++i) {
+    const FwdTile t = FwdTile::at<kBlockM, kBlockN>(sched.tile(unit, i), sh);
     const int row0 = t.m0 + row_in_tile;
     const int first_row = t.m0 + consumer * 64;  // of this warpgroup
     float o[Cfg::kHeadDim / 2];
@@ -527,22 +557,20 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const int64_t num_tiles = static_cast<int64_t>((sh.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * sh.heads_q * sh.batch;
   if (num_tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  // Without causal masking every tile costs the same: persistent CTAs, one per SM, each walking tiles
-  // blockIdx.x, + gridDim.x, ... so the loads of its next tile overlap the epilogue of the current
-  // one. Causal tiles differ in cost, and a static walk leaves some SMs with several times the work of
-  // others: one CTA per tile, longest first, lets the hardware balance them.
-  int grid = static_cast<int>(num_tiles);
-  if (!sh.is_causal && !kMasked) {
-    int device = 0, num_sms = 0;
-    err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
-    if (err != cudaSuccess) return err;
-    grid = grid < num_sms ? grid : num_sms;
-  }
+  // Persistent CTAs, at most one per SM (see FwdSchedule); tiles go in pairs unless they all fit in
+  // one wave.
+  int device = 0, num_sms = 0;
+  err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const int num_m = (sh.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int tiles_per_unit = num_tiles > num_sms ? 2 : 1;
+  const int64_t num_units = (tiles_per_unit == 2 ? (num_m + 1) / 2 : num_m) * static_cast<int64_t>(sh.heads_q) * sh.batch;
+  const int grid = static_cast<int>(num_units < num_sms ? num_units : num_sms);
   auto kernel = fwd_kernel<T, Cfg, kMasked>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p, tiles_per_unit);
   return cudaGetLastError();
 }
 
