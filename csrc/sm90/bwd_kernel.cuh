@@ -5,9 +5,10 @@
 //
 // Main kernel: one CTA per (128-key block, kv head, batch), three warpgroups.
 //   Warpgroup 0, the producer: one thread loads the CTA's K and V blocks once, then for every step
-//     (query head of the GQA group x 64-query block that sees these keys) Q, dO and the step's LSE and
-//     delta into a ring of kStages stages, each released by the consumer warps when their GEMMs are
-//     done with it.
+//     (query head of the GQA group x 64-query block that sees these keys) Q and dO into a ring of
+//     kStages stages, each released by the consumer warps when their GEMMs are done with it. The
+//     step's LSE and delta go beside them in the stage, copied one step ahead by the first consumer
+//     warp (cp.async, ordinary shared-memory writes that the consumers' barriers order).
 //   Warpgroups 1 and 2, the consumers: each owns 64 of the keys:
 //     S^T = K Q^T and dP^T = V dO^T (wgmma from shared memory), P^T = exp2(S^T scale - LSE) and
 //     dS^T = P^T (dP^T - delta) in registers; dV += P^T dO and dK += dS^T Q with P^T, dS^T as register
@@ -119,7 +120,7 @@ struct BwdStepWalk {
 };
 
 template <typename T, typename Cfg, bool kMasked>
-__device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, unsigned char* base,
+__device__ void produce_bwd(const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, unsigned char* base,
                             int n0, int kv_head, int batch, const BwdSteps& steps, const BwdStepWalk<T, kMasked>& walk) {
   mbar_arrive_expect_tx(&bars.kv_full, 2 * Cfg::kKVBytes);
   tma_load_tile<Cfg::kColBlocks>(base, &maps.k, &bars.kv_full, n0, kv_head, batch, Cfg::kKVColBlockBytes);
@@ -132,16 +133,11 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
     if (use > 0) mbar_wait(&bars.qdo_empty[stage], (use - 1) & 1);
     const int head = steps.head(step, kv_head);
     const int m0 = steps.m0<Cfg::kBlockM>(step);
-    mbar_arrive_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes + Cfg::kStatsBytes);
+    mbar_arrive_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes);
     tma_load_tile<Cfg::kColBlocks>(base + Cfg::kQOffset + stage * Cfg::kQBytes, &maps.q, &bars.qdo_full[stage], m0,
                                    head, batch, Cfg::kQColBlockBytes);
     tma_load_tile<Cfg::kColBlocks>(base + Cfg::kDoOffset + stage * Cfg::kQBytes, &maps.dout, &bars.qdo_full[stage],
                                    m0, head, batch, Cfg::kQColBlockBytes);
-    // The padded statistics rows (see BwdParams) make every step's 64 entries whole and 16-byte aligned.
-    const int64_t stats_offset = (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0;
-    unsigned char* stats = base + Cfg::kStatsOffset + stage * Cfg::kStatsBytes;
-    bulk_load(stats, p.lse_log2 + stats_offset, Cfg::kBlockM * 4, &bars.qdo_full[stage]);
-    bulk_load(stats + Cfg::kBlockM * 4, p.delta + stats_offset, Cfg::kBlockM * 4, &bars.qdo_full[stage]);
   }
 }
 
@@ -275,7 +271,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) produce_bwd<T, Cfg, kMasked>(p, maps, bars, base, n0, kv_head, batch, steps, walk);
+    if (threadIdx.x == 0) produce_bwd<T, Cfg, kMasked>(maps, bars, base, n0, kv_head, batch, steps, walk);
     return;
   }
   registers_increase<Cfg::kConsumerRegisters>();
@@ -303,9 +299,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 #pragma unroll
   for (int i = 0; i < Cfg::kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
 
+  // The LSE and delta of step `step`, run as iteration `iter`, into its stage: 32 chunks of 16 bytes, one
+  // per lane of the first consumer warp (the padded statistics rows of BwdParams make them whole and
+  // aligned). That warp waits for them before the next consumer barrier, after which all may read.
+  const bool stats_loader = consumer == 0 && warp_in_group == 0;
+  auto load_stats = [&](int step, int iter) {
+    const int64_t row = (static_cast<int64_t>(batch) * sh.heads_q + steps.head(step, kv_head)) * p.stats_stride +
+                        steps.m0<kBlockM>(step);
+    const float* src = (lane < 16 ? p.lse_log2 : p.delta) + row + (lane % 16) * 4;
+    sm80::cp_async_16(base + Cfg::kStatsOffset + (iter % kStages) * Cfg::kStatsBytes + lane * 16, src, true);
+    sm80::cp_async_commit();
+  };
+  static_assert(Cfg::kStatsBytes == 32 * 16, "one 16-byte chunk per lane");
+
+  int step = walk.next(0);
+  if (stats_loader && step < steps.count()) {
+    load_stats(step, 0);
+    sm80::cp_async_wait<0>();
+  }
+  named_barrier_sync(kConsumerBarrier, 256);
   mbar_wait(&bars.kv_full, 0);
-  int iter = 0;  // steps run so far: picks the ring stage, as in produce_bwd
-  for (int step = walk.next(0); step < steps.count(); step = walk.next(step + 1), ++iter) {
+  for (int iter = 0; step < steps.count(); ++iter) {  // iter: steps run so far, as in produce_bwd
+    const int next = walk.next(step + 1);
     const int stage = iter % kStages;
     const int head = steps.head(step, kv_head);
     const int m0 = steps.m0<kBlockM>(step);
@@ -375,7 +390,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     store_ds_swizzled(ds_tile, ds_frag, warp_in_group, lane);
     fence_proxy_async_shared();
     if (reducer) bulk_wait_read();              // the previous step's dQ reduction has left dq_stage
-    named_barrier_sync(kConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free
+    named_barrier_sync(kConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free, stats read
+    // The next step's stage was last read in the step before this one.
+    if (stats_loader && next < steps.count()) load_stats(next, iter + 1);
 
     float dq[Cfg::kDqCols / 2];
     wgmma_fence();
@@ -399,7 +416,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       st_shared_f32x2(dq_stage_addr + (row * Cfg::kHeadDim + col) * 4, dq[i], dq[i + 1]);
     }
     fence_proxy_async_shared();
-    // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
+    if (stats_loader) sm80::cp_async_wait<0>();
+    // dq_stage complete, the next step's statistics landed; also, neither consumer rewrites its dS^T
+    // tile before both dQ GEMMs are done.
     named_barrier_sync(kConsumerBarrier, 256);
     if (reducer) {
       const int rows = min(kBlockM, sh.seqlen_q - m0);
@@ -407,6 +426,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       bulk_reduce_add_f32(p.dq_accum + (row_offset + m0) * Cfg::kHeadDim, dq_stage, rows * Cfg::kHeadDim * 4);
       bulk_commit();
     }
+    step = next;
   }
   if (reducer) bulk_wait();
 
