@@ -80,6 +80,8 @@ struct FwdParams {
 // Rows of the backward's statistics workspaces are padded to a multiple of this many queries: the
 // largest query block of any backward kernel.
 constexpr int kBwdStatsAlign = 128;
+// BwdParams::stats_stride for seqlen_q queries.
+constexpr int64_t bwd_stats_stride(int64_t seqlen_q) { return (seqlen_q + kBwdStatsAlign - 1) / kBwdStatsAlign * kBwdStatsAlign; }
 
 struct BwdParams {
   AttentionShape shape;

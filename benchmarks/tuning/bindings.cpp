@@ -59,7 +59,7 @@ std::vector<at::Tensor> bwd(int variant, at::Tensor dout, at::Tensor q, at::Tens
   TORCH_CHECK(q.size(3) == d);
   auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   auto dq_accum = at::zeros({q.size(0), q.size(2), q.size(1), d}, q.options().dtype(at::kFloat));
-  const int64_t stats_stride = (q.size(1) + flashattn::kBwdStatsAlign - 1) / flashattn::kBwdStatsAlign * flashattn::kBwdStatsAlign;
+  const int64_t stats_stride = flashattn::bwd_stats_stride(q.size(1));
   auto delta = at::empty({q.size(0), q.size(2), stats_stride}, q.options().dtype(at::kFloat));
   auto lse_log2 = at::empty_like(delta);
   flashattn::BwdParams p;
