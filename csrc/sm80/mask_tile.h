@@ -58,13 +58,51 @@ struct MaskView {
   // times log2(e) (floored at kMaskFloorLog2, -inf and NaN kept) for an additive one.
   __device__ __forceinline__ float add_log2(int query, int key) const {
     const int64_t offset = query * row_stride + key * col_stride;
-    if (kind == MaskKind::kBool) return base[offset] != 0 ? 0.f : -INFINITY;
+    return add_log2_at(base, offset);
+  }
+  // add_log2 of key `key` of a row from row().
+  __device__ __forceinline__ float add_log2_in_row(const unsigned char* row_bytes, int key) const {
+    return add_log2_at(row_bytes, key * col_stride);
+  }
+  __device__ __forceinline__ float add_log2_at(const unsigned char* from, int64_t offset) const {
+    if (kind == MaskKind::kBool) return from[offset] != 0 ? 0.f : -INFINITY;
     const float value = kind == MaskKind::kAdditiveFloat32
-                            ? reinterpret_cast<const float*>(base)[offset]
-                            : ElementOps<T>::to_float(reinterpret_cast<const T*>(base)[offset]);
+                            ? reinterpret_cast<const float*>(from)[offset]
+                            : ElementOps<T>::to_float(reinterpret_cast<const T*>(from)[offset]);
+    return additive_log2(value);
+  }
+  __device__ __forceinline__ static float additive_log2(float value) {
     if (value == -INFINITY) return value;
     const float x = value * 1.4426950408889634f;  // -inf when a finite value overflows
     return x < kMaskFloorLog2 ? kMaskFloorLog2 : x;  // a NaN stays NaN
+  }
+
+  // Whether keys 2k and 2k + 1 of a row can be read as one aligned load (pair_add_log2): contiguous
+  // keys, an even row stride, an aligned base and an even seqlen_k (so the pair of a key inside the
+  // row never reaches past it).
+  __device__ __forceinline__ bool pairs_readable(int seqlen_k) const {
+    const int bytes = mask_element_bytes<T>(kind);
+    return col_stride == 1 && row_stride % 2 == 0 && seqlen_k % 2 == 0 &&
+           reinterpret_cast<uintptr_t>(base) % (2 * bytes) == 0;
+  }
+  // Row `query` of the mask, for pair_add_log2.
+  __device__ __forceinline__ const unsigned char* row(int query) const {
+    return base + query * row_stride * mask_element_bytes<T>(kind);
+  }
+  // add_log2 of keys `key` (even) and key + 1 of a row from row(), in one load (pairs_readable()).
+  __device__ __forceinline__ float2 pair_add_log2(const unsigned char* row_bytes, int key) const {
+    if (kind == MaskKind::kBool) {
+      const uint16_t two = *reinterpret_cast<const uint16_t*>(row_bytes + key);
+      return make_float2((two & 0xff) ? 0.f : -INFINITY, (two >> 8) ? 0.f : -INFINITY);
+    }
+    if (kind == MaskKind::kAdditiveFloat32) {
+      const float2 v = reinterpret_cast<const float2*>(row_bytes)[key / 2];
+      return make_float2(additive_log2(v.x), additive_log2(v.y));
+    }
+    const uint32_t two = reinterpret_cast<const uint32_t*>(row_bytes)[key / 2];
+    const T* values = reinterpret_cast<const T*>(&two);
+    return make_float2(additive_log2(ElementOps<T>::to_float(values[0])),
+                       additive_log2(ElementOps<T>::to_float(values[1])));
   }
 };
 

@@ -321,6 +321,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   mbar_wait(&bars.kv_full, 0);
   for (int iter = 0; step < steps.count(); ++iter) {  // iter: steps run so far, as in produce_bwd
     const int next = walk.next(step + 1);
+    // The next step's statistics, a whole step ahead of their use (at tile width 64 the GEMMs between
+    // the two consumer barriers are too short to hide a global load). Their stage was last read in the
+    // step before this one, before the barriers that ended it.
+    if (stats_loader && next < steps.count()) load_stats(next, iter + 1);
     const int stage = iter % kStages;
     const int head = steps.head(step, kv_head);
     const int m0 = steps.m0<kBlockM>(step);
@@ -391,8 +395,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     fence_proxy_async_shared();
     if (reducer) bulk_wait_read();              // the previous step's dQ reduction has left dq_stage
     named_barrier_sync(kConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free, stats read
-    // The next step's stage was last read in the step before this one.
-    if (stats_loader && next < steps.count()) load_stats(next, iter + 1);
 
     float dq[Cfg::kDqCols / 2];
     wgmma_fence();

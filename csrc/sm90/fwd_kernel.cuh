@@ -263,14 +263,36 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
 template <int kBlockN, typename T>
 __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int row0, int lane, const AttentionShape& sh,
                                             const sm80::MaskView<T>& mask, bool mask_needed) {
+  // Elements 4j + 2 half + {0, 1} are keys (key, key + 1) of row row0 + 8 half: the row's address is
+  // computed once, and a pair is one load where the mask's layout allows it.
+  const bool pairs = mask_needed && mask.pairs_readable(sh.seqlen_k);
 #pragma unroll
-  for (int i = 0; i < kBlockN / 2; ++i) {
-    const int key = n0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
-    const int query = row0 + ((i % 4) / 2) * 8;
-    const bool visible = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
-    float x = s[i] * sh.scale_log2;
-    if (mask_needed && visible && query < sh.seqlen_q) x += mask.add_log2(query, key);
-    s[i] = visible ? x : -INFINITY;
+  for (int half = 0; half < 2; ++half) {
+    const int query = row0 + half * 8;
+    const unsigned char* row = mask_needed ? mask.row(query) : nullptr;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      const int key = n0 + j * 8 + (lane % 4) * 2;
+      float& s0 = s[4 * j + 2 * half];
+      float& s1 = s[4 * j + 2 * half + 1];
+      const bool visible0 = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
+      const bool visible1 = key_visible(query, key + 1, sh.seqlen_k, sh.is_causal, sh.causal_offset);
+      float x0 = s0 * sh.scale_log2, x1 = s1 * sh.scale_log2;
+      if (mask_needed && query < sh.seqlen_q) {
+        if (pairs) {
+          if (visible0 | visible1) {
+            const float2 term = mask.pair_add_log2(row, key);
+            x0 += term.x;
+            x1 += term.y;
+          }
+        } else {
+          if (visible0) x0 += mask.add_log2_in_row(row, key);
+          if (visible1) x1 += mask.add_log2_in_row(row, key + 1);
+        }
+      }
+      s0 = visible0 ? x0 : -INFINITY;
+      s1 = visible1 ? x1 : -INFINITY;
+    }
   }
 }
 
