@@ -52,17 +52,21 @@ enum class MaskKind : int {
 // Bits of a tile class (sm80::classify_mask_tiles): what a kernel tile of the mask holds.
 constexpr unsigned char kTileAnyVisible = 1;  // some element lets its key take part (else: skip the tile)
 constexpr unsigned char kTileNeedsMask = 2;   // some element is not neutral (False, or a value != 0)
+// Classes a kernel reads at once (16 bytes); the class rows are padded to a multiple of it.
+constexpr int kClassWindow = 16;
 
 struct MaskParams {
   MaskKind kind = MaskKind::kNone;
   const void* data = nullptr;
   int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 0;  // in elements
   // Optional per-tile summary: class of query tile tq, key tile tk of (b, h) at
-  // tile_class[b * class_batch_stride + h * class_head_stride + tq * tiles_k + tk], for tiles of
-  // tile_q x tile_k (the kernel's own tile shape). nullptr: every tile is read element by element.
+  // tile_class[b * class_batch_stride + h * class_head_stride + tq * class_row_stride + tk], for tiles
+  // of tile_q x tile_k (the kernel's own tile shape). nullptr: every tile is read element by element.
+  // A row holds tiles_k classes and is padded with zeros (skip) to class_row_stride, a multiple of
+  // kClassWindow, so that a kernel can read a row kClassWindow classes at a time with one aligned load.
   const unsigned char* tile_class = nullptr;
   int64_t class_batch_stride = 0, class_head_stride = 0;
-  int tile_q = 0, tile_k = 0, tiles_k = 0;
+  int tile_q = 0, tile_k = 0, tiles_k = 0, class_row_stride = 0;
 };
 
 struct FwdParams {

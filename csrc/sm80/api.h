@@ -21,9 +21,10 @@ TileShape fwd_tile_shape(int head_dim);
 TileShape bwd_tile_shape(int head_dim);
 
 // Writes the class (kTileAnyVisible | kTileNeedsMask bits) of every mask tile of tile_q x tile_k
-// elements (mask.tile_q, mask.tile_k, mask.tiles_k = ceil(seqlen_k / tile_k) must be set) into
-// out [batches, heads, ceil(seqlen_q / tile_q), tiles_k] contiguous, for batches x heads distinct
-// (batch, head) slices of the mask (1 along a broadcast dim). mask.tile_class is not read.
+// elements (mask.tile_q, mask.tile_k, mask.tiles_k = ceil(seqlen_k / tile_k) and mask.class_row_stride
+// must be set) into out [batches, heads, ceil(seqlen_q / tile_q), class_row_stride] contiguous, zeros
+// past tiles_k, for batches x heads distinct (batch, head) slices of the mask (1 along a broadcast
+// dim). mask.tile_class is not read.
 cudaError_t classify_mask_tiles(const MaskParams& mask, ElementType element_type, int batches, int heads,
                                 int seqlen_q, int seqlen_k, unsigned char* out, cudaStream_t stream);
 

@@ -31,7 +31,8 @@ struct MaskView {
   const unsigned char* base = nullptr;  // element (batch, head, 0, 0), as bytes
   int64_t row_stride = 0, col_stride = 0;  // in elements
   MaskKind kind = MaskKind::kNone;
-  const unsigned char* classes = nullptr;  // [tiles_k] classes of this query tile; nullptr: read every element
+  // [class_row_stride] classes of this query tile, 16-byte aligned; nullptr: read every element
+  const unsigned char* classes = nullptr;
 
   MaskView() = default;
   __device__ __forceinline__ MaskView(const MaskParams& m, int batch, int head, int query_tile) {
@@ -42,7 +43,7 @@ struct MaskView {
     kind = m.kind;
     classes = m.tile_class == nullptr ? nullptr
                                       : m.tile_class + batch * m.class_batch_stride + head * m.class_head_stride +
-                                            static_cast<int64_t>(query_tile) * m.tiles_k;
+                                            static_cast<int64_t>(query_tile) * m.class_row_stride;
   }
 
   // Whether key tile `key_tile` of this query tile can be skipped (the mask excludes every element).

@@ -17,15 +17,21 @@ namespace {
 
 constexpr int kClassifyThreads = 256;
 
-// One CTA per tile; out [batches, heads, tiles_q, tiles_k] contiguous, in blockIdx.x order.
+// One CTA per class: out [batches, heads, tiles_q, class_row_stride] contiguous, in blockIdx.x order.
+// Warp w reads rows w, w + 8, ... of the tile, its lanes 32 adjacent keys at a time (coalesced, no
+// divisions); a row-broadcast mask (row stride 0) has one distinct row, read once.
 template <typename T>
 __global__ void __launch_bounds__(kClassifyThreads) classify_mask_tiles_kernel(const MaskParams m, int heads,
                                                                                int seqlen_q, int seqlen_k,
                                                                                int tiles_q, unsigned char* out) {
   const int64_t tile = blockIdx.x;
-  const int key_tile = static_cast<int>(tile % m.tiles_k);
-  const int query_tile = static_cast<int>((tile / m.tiles_k) % tiles_q);
-  const int64_t batch_head = tile / m.tiles_k / tiles_q;
+  const int key_tile = static_cast<int>(tile % m.class_row_stride);
+  if (key_tile >= m.tiles_k) {  // row padding
+    if (threadIdx.x == 0) out[tile] = 0;
+    return;
+  }
+  const int query_tile = static_cast<int>((tile / m.class_row_stride) % tiles_q);
+  const int64_t batch_head = tile / m.class_row_stride / tiles_q;
   const int head = static_cast<int>(batch_head % heads);
   const int64_t batch = batch_head / heads;
   const int64_t first = batch * m.batch_stride + head * m.head_stride;  // element (batch, head, 0, 0)
@@ -34,19 +40,25 @@ __global__ void __launch_bounds__(kClassifyThreads) classify_mask_tiles_kernel(c
   const float* floats = static_cast<const float*>(m.data);
 
   const int q0 = query_tile * m.tile_q, k0 = key_tile * m.tile_k;
-  const int rows = min(m.tile_q, seqlen_q - q0), cols = min(m.tile_k, seqlen_k - k0);
+  const int rows = m.row_stride == 0 ? 1 : min(m.tile_q, seqlen_q - q0);
+  const int cols = min(m.tile_k, seqlen_k - k0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   bool visible = false, not_neutral = false;
-  for (int idx = threadIdx.x; idx < rows * cols; idx += kClassifyThreads) {
-    const int64_t offset = first + (q0 + idx / cols) * m.row_stride + (k0 + idx % cols) * m.col_stride;
-    if (m.kind == MaskKind::kBool) {
-      const bool keep = bytes[offset] != 0;
-      visible |= keep;
-      not_neutral |= !keep;
-    } else {
-      const float value =
-          m.kind == MaskKind::kAdditiveFloat32 ? floats[offset] : ElementOps<T>::to_float(values[offset]);
-      visible |= value != -INFINITY;  // NaN counts as visible: it must reach the output
-      not_neutral |= value != 0.f;
+  for (int r = warp; r < rows && !(visible && not_neutral); r += kClassifyThreads / 32) {
+    const int64_t row = first + (q0 + r) * m.row_stride + k0 * m.col_stride;
+#pragma unroll 4
+    for (int c = lane; c < cols; c += 32) {
+      const int64_t offset = row + c * m.col_stride;
+      if (m.kind == MaskKind::kBool) {
+        const bool keep = bytes[offset] != 0;
+        visible |= keep;
+        not_neutral |= !keep;
+      } else {
+        const float value =
+            m.kind == MaskKind::kAdditiveFloat32 ? floats[offset] : ElementOps<T>::to_float(values[offset]);
+        visible |= value != -INFINITY;  // NaN counts as visible: it must reach the output
+        not_neutral |= value != 0.f;
+      }
     }
   }
   const bool any_visible = __syncthreads_or(visible);
@@ -61,9 +73,12 @@ __global__ void __launch_bounds__(kClassifyThreads) classify_mask_tiles_kernel(c
 cudaError_t classify_mask_tiles(const MaskParams& m, ElementType element_type, int batches, int heads,
                                 int seqlen_q, int seqlen_k, unsigned char* out, cudaStream_t stream) {
   const int tiles_q = (seqlen_q + m.tile_q - 1) / m.tile_q;
-  const int64_t tiles = static_cast<int64_t>(batches) * heads * tiles_q * m.tiles_k;
+  const int64_t tiles = static_cast<int64_t>(batches) * heads * tiles_q * m.class_row_stride;
   if (tiles == 0) return cudaSuccess;
-  if (tiles > 0x7fffffff || m.tiles_k != (seqlen_k + m.tile_k - 1) / m.tile_k) return cudaErrorInvalidValue;
+  if (tiles > 0x7fffffff || m.tiles_k != (seqlen_k + m.tile_k - 1) / m.tile_k || m.class_row_stride < m.tiles_k ||
+      m.class_row_stride % kClassWindow != 0) {
+    return cudaErrorInvalidValue;
+  }
   const unsigned grid = static_cast<unsigned>(tiles);
   if (m.kind == MaskKind::kBool || element_type == ElementType::kFloat16) {
     classify_mask_tiles_kernel<__half><<<grid, kClassifyThreads, 0, stream>>>(m, heads, seqlen_q, seqlen_k, tiles_q, out);

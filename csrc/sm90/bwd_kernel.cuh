@@ -101,27 +101,60 @@ struct BwdSteps {
 };
 
 // The steps a CTA runs: from step i on, the first one whose mask tile does not exclude every element
-// (every step without a mask); steps.count() when none is left.
+// (every step without a mask); steps.count() when none is left. The classes of kClassWindow steps
+// are read at once (independent loads, one memory round trip) into bit sets: a class read between the
+// GEMMs of every step stalled the consumers for a round trip each time.
 template <typename T, bool kMasked>
 struct BwdStepWalk {
   const BwdParams& p;
   const BwdSteps& steps;
   int kv_head, batch, n_block;
+  uint32_t visible_bits = 0, needs_bits = 0;  // bit i: step window_first + i
+  int window_first = -kClassWindow;
 
   __device__ __forceinline__ sm80::MaskView<T> mask(int step) const {
     return sm80::MaskView<T>(p.mask, batch, steps.head(step, kv_head), steps.m_begin + step % steps.num_m);
   }
-  __device__ __forceinline__ int next(int step) const {
+  // Bit `step - window_first` of the classes (p.mask.tile_class set, step < steps.count()).
+  __device__ __forceinline__ uint32_t class_bit(int step) {
+    if (static_cast<unsigned>(step - window_first) >= static_cast<unsigned>(kClassWindow)) {
+      window_first = step;
+      visible_bits = needs_bits = 0;
+      const MaskParams& m = p.mask;
+      const unsigned char* column = m.tile_class + batch * m.class_batch_stride + n_block;
+#pragma unroll
+      for (int i = 0; i < kClassWindow; ++i) {
+        const int s = step + i;
+        if (s < steps.count()) {
+          const uint32_t c = column[steps.head(s, kv_head) * m.class_head_stride +
+                                    static_cast<int64_t>(steps.m_begin + s % steps.num_m) * m.class_row_stride];
+          visible_bits |= (c & kTileAnyVisible) << i;
+          needs_bits |= ((c & kTileNeedsMask) ? 1u : 0u) << i;
+        }
+      }
+    }
+    return 1u << (step - window_first);
+  }
+  __device__ __forceinline__ int next(int step) {
     if constexpr (kMasked) {
-      while (step < steps.count() && mask(step).skips(n_block)) ++step;
+      if (p.mask.tile_class != nullptr) {
+        while (step < steps.count() && !(visible_bits & class_bit(step))) ++step;
+      }
     }
     return step;
+  }
+  // Whether the mask's elements of step `step` (one next() returned, < steps.count()) must be read.
+  __device__ __forceinline__ bool needs_elements(int step) {
+    if constexpr (kMasked) {
+      return p.mask.kind != MaskKind::kNone && (p.mask.tile_class == nullptr || (needs_bits & class_bit(step)));
+    }
+    return false;
   }
 };
 
 template <typename T, typename Cfg, bool kMasked>
 __device__ void produce_bwd(const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, unsigned char* base,
-                            int n0, int kv_head, int batch, const BwdSteps& steps, const BwdStepWalk<T, kMasked>& walk) {
+                            int n0, int kv_head, int batch, const BwdSteps& steps, BwdStepWalk<T, kMasked> walk) {
   mbar_arrive_expect_tx(&bars.kv_full, 2 * Cfg::kKVBytes);
   tma_load_tile<Cfg::kColBlocks>(base, &maps.k, &bars.kv_full, n0, kv_head, batch, Cfg::kKVColBlockBytes);
   tma_load_tile<Cfg::kColBlocks>(base + Cfg::kVOffset, &maps.v, &bars.kv_full, n0, kv_head, batch,
@@ -253,7 +286,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   steps.m_begin = first_query / kBlockM;
   steps.num_m = first_query < sh.seqlen_q ? (sh.seqlen_q + kBlockM - 1) / kBlockM - steps.m_begin : 0;
   const int warpgroup = threadIdx.x / 128;
-  const BwdStepWalk<T, kMasked> walk{p, steps, kv_head, batch, n_block};
+  BwdStepWalk<T, kMasked> walk{p, steps, kv_head, batch, n_block};
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&maps.q);
@@ -320,6 +353,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   named_barrier_sync(kConsumerBarrier, 256);
   mbar_wait(&bars.kv_full, 0);
   for (int iter = 0; step < steps.count(); ++iter) {  // iter: steps run so far, as in produce_bwd
+    const bool mask_needed = walk.needs_elements(step);  // before next() moves the class window on
     const int next = walk.next(step + 1);
     // The next step's statistics, a whole step ahead of their use (at tile width 64 the GEMMs between
     // the two consumer barriers are too short to hide a global load). Their stage was last read in the
@@ -346,7 +380,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     fence_registers(s);
     // P^T; keys this query may not see get 0 (only blocks on the causal diagonal or past the end).
     const sm80::MaskView<T> mask = kMasked ? walk.mask(step) : sm80::MaskView<T>();
-    const bool mask_needed = kMasked && mask.needed(n_block);
     const bool needs_mask = key0 + 64 > sh.seqlen_k || (sh.is_causal && key0 + 63 > m0 + sh.causal_offset);
     if (mask_needed) {
       // With the attention mask: exp2(S^T scale + mask - LSE), all in base-2 units, where visible.

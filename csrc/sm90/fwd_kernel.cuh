@@ -167,20 +167,44 @@ struct FwdSchedule {
 };
 
 // The key blocks a tile visits: from block n on, the first one the mask does not exclude entirely
-// (all of them without a mask); num_n_blocks when none is left.
+// (all of them without a mask); num_n_blocks when none is left. The tile's classes are read
+// kClassWindow at a time into registers: a class read from memory between a consumer's GEMMs stalled
+// the consumer for a memory round trip at every key block.
 template <typename T, bool kMasked>
 struct KeyBlockWalk {
   sm80::MaskView<T> mask;
   int num_n_blocks;
+  uint4 window = make_uint4(0, 0, 0, 0);  // classes of key blocks [window_first, window_first + kClassWindow)
+  int window_first = -kClassWindow;
 
   __device__ __forceinline__ KeyBlockWalk(const FwdParams& p, const FwdTile& t, int block_m)
       : mask(kMasked ? sm80::MaskView<T>(p.mask, t.batch, t.head, t.m0 / block_m) : sm80::MaskView<T>()),
         num_n_blocks(t.num_n_blocks) {}
-  __device__ __forceinline__ int next(int n) const {
+  // The class of key block n (< num_n_blocks), from the window (refilled when n is outside it).
+  __device__ __forceinline__ uint32_t class_of(int n) {
+    static_assert(kClassWindow == 16, "one uint4 per window");
+    if (static_cast<unsigned>(n - window_first) >= static_cast<unsigned>(kClassWindow)) {
+      window_first = n & ~(kClassWindow - 1);
+      window = *reinterpret_cast<const uint4*>(mask.classes + window_first);
+    }
+    const int i = n - window_first;
+    const uint32_t word = i < 8 ? (i < 4 ? window.x : window.y) : (i < 12 ? window.z : window.w);
+    return (word >> (8 * (i % 4))) & 0xffu;
+  }
+  __device__ __forceinline__ int next(int n) {
     if constexpr (kMasked) {
-      while (n < num_n_blocks && mask.skips(n)) ++n;
+      if (mask.classes != nullptr) {
+        while (n < num_n_blocks && !(class_of(n) & kTileAnyVisible)) ++n;
+      }
     }
     return n;
+  }
+  // Whether the mask's elements of key block n (one next() returned, < num_n_blocks) must be read.
+  __device__ __forceinline__ bool needs_elements(int n) {
+    if constexpr (kMasked) {
+      return mask.kind != MaskKind::kNone && (mask.classes == nullptr || (class_of(n) & kTileNeedsMask));
+    }
+    return false;
   }
 };
 
@@ -195,7 +219,7 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
   for (int unit = blockIdx.x; unit < sched.num_units(sh); unit += gridDim.x)
   for (int i = 0; i < sched.tiles_in(unit); ++i) {
     const FwdTile t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(sched.tile(unit, i), sh);
-    const KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
+    KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
     if (walk.next(0) >= t.num_n_blocks) continue;
     if (q_iter > 0) mbar_wait(&bars.q_empty, (q_iter - 1) & 1);
     mbar_arrive_expect_tx(&bars.q_full, Cfg::kQBytes);
@@ -475,15 +499,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
     // Only blocks past the last key or crossing the causal diagonal need the causal/length mask;
     // with an attention mask, also the blocks whose tile class says so.
-    const KeyBlockWalk<T, kMasked> walk(p, t, kBlockM);
+    KeyBlockWalk<T, kMasked> walk(p, t, kBlockM);
     auto needs_mask = [&](int n0) {
       return n0 + kBlockN > sh.seqlen_k || (sh.is_causal && n0 + kBlockN - 1 > first_row + sh.causal_offset);
     };
     // Masks block `block`'s scores; returns the scale the softmax must apply to them.
-    auto apply_masks = [&](int block) {
+    auto apply_masks = [&](int block, bool mask_needed) {
       const int n0 = block * kBlockN;
       if constexpr (kMasked) {
-        const bool mask_needed = walk.mask.needed(block);
         if (mask_needed || needs_mask(n0)) {
           mask_scores<kBlockN, T>(s, n0, row0, lane, sh, walk.mask, mask_needed);
           return 1.f;  // already in base-2 units
@@ -506,27 +529,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
     int block = walk.next(0);
     if (block < t.num_n_blocks) {
-      int next = walk.next(block + 1);
+      bool block_needs = walk.needs_elements(block);
       mbar_wait(&bars.q_full, q_iter & 1);
       // Block 0: S, softmax, P.
       mbar_wait(&bars.k_full[stage_of(0)], phase_of(0));
       wgmma_fence();
       issue_qk<T, Cfg>(s, q_rows, k_smem + stage_of(0) * Cfg::kKVBytes);
       wgmma_commit();
+      // The next block, walked while the GEMM runs (a window refill then waits under it).
+      int next = walk.next(block + 1);
+      bool next_needs = next < t.num_n_blocks && walk.needs_elements(next);
       wgmma_wait<0>();
       fence_registers(s);
       if (warp_leader) {
         mbar_arrive(&bars.k_empty[stage_of(0)]);
         if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);  // the tile's last QK^T GEMM is done
       }
-      softmax.update(s, apply_masks(block), correction);
+      softmax.update(s, apply_masks(block, block_needs), correction);
       apply_dropout(block);
       accumulator_to_a<T, kBlockN>(prob, s);
 
       int n = 1;  // visits so far
       for (; next < t.num_n_blocks; ++n) {
         block = next;
-        next = walk.next(block + 1);
+        block_needs = next_needs;
         const int stage = stage_of(n), prev = stage_of(n - 1);
         // S_n = Q K_n^T, then O += P_{n-1} V_{n-1}; both run while this warpgroup waits for S_n.
         mbar_wait(&bars.k_full[stage], phase_of(n));
@@ -536,13 +562,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         wgmma_commit();
         issue_pv<T, Cfg>(o, prob, v_smem + prev * Cfg::kKVBytes);
         wgmma_commit();
+        next = walk.next(block + 1);
+        next_needs = next < t.num_n_blocks && walk.needs_elements(next);
         wgmma_wait<1>();  // S_n is ready; the PV GEMM may still run
         fence_registers(s);
         if (warp_leader) {
           mbar_arrive(&bars.k_empty[stage]);
           if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);
         }
-        softmax.update(s, apply_masks(block), correction);
+        softmax.update(s, apply_masks(block, block_needs), correction);
         apply_dropout(block);
         wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
         fence_registers(o);
