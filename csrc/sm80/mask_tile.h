@@ -61,10 +61,6 @@ struct MaskView {
     const int64_t offset = query * row_stride + key * col_stride;
     return add_log2_at(base, offset);
   }
-  // add_log2 of key `key` of a row from row().
-  __device__ __forceinline__ float add_log2_in_row(const unsigned char* row_bytes, int key) const {
-    return add_log2_at(row_bytes, key * col_stride);
-  }
   __device__ __forceinline__ float add_log2_at(const unsigned char* from, int64_t offset) const {
     if (kind == MaskKind::kBool) return from[offset] != 0 ? 0.f : -INFINITY;
     const float value = kind == MaskKind::kAdditiveFloat32
@@ -78,32 +74,44 @@ struct MaskView {
     return x < kMaskFloorLog2 ? kMaskFloorLog2 : x;  // a NaN stays NaN
   }
 
-  // Whether keys 2k and 2k + 1 of a row can be read as one aligned load (pair_add_log2): contiguous
-  // keys, an even row stride, an aligned base and an even seqlen_k (so the pair of a key inside the
-  // row never reaches past it).
-  __device__ __forceinline__ bool pairs_readable(int seqlen_k) const {
-    const int bytes = mask_element_bytes<T>(kind);
-    return col_stride == 1 && row_stride % 2 == 0 && seqlen_k % 2 == 0 &&
-           reinterpret_cast<uintptr_t>(base) % (2 * bytes) == 0;
-  }
-  // Row `query` of the mask, for pair_add_log2.
-  __device__ __forceinline__ const unsigned char* row(int query) const {
-    return base + query * row_stride * mask_element_bytes<T>(kind);
-  }
-  // add_log2 of keys `key` (even) and key + 1 of a row from row(), in one load (pairs_readable()).
-  __device__ __forceinline__ float2 pair_add_log2(const unsigned char* row_bytes, int key) const {
+  // The base-2 terms (as add_log2) of n elements, element e at offset where(e) in elements from base
+  // (negative: not read, the term is 0 for additive masks and -inf for boolean ones). Every load is issued
+  // before any is used, so that their latencies overlap: one add_log2 per element, behind its per-kind
+  // branches, waited for each load in turn.
+  template <int n, typename Where>
+  __device__ __forceinline__ void load_terms(Where where, float (&out)[n]) const {
     if (kind == MaskKind::kBool) {
-      const uint16_t two = *reinterpret_cast<const uint16_t*>(row_bytes + key);
-      return make_float2((two & 0xff) ? 0.f : -INFINITY, (two >> 8) ? 0.f : -INFINITY);
+      uint32_t raw[n];
+#pragma unroll
+      for (int e = 0; e < n; ++e) {
+        const int64_t at = where(e);
+        raw[e] = at >= 0 ? base[at] : 0u;
+      }
+#pragma unroll
+      for (int e = 0; e < n; ++e) out[e] = raw[e] != 0 ? 0.f : -INFINITY;
+    } else if (kind == MaskKind::kAdditiveFloat32) {
+      const float* floats = reinterpret_cast<const float*>(base);
+#pragma unroll
+      for (int e = 0; e < n; ++e) {
+        const int64_t at = where(e);
+        out[e] = at >= 0 ? floats[at] : 0.f;
+      }
+#pragma unroll
+      for (int e = 0; e < n; ++e) out[e] = additive_log2(out[e]);
+    } else {
+      const uint16_t* bits = reinterpret_cast<const uint16_t*>(base);  // T's 16 bits
+      uint32_t raw[n];
+#pragma unroll
+      for (int e = 0; e < n; ++e) {
+        const int64_t at = where(e);
+        raw[e] = at >= 0 ? bits[at] : 0u;  // 0: +0.0 in both 16-bit formats
+      }
+#pragma unroll
+      for (int e = 0; e < n; ++e) {
+        const uint16_t b = static_cast<uint16_t>(raw[e]);
+        out[e] = additive_log2(ElementOps<T>::to_float(*reinterpret_cast<const T*>(&b)));
+      }
     }
-    if (kind == MaskKind::kAdditiveFloat32) {
-      const float2 v = reinterpret_cast<const float2*>(row_bytes)[key / 2];
-      return make_float2(additive_log2(v.x), additive_log2(v.y));
-    }
-    const uint32_t two = reinterpret_cast<const uint32_t*>(row_bytes)[key / 2];
-    const T* values = reinterpret_cast<const T*>(&two);
-    return make_float2(additive_log2(ElementOps<T>::to_float(values[0])),
-                       additive_log2(ElementOps<T>::to_float(values[1])));
   }
 };
 

@@ -122,14 +122,20 @@ struct BwdStepWalk {
       visible_bits = needs_bits = 0;
       const MaskParams& m = p.mask;
       const unsigned char* column = m.tile_class + batch * m.class_batch_stride + n_block;
+      // Step s is query tile m_begin + s % num_m of head kv_head * group + s / num_m: walked
+      // incrementally from `step` (one division per window).
+      int tile = step % steps.num_m, head = steps.head(step, kv_head);
 #pragma unroll
       for (int i = 0; i < kClassWindow; ++i) {
-        const int s = step + i;
-        if (s < steps.count()) {
-          const uint32_t c = column[steps.head(s, kv_head) * m.class_head_stride +
-                                    static_cast<int64_t>(steps.m_begin + s % steps.num_m) * m.class_row_stride];
+        if (step + i < steps.count()) {
+          const uint32_t c = column[head * m.class_head_stride +
+                                    static_cast<int64_t>(steps.m_begin + tile) * m.class_row_stride];
           visible_bits |= (c & kTileAnyVisible) << i;
           needs_bits |= ((c & kTileNeedsMask) ? 1u : 0u) << i;
+        }
+        if (++tile == steps.num_m) {
+          tile = 0;
+          ++head;
         }
       }
     }
@@ -138,7 +144,11 @@ struct BwdStepWalk {
   __device__ __forceinline__ int next(int step) {
     if constexpr (kMasked) {
       if (p.mask.tile_class != nullptr) {
-        while (step < steps.count() && !(visible_bits & class_bit(step))) ++step;
+        // class_bit() may refill the bit sets: call it before reading them.
+        for (; step < steps.count(); ++step) {
+          const uint32_t bit = class_bit(step);
+          if (visible_bits & bit) break;
+        }
       }
     }
     return step;
@@ -146,7 +156,10 @@ struct BwdStepWalk {
   // Whether the mask's elements of step `step` (one next() returned, < steps.count()) must be read.
   __device__ __forceinline__ bool needs_elements(int step) {
     if constexpr (kMasked) {
-      return p.mask.kind != MaskKind::kNone && (p.mask.tile_class == nullptr || (needs_bits & class_bit(step)));
+      if (p.mask.kind == MaskKind::kNone) return false;
+      if (p.mask.tile_class == nullptr) return true;
+      const uint32_t bit = class_bit(step);  // before reading needs_bits, which it may refill
+      return (needs_bits & bit) != 0;
     }
     return false;
   }
@@ -382,17 +395,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     const sm80::MaskView<T> mask = kMasked ? walk.mask(step) : sm80::MaskView<T>();
     const bool needs_mask = key0 + 64 > sh.seqlen_k || (sh.is_causal && key0 + 63 > m0 + sh.causal_offset);
     if (mask_needed) {
-      // With the attention mask: exp2(S^T scale + mask - LSE), all in base-2 units, where visible.
+      // With the attention mask: exp2(S^T scale + mask - LSE), all in base-2 units, where visible. The
+      // mask terms of kChunk elements are loaded together before any is used (MaskView::load_terms); as
+      // many as the registers left beside dK and dV allow.
+      constexpr int kChunk = Cfg::kHeadDim <= 64 ? 16 : 8;
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int c = 2 * (i / 4) + i % 2;
-        const int key = key0 + accumulator_row(i, warp_in_group, lane);
-        const int query = m0 + accumulator_col(i, lane);
-        const bool visible =
-            (query < sh.seqlen_q) & key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
-        float x = s[i] * sh.scale_log2 - lse[c];
-        if (visible) x += mask.add_log2(query, key);
-        s[i] = visible ? exp2f(x) : 0.f;
+      for (int chunk = 0; chunk < 32; chunk += kChunk) {
+        float term[kChunk];
+        mask.template load_terms<kChunk>(
+            [&](int e) -> int64_t {
+              const int i = chunk + e;
+              const int key = key0 + accumulator_row(i, warp_in_group, lane);
+              const int query = m0 + accumulator_col(i, lane);
+              return query < sh.seqlen_q && key < sh.seqlen_k ? query * mask.row_stride + key * mask.col_stride : -1;
+            },
+            term);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) {
+          const int i = chunk + e;
+          const int c = 2 * (i / 4) + i % 2;
+          const int key = key0 + accumulator_row(i, warp_in_group, lane);
+          const int query = m0 + accumulator_col(i, lane);
+          const bool visible =
+              (query < sh.seqlen_q) & key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
+          const float x = s[i] * sh.scale_log2 - lse[c] + term[e];
+          s[i] = visible ? exp2f(x) : 0.f;
+        }
       }
     } else {
       // key_visible with the indices split into this thread's first row / column and per-element

@@ -283,39 +283,42 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
 }
 
 // The masked kernel's scores for a block that needs masking: scaled to base-2 units, then
-// mask_scores' rule plus the attention mask's base-2 term where `mask_needed`.
-template <int kBlockN, typename T>
+// mask_scores' rule plus the attention mask's base-2 term where `mask_needed`. kChunk of a row's mask
+// terms are loaded together before any is used (MaskView::load_terms); a larger chunk waits fewer
+// times but holds more registers.
+template <int kBlockN, int kChunk, typename T>
 __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int row0, int lane, const AttentionShape& sh,
                                             const sm80::MaskView<T>& mask, bool mask_needed) {
-  // Elements 4j + 2 half + {0, 1} are keys (key, key + 1) of row row0 + 8 half: the row's address is
-  // computed once, and a pair is one load where the mask's layout allows it.
-  const bool pairs = mask_needed && mask.pairs_readable(sh.seqlen_k);
+  static_assert((kBlockN / 4) % kChunk == 0 && kChunk % 2 == 0, "whole chunks of key pairs");
+  // Elements 4j + 2 half + {0, 1} are keys 8j + 2 (lane % 4) + {0, 1} of row row0 + 8 half; term e of a
+  // row is its key n0 + 8 (e / 2) + 2 (lane % 4) + e % 2.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int query = row0 + half * 8;
-    const unsigned char* row = mask_needed ? mask.row(query) : nullptr;
+    const bool read = mask_needed && query < sh.seqlen_q;
+    const int64_t row = static_cast<int64_t>(query) * mask.row_stride;
 #pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-      const int key = n0 + j * 8 + (lane % 4) * 2;
-      float& s0 = s[4 * j + 2 * half];
-      float& s1 = s[4 * j + 2 * half + 1];
-      const bool visible0 = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
-      const bool visible1 = key_visible(query, key + 1, sh.seqlen_k, sh.is_causal, sh.causal_offset);
-      float x0 = s0 * sh.scale_log2, x1 = s1 * sh.scale_log2;
-      if (mask_needed && query < sh.seqlen_q) {
-        if (pairs) {
-          if (visible0 | visible1) {
-            const float2 term = mask.pair_add_log2(row, key);
-            x0 += term.x;
-            x1 += term.y;
-          }
-        } else {
-          if (visible0) x0 += mask.add_log2_in_row(row, key);
-          if (visible1) x1 += mask.add_log2_in_row(row, key + 1);
-        }
+    for (int chunk = 0; chunk < kBlockN / 4; chunk += kChunk) {
+      float term[kChunk];
+      if (read) {
+        mask.template load_terms<kChunk>(
+            [&](int e) -> int64_t {
+              const int key = n0 + ((chunk + e) / 2) * 8 + (lane % 4) * 2 + e % 2;
+              return key < sh.seqlen_k ? row + key * mask.col_stride : -1;
+            },
+            term);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) term[e] = 0.f;
       }
-      s0 = visible0 ? x0 : -INFINITY;
-      s1 = visible1 ? x1 : -INFINITY;
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        const int pair = (chunk + e) / 2, c = e % 2;
+        const int key = n0 + pair * 8 + (lane % 4) * 2 + c;
+        float& x = s[4 * pair + 2 * half + c];
+        const bool visible = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
+        x = visible ? x * sh.scale_log2 + term[e] : -INFINITY;
+      }
     }
   }
 }
@@ -443,6 +446,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   __trap();
 #else
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  // Mask terms loaded at once (mask_scores): as many as the registers left beside O allow.
+  constexpr int kMaskChunk = Cfg::kHeadDim <= 64 ? 32 : Cfg::kHeadDim <= 128 ? 16 : 8;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   unsigned char* q_smem = base;                                // [kColBlocks][kBlockM][64], swizzled
@@ -508,7 +513,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       const int n0 = block * kBlockN;
       if constexpr (kMasked) {
         if (mask_needed || needs_mask(n0)) {
-          mask_scores<kBlockN, T>(s, n0, row0, lane, sh, walk.mask, mask_needed);
+          mask_scores<kBlockN, kMaskChunk, T>(s, n0, row0, lane, sh, walk.mask, mask_needed);
           return 1.f;  // already in base-2 units
         }
       } else {
