@@ -5,10 +5,10 @@
 //
 // Main kernel: one CTA per (128-key block, kv head, batch), three warpgroups.
 //   Warpgroup 0, the producer: one thread loads the CTA's K and V blocks once, then for every step
-//     (query head of the GQA group x 64-query block that sees these keys) Q and dO into a ring of
-//     kStages stages, each released by the consumer warps when their GEMMs are done with it. The
-//     step's LSE and delta go beside them in the stage, copied one step ahead by the first consumer
-//     warp (cp.async, ordinary shared-memory writes that the consumers' barriers order).
+//     (query head of the GQA group x 64-query block that sees these keys) Q, dO and the step's LSE and
+//     delta into a ring of kStages stages, each released by the consumer warps when their GEMMs are
+//     done with it (and, for the LSE and delta, which every lane reads with ordinary loads, once the
+//     warp has synchronised: the release must follow every lane's read).
 //   Warpgroups 1 and 2, the consumers: each owns 64 of the keys:
 //     S^T = K Q^T and dP^T = V dO^T (wgmma from shared memory), P^T = exp2(S^T scale - LSE) and
 //     dS^T = P^T (dP^T - delta) in registers; dV += P^T dO and dK += dS^T Q with P^T, dS^T as register
@@ -166,7 +166,7 @@ struct BwdStepWalk {
 };
 
 template <typename T, typename Cfg, bool kMasked>
-__device__ void produce_bwd(const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, unsigned char* base,
+__device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, unsigned char* base,
                             int n0, int kv_head, int batch, const BwdSteps& steps, BwdStepWalk<T, kMasked> walk) {
   mbar_arrive_expect_tx(&bars.kv_full, 2 * Cfg::kKVBytes);
   tma_load_tile<Cfg::kColBlocks>(base, &maps.k, &bars.kv_full, n0, kv_head, batch, Cfg::kKVColBlockBytes);
@@ -179,11 +179,16 @@ __device__ void produce_bwd(const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, u
     if (use > 0) mbar_wait(&bars.qdo_empty[stage], (use - 1) & 1);
     const int head = steps.head(step, kv_head);
     const int m0 = steps.m0<Cfg::kBlockM>(step);
-    mbar_arrive_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes);
+    mbar_arrive_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes + Cfg::kStatsBytes);
     tma_load_tile<Cfg::kColBlocks>(base + Cfg::kQOffset + stage * Cfg::kQBytes, &maps.q, &bars.qdo_full[stage], m0,
                                    head, batch, Cfg::kQColBlockBytes);
     tma_load_tile<Cfg::kColBlocks>(base + Cfg::kDoOffset + stage * Cfg::kQBytes, &maps.dout, &bars.qdo_full[stage],
                                    m0, head, batch, Cfg::kQColBlockBytes);
+    // The padded statistics rows (see BwdParams) make every step's 64 entries whole and 16-byte aligned.
+    const int64_t stats_offset = (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0;
+    unsigned char* stats = base + Cfg::kStatsOffset + stage * Cfg::kStatsBytes;
+    bulk_load(stats, p.lse_log2 + stats_offset, Cfg::kBlockM * 4, &bars.qdo_full[stage]);
+    bulk_load(stats + Cfg::kBlockM * 4, p.delta + stats_offset, Cfg::kBlockM * 4, &bars.qdo_full[stage]);
   }
 }
 
@@ -317,7 +322,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) produce_bwd<T, Cfg, kMasked>(maps, bars, base, n0, kv_head, batch, steps, walk);
+    if (threadIdx.x == 0) produce_bwd<T, Cfg, kMasked>(p, maps, bars, base, n0, kv_head, batch, steps, walk);
     return;
   }
   registers_increase<Cfg::kConsumerRegisters>();
@@ -345,33 +350,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 #pragma unroll
   for (int i = 0; i < Cfg::kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
 
-  // The LSE and delta of step `step`, run as iteration `iter`, into its stage: 32 chunks of 16 bytes, one
-  // per lane of the first consumer warp (the padded statistics rows of BwdParams make them whole and
-  // aligned). That warp waits for them before the next consumer barrier, after which all may read.
-  const bool stats_loader = consumer == 0 && warp_in_group == 0;
-  auto load_stats = [&](int step, int iter) {
-    const int64_t row = (static_cast<int64_t>(batch) * sh.heads_q + steps.head(step, kv_head)) * p.stats_stride +
-                        steps.m0<kBlockM>(step);
-    const float* src = (lane < 16 ? p.lse_log2 : p.delta) + row + (lane % 16) * 4;
-    sm80::cp_async_16(base + Cfg::kStatsOffset + (iter % kStages) * Cfg::kStatsBytes + lane * 16, src, true);
-    sm80::cp_async_commit();
-  };
-  static_assert(Cfg::kStatsBytes == 32 * 16, "one 16-byte chunk per lane");
-
   int step = walk.next(0);
-  if (stats_loader && step < steps.count()) {
-    load_stats(step, 0);
-    sm80::cp_async_wait<0>();
-  }
-  named_barrier_sync(kConsumerBarrier, 256);
   mbar_wait(&bars.kv_full, 0);
   for (int iter = 0; step < steps.count(); ++iter) {  // iter: steps run so far, as in produce_bwd
     const bool mask_needed = walk.needs_elements(step);  // before next() moves the class window on
     const int next = walk.next(step + 1);
-    // The next step's statistics, a whole step ahead of their use (at tile width 64 the GEMMs between
-    // the two consumer barriers are too short to hide a global load). Their stage was last read in the
-    // step before this one, before the barriers that ended it.
-    if (stats_loader && next < steps.count()) load_stats(next, iter + 1);
     const int stage = iter % kStages;
     const int head = steps.head(step, kv_head);
     const int m0 = steps.m0<kBlockM>(step);
@@ -455,7 +438,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     store_ds_swizzled(ds_tile, ds_frag, warp_in_group, lane);
     fence_proxy_async_shared();
     if (reducer) bulk_wait_read();              // the previous step's dQ reduction has left dq_stage
-    named_barrier_sync(kConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free, stats read
+    named_barrier_sync(kConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free
 
     float dq[Cfg::kDqCols / 2];
     wgmma_fence();
@@ -469,6 +452,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     fence_registers(dk);
     fence_registers(p_frag);
     fence_registers(ds_frag);
+    __syncwarp();  // every lane's reads of the stage (LSE, delta) come before the leader releases it
     if (warp_leader) mbar_arrive(&bars.qdo_empty[stage]);
     wgmma_wait<0>();
     fence_registers(dq);
@@ -479,9 +463,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       st_shared_f32x2(dq_stage_addr + (row * Cfg::kHeadDim + col) * 4, dq[i], dq[i + 1]);
     }
     fence_proxy_async_shared();
-    if (stats_loader) sm80::cp_async_wait<0>();
-    // dq_stage complete, the next step's statistics landed; also, neither consumer rewrites its dS^T
-    // tile before both dQ GEMMs are done.
+    // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
     named_barrier_sync(kConsumerBarrier, 256);
     if (reducer) {
       const int rows = min(kBlockM, sh.seqlen_q - m0);

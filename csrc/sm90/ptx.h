@@ -67,6 +67,15 @@ __device__ __forceinline__ void tma_load_tile(unsigned char* smem, const CUtenso
   for (int cb = 0; cb < kColBlocks; ++cb) tma_load_4d(smem + cb * col_block_bytes, map, bar, cb * 64, row, head, batch);
 }
 
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) of contiguous global memory into
+// shared memory and completes them on `bar` (a 1-D bulk copy, no tensor map).
+__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(smem)),
+      "l"(reinterpret_cast<uint64_t>(gmem)), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
