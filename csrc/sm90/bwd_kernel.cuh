@@ -176,7 +176,12 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
   for (int step = walk.next(0); step < steps.count(); step = walk.next(step + 1), ++iter) {
     const int stage = iter % Cfg::kStages;
     const int use = iter / Cfg::kStages;
-    if (use > 0) mbar_wait(&bars.qdo_empty[stage], (use - 1) & 1);
+    if (use > 0) {
+      mbar_wait(&bars.qdo_empty[stage], (use - 1) & 1);
+      // The consumers' ordinary reads of the stage's LSE and delta, acquired through the barrier, are
+      // ordered before the bulk copies (async proxy) that overwrite them.
+      fence_proxy_async_shared();
+    }
     const int head = steps.head(step, kv_head);
     const int m0 = steps.m0<Cfg::kBlockM>(step);
     mbar_arrive_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes + Cfg::kStatsBytes);
