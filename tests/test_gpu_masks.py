@@ -34,12 +34,13 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
     kind: "bool" (random, ~70% True), "float" (randn, ~20% -inf), "float32" (the same in float32).
     shape_name: "qk" (Lq, Lk), "11qk", "b11k" (a padding mask), "bhqk" (dense), "strided" (a dense
     mask whose last dim has stride 2), "causal" (a lower-triangular bool), "blocks" (whole 64 x 64
-    tiles False), "empty_rows" (some rows fully masked).
+    tiles False), "empty_rows" (some rows fully masked), "tiles" (each 128 x 128 tile all False, all
+    True or random: every class of mask tile, on every kernel's tile grid).
     """
     full = (batch, heads_q, seqlen_q, seqlen_k)
     base_shape = {"qk": (seqlen_q, seqlen_k), "11qk": (1, 1, seqlen_q, seqlen_k), "b11k": (batch, 1, 1, seqlen_k),
                   "bhqk": full, "strided": full, "causal": (seqlen_q, seqlen_k), "blocks": (1, 1, seqlen_q, seqlen_k),
-                  "empty_rows": (batch, 1, seqlen_q, seqlen_k)}[shape_name]
+                  "empty_rows": (batch, 1, seqlen_q, seqlen_k), "tiles": (1, 1, seqlen_q, seqlen_k)}[shape_name]
     alloc = base_shape[:-1] + (2 * seqlen_k,) if shape_name == "strided" else base_shape
     keep = torch.rand(alloc, device=device) < 0.7
     if shape_name == "causal":
@@ -47,6 +48,10 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
     if shape_name == "blocks":
         tiles = torch.rand((math.ceil(seqlen_q / 64), math.ceil(seqlen_k / 64)), device=device) < 0.5
         keep = keep & tiles.repeat_interleave(64, 0).repeat_interleave(64, 1)[:seqlen_q, :seqlen_k]
+    if shape_name == "tiles":
+        state = torch.randint(0, 3, (math.ceil(seqlen_q / 128), math.ceil(seqlen_k / 128)), device=device)
+        state = state.repeat_interleave(128, 0).repeat_interleave(128, 1)[:seqlen_q, :seqlen_k]
+        keep = (state == 1) | ((state == 2) & keep)
     if shape_name == "b11k":
         keep[..., 0] = True  # a padding mask keeps at least one key per sequence
     if shape_name == "empty_rows":
@@ -56,7 +61,7 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
     else:
         mask = torch.randn(alloc, device=device, dtype=torch.float32 if kind == "float32" else dtype)
         mask = mask.masked_fill(~keep & (torch.rand(alloc, device=device) < 0.3), float("-inf"))
-        if shape_name in ("causal", "blocks", "empty_rows"):
+        if shape_name in ("causal", "blocks", "empty_rows", "tiles"):
             mask = mask.masked_fill(~keep, float("-inf"))
     def view(t):
         return (t[..., ::2] if shape_name == "strided" else t).expand(full)
@@ -108,7 +113,7 @@ def check_masked(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, 
     assert (out[rows_empty] == 0).all() and (grads[0][rows_empty] == 0).all()
 
 
-SHAPES = ["qk", "11qk", "b11k", "bhqk", "strided", "causal", "blocks", "empty_rows"]
+SHAPES = ["qk", "11qk", "b11k", "bhqk", "strided", "causal", "blocks", "empty_rows", "tiles"]
 SEQLENS = [(1, 1), (17, 17), (97, 203), (203, 97), (256, 256), (1025, 1025)]
 
 
@@ -143,6 +148,20 @@ def test_mask_oracle_on_the_sm80_path(batch, seqlens, heads_q, heads_kv, head_di
     the sm90 kernel, so this keeps the sm80 masked forward under the oracle there too."""
     monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
     check_masked(batch, seqlens[0], seqlens[1], heads_q, heads_kv, head_dim, dtype, causal, kind, shape_name,
+                 mask_grad=kind == "float")
+
+
+@pytest.mark.parametrize("kind,shape_name,seqlens,heads,head_dim,causal", [
+    ("bool", "tiles", (300, 5000), (8, 2), 64, "none"),
+    ("float", "tiles", (1100, 2300), (8, 2), 128, "bottom_right"),
+    ("bool", "causal", (2100, 2100), (4, 4), 64, "top_left"),
+    ("float", "tiles", (700, 2600), (4, 1), 256, "none"),
+])
+def test_mask_classes_over_many_tiles(kind, shape_name, seqlens, heads, head_dim, causal):
+    """Rows of more than 16 key tiles and more than 16 backward steps per key block: the kernels read
+    tile classes 16 at a time (the forward per query tile, the backward per key block over its steps),
+    so these cross several class windows, with tiles skipped, tiles read unmasked and tiles masked."""
+    check_masked(1, seqlens[0], seqlens[1], heads[0], heads[1], head_dim, torch.bfloat16, causal, kind, shape_name,
                  mask_grad=kind == "float")
 
 
