@@ -59,15 +59,13 @@ struct MaskView {
   // times log2(e) (floored at kMaskFloorLog2, -inf and NaN kept) for an additive one.
   __device__ __forceinline__ float add_log2(int query, int key) const {
     const int64_t offset = query * row_stride + key * col_stride;
-    return add_log2_at(base, offset);
-  }
-  __device__ __forceinline__ float add_log2_at(const unsigned char* from, int64_t offset) const {
-    if (kind == MaskKind::kBool) return from[offset] != 0 ? 0.f : -INFINITY;
+    if (kind == MaskKind::kBool) return base[offset] != 0 ? 0.f : -INFINITY;
     const float value = kind == MaskKind::kAdditiveFloat32
-                            ? reinterpret_cast<const float*>(from)[offset]
-                            : ElementOps<T>::to_float(reinterpret_cast<const T*>(from)[offset]);
+                            ? reinterpret_cast<const float*>(base)[offset]
+                            : ElementOps<T>::to_float(reinterpret_cast<const T*>(base)[offset]);
     return additive_log2(value);
   }
+  // A mask value (not boolean) as a base-2 term.
   __device__ __forceinline__ static float additive_log2(float value) {
     if (value == -INFINITY) return value;
     const float x = value * 1.4426950408889634f;  // -inf when a finite value overflows

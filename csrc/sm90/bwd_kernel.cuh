@@ -115,8 +115,9 @@ struct BwdStepWalk {
   __device__ __forceinline__ sm80::MaskView<T> mask(int step) const {
     return sm80::MaskView<T>(p.mask, batch, steps.head(step, kv_head), steps.m_begin + step % steps.num_m);
   }
-  // Bit `step - window_first` of the classes (p.mask.tile_class set, step < steps.count()).
-  __device__ __forceinline__ uint32_t class_bit(int step) {
+  // The class of step `step` (kTileAnyVisible | kTileNeedsMask bits; p.mask.tile_class set, step <
+  // steps.count()), from the bit sets, refilled when the step is outside their window.
+  __device__ __forceinline__ uint32_t class_of(int step) {
     if (static_cast<unsigned>(step - window_first) >= static_cast<unsigned>(kClassWindow)) {
       window_first = step;
       visible_bits = needs_bits = 0;
@@ -139,16 +140,13 @@ struct BwdStepWalk {
         }
       }
     }
-    return 1u << (step - window_first);
+    const int i = step - window_first;
+    return (((visible_bits >> i) & 1u) ? kTileAnyVisible : 0u) | (((needs_bits >> i) & 1u) ? kTileNeedsMask : 0u);
   }
   __device__ __forceinline__ int next(int step) {
     if constexpr (kMasked) {
       if (p.mask.tile_class != nullptr) {
-        // class_bit() may refill the bit sets: call it before reading them.
-        for (; step < steps.count(); ++step) {
-          const uint32_t bit = class_bit(step);
-          if (visible_bits & bit) break;
-        }
+        while (step < steps.count() && !(class_of(step) & kTileAnyVisible)) ++step;
       }
     }
     return step;
@@ -156,10 +154,8 @@ struct BwdStepWalk {
   // Whether the mask's elements of step `step` (one next() returned, < steps.count()) must be read.
   __device__ __forceinline__ bool needs_elements(int step) {
     if constexpr (kMasked) {
-      if (p.mask.kind == MaskKind::kNone) return false;
-      if (p.mask.tile_class == nullptr) return true;
-      const uint32_t bit = class_bit(step);  // before reading needs_bits, which it may refill
-      return (needs_bits & bit) != 0;
+      return p.mask.kind != MaskKind::kNone &&
+             (p.mask.tile_class == nullptr || (class_of(step) & kTileNeedsMask) != 0);
     }
     return false;
   }
