@@ -4,11 +4,12 @@
 // LSE in base 2), this main kernel, and its dq conversion kernel.
 //
 // Main kernel: one CTA per (128-key block, kv head, batch), three warpgroups.
-//   Warpgroup 0, the producer: one thread loads the CTA's K and V blocks once, then for every step
-//     (query head of the GQA group x 64-query block that sees these keys) Q, dO and the step's LSE and
-//     delta into a ring of kStages stages, each released by the consumer warps when their GEMMs are
-//     done with it (and, for the LSE and delta, which every lane reads with ordinary loads, once the
-//     warp has synchronised: the release must follow every lane's read).
+//   Warpgroup 0, the producer: its first warp loads the CTA's K and V blocks once (TMA, one thread),
+//     then for every step (query head of the GQA group x 64-query block that sees these keys) Q and dO
+//     (TMA) and the step's LSE and delta (ordinary loads and shared stores, 16 bytes per lane, so no
+//     stage that consumers read with ordinary loads is rewritten by the async proxy) into a ring of
+//     kStages stages. Each stage is released by the consumer warps when their GEMMs are done with it
+//     (once the warp has synchronised: the release must follow every lane's read of LSE and delta).
 //   Warpgroups 1 and 2, the consumers: each owns 64 of the keys:
 //     S^T = K Q^T and dP^T = V dO^T (wgmma from shared memory), P^T = exp2(S^T scale - LSE) and
 //     dS^T = P^T (dP^T - delta) in registers; dV += P^T dO and dK += dS^T Q with P^T, dS^T as register
@@ -49,7 +50,7 @@ struct BwdConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kConsumerRegisters = 240;
-  static constexpr int kProducerRegisters = 24;
+  static constexpr int kProducerRegisters = 32;  // 128 * 32 + 256 * 240 = 65536, the whole file
   static constexpr int kColBlocks = kHeadDim / 64;
   static constexpr int kQColBlockBytes = kBlockM * 128;   // one [64 queries][64] column block
   static constexpr int kKVColBlockBytes = kBlockN * 128;  // one [128 keys][64] column block
@@ -161,35 +162,41 @@ struct BwdStepWalk {
   }
 };
 
+// Run by the 32 lanes of the producer warp; lane 0 issues the TMA loads.
 template <typename T, typename Cfg, bool kMasked>
 __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, unsigned char* base,
                             int n0, int kv_head, int batch, const BwdSteps& steps, BwdStepWalk<T, kMasked> walk) {
-  mbar_arrive_expect_tx(&bars.kv_full, 2 * Cfg::kKVBytes);
-  tma_load_tile<Cfg::kColBlocks>(base, &maps.k, &bars.kv_full, n0, kv_head, batch, Cfg::kKVColBlockBytes);
-  tma_load_tile<Cfg::kColBlocks>(base + Cfg::kVOffset, &maps.v, &bars.kv_full, n0, kv_head, batch,
-                                 Cfg::kKVColBlockBytes);
+  static_assert(2 * Cfg::kBlockM == 32 * 4, "a step's LSE and delta are one float4 per producer lane");
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) {
+    mbar_arrive_expect_tx(&bars.kv_full, 2 * Cfg::kKVBytes);
+    tma_load_tile<Cfg::kColBlocks>(base, &maps.k, &bars.kv_full, n0, kv_head, batch, Cfg::kKVColBlockBytes);
+    tma_load_tile<Cfg::kColBlocks>(base + Cfg::kVOffset, &maps.v, &bars.kv_full, n0, kv_head, batch,
+                                   Cfg::kKVColBlockBytes);
+  }
+  // Lanes 0-15 carry the step's LSE (base 2), lanes 16-31 its delta, four entries each.
+  const float* stats_source = lane < 16 ? p.lse_log2 : p.delta;
+  const uint32_t stats_target = smem_u32(base + Cfg::kStatsOffset) + lane * 16;
   int iter = 0;  // steps run so far: picks the ring stage
   for (int step = walk.next(0); step < steps.count(); step = walk.next(step + 1), ++iter) {
     const int stage = iter % Cfg::kStages;
     const int use = iter / Cfg::kStages;
-    if (use > 0) {
-      mbar_wait(&bars.qdo_empty[stage], (use - 1) & 1);
-      // The consumers' ordinary reads of the stage's LSE and delta, acquired through the barrier, are
-      // ordered before the bulk copies (async proxy) that overwrite them.
-      fence_proxy_async_shared();
-    }
     const int head = steps.head(step, kv_head);
     const int m0 = steps.m0<Cfg::kBlockM>(step);
-    mbar_arrive_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes + Cfg::kStatsBytes);
-    tma_load_tile<Cfg::kColBlocks>(base + Cfg::kQOffset + stage * Cfg::kQBytes, &maps.q, &bars.qdo_full[stage], m0,
-                                   head, batch, Cfg::kQColBlockBytes);
-    tma_load_tile<Cfg::kColBlocks>(base + Cfg::kDoOffset + stage * Cfg::kQBytes, &maps.dout, &bars.qdo_full[stage],
-                                   m0, head, batch, Cfg::kQColBlockBytes);
     // The padded statistics rows (see BwdParams) make every step's 64 entries whole and 16-byte aligned.
-    const int64_t stats_offset = (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0;
-    unsigned char* stats = base + Cfg::kStatsOffset + stage * Cfg::kStatsBytes;
-    bulk_load(stats, p.lse_log2 + stats_offset, Cfg::kBlockM * 4, &bars.qdo_full[stage]);
-    bulk_load(stats + Cfg::kBlockM * 4, p.delta + stats_offset, Cfg::kBlockM * 4, &bars.qdo_full[stage]);
+    // Loaded before the wait for the stage, so the wait hides the load's latency.
+    const int64_t stats_row = (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0;
+    const float4 stats = __ldg(reinterpret_cast<const float4*>(stats_source + stats_row) + lane % 16);
+    if (use > 0) mbar_wait(&bars.qdo_empty[stage], (use - 1) & 1);
+    if (lane == 0) {
+      mbar_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes);
+      tma_load_tile<Cfg::kColBlocks>(base + Cfg::kQOffset + stage * Cfg::kQBytes, &maps.q, &bars.qdo_full[stage],
+                                     m0, head, batch, Cfg::kQColBlockBytes);
+      tma_load_tile<Cfg::kColBlocks>(base + Cfg::kDoOffset + stage * Cfg::kQBytes, &maps.dout,
+                                     &bars.qdo_full[stage], m0, head, batch, Cfg::kQColBlockBytes);
+    }
+    st_shared_f32x4(stats_target + stage * Cfg::kStatsBytes, stats);
+    mbar_arrive(&bars.qdo_full[stage]);  // releases this lane's store
   }
 }
 
@@ -314,7 +321,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     prefetch_tensor_map(&maps.dout);
     mbar_init(&bars.kv_full, 1);
     for (int i = 0; i < kStages; ++i) {
-      mbar_init(&bars.qdo_full[i], 1);
+      mbar_init(&bars.qdo_full[i], 32);  // one arrival per producer lane, plus the TMA bytes
       mbar_init(&bars.qdo_empty[i], Cfg::kConsumers * 4);  // one arrival per consumer warp
     }
     mbar_fence_init();
@@ -323,7 +330,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) produce_bwd<T, Cfg, kMasked>(p, maps, bars, base, n0, kv_head, batch, steps, walk);
+    if (threadIdx.x < 32) produce_bwd<T, Cfg, kMasked>(p, maps, bars, base, n0, kv_head, batch, steps, walk);
     return;
   }
   registers_increase<Cfg::kConsumerRegisters>();
