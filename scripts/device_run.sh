@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build in place, then the requested steps, logs under $OUT.
+#   scripts/device_run.sh guard        build + one small forward/backward per sm90 width (stops the call if it hangs)
 #   scripts/device_run.sh smoke        build + scripts/gpu_smoke.py (kernel oracle + quick timings)
 #   scripts/device_run.sh test         build + the GPU tests (test_gpu_*, CLI, transformers), `large` ones apart
 #   scripts/device_run.sh large        build + the `large` tests (tens of GiB, inputs past 2^31 elements)
@@ -9,7 +10,7 @@
 #   scripts/device_run.sh masks        build + benchmarks/bench_masks.py (the attention-mask figures)
 #   scripts/device_run.sh tune         build + benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
 #   scripts/device_run.sh all          build + test + bench
-# Steps combine with "+", e.g. test+large+fuzz. Each step runs under its own timeout so one hang cannot
+# Steps combine with "+", e.g. guard+test+large+fuzz. Each step runs under its own timeout so one hang cannot
 # eat the call. The copy on the GPU machine has no .git: pass FLASHATTN_GIT_COMMIT=<hash> so results
 # record the commit.
 set -uo pipefail
@@ -33,6 +34,19 @@ run() {  # run NAME TIMEOUT COMMAND...: logs to $OUT/NAME.log, prints the tail
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || status=1
   tail -${TAIL:-15} "$OUT/$name.log"
 }
+# guard: one small forward + backward per sm90 tile width, masked and not, under a short timeout, so a
+# kernel that hangs (or fails) ends the call in seconds instead of eating every later step's timeout.
+GUARD='import torch, flashattn
+for d in (64, 128):
+    q, k, v = (torch.randn(2, 4, 300, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    for mask in (None, torch.rand(300, 300, device="cuda") > 0.3):
+        flashattn.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+torch.cuda.synchronize()
+print("guard: forward and backward ran")'
+if has guard; then
+  timeout 120 python3 -c "$GUARD" > "$OUT/guard.log" 2>&1 || { echo "guard failed (hang or error):"; tail -5 "$OUT/guard.log"; exit 1; }
+  cat "$OUT/guard.log"
+fi
 GPU_TESTS="tests/test_gpu_attention.py tests/test_gpu_integration.py tests/test_gpu_paths.py tests/test_gpu_masks.py tests/test_gpu_dropout.py tests/test_gpu_reliability.py tests/test_cli.py tests/test_transformers.py"
 has smoke && run smoke 300 python3 scripts/gpu_smoke.py ${SMOKE_ARGS---bench}
 has test && run tests 420 python3 -m pytest $GPU_TESTS -m "not large" -q -rfEs --timeout=120

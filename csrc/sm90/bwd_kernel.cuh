@@ -50,7 +50,9 @@ struct BwdConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kConsumerRegisters = 240;
-  static constexpr int kProducerRegisters = 32;  // 128 * 32 + 256 * 240 = 65536, the whole file
+  // setmaxnreg moves registers within the CTA's launch allocation (384 x 168): the producer warpgroup
+  // gives up 128 x (168 - 24), exactly what the consumers take, 256 x (240 - 168).
+  static constexpr int kProducerRegisters = 24;
   static constexpr int kColBlocks = kHeadDim / 64;
   static constexpr int kQColBlockBytes = kBlockM * 128;   // one [64 queries][64] column block
   static constexpr int kKVColBlockBytes = kBlockN * 128;  // one [128 keys][64] column block
@@ -71,6 +73,7 @@ struct BwdConfig {
   static constexpr int kBarriersOffset = kStatsOffset + kStages * kStatsBytes;
   static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + 2 * kStages) * 8;
 
+  static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
   static_assert(kHeadDim % 64 == 0, "whole 64-column blocks");
   static_assert(kConsumers == 2 && kDqCols % 32 == 0, "each consumer's dQ columns lie in one 64-column block");
   static_assert(kBlockM % kBwdStatsAlign == 0 || kBwdStatsAlign % kBlockM == 0, "steps never cross a stats row");

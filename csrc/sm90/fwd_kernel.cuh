@@ -68,6 +68,7 @@ struct FwdConfig {
   static constexpr int kBarriersOffset = kQBytes + 2 * kStages * kKVBytes;
   static constexpr int kSmemBytes = 1024 + kBarriersOffset + (2 + 4 * kStages) * 8;
 
+  static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma k16 steps");
   static_assert(kKVColBlockBytes % 1024 == 0, "each column block starts on a swizzle-pattern boundary");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");

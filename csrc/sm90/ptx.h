@@ -157,6 +157,15 @@ __device__ __forceinline__ void fence_registers(uint32_t (&regs)[kCount][4]) {
 
 // ---- warp specialisation ----
 
+// Whether a warp-specialised CTA of one producer warpgroup and `consumer_groups` consumer warpgroups
+// can move to these register counts: setmaxnreg only redistributes the CTA's launch allocation (its
+// threads times 65536 / threads, rounded down to a multiple of 8), and an increase that allocation
+// cannot cover waits forever.
+constexpr bool register_split_fits(int producer_registers, int consumer_groups, int consumer_registers) {
+  const int threads = 128 * (1 + consumer_groups);
+  return 128 * producer_registers + 128 * consumer_groups * consumer_registers <= threads * (65536 / threads / 8 * 8);
+}
+
 template <int kRegisters>
 __device__ __forceinline__ void registers_decrease() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
