@@ -9,6 +9,8 @@
 #   scripts/device_run.sh bench        build + benchmarks/bench.py (the full grid, about 4 minutes)
 #   scripts/device_run.sh masks        build + benchmarks/bench_masks.py (the attention-mask figures)
 #   scripts/device_run.sh tune         build + benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
+#   scripts/device_run.sh ncu          build + Nsight Compute stall profiles of the sm90 forward, no mask
+#                                      and padding mask (D=64, N=4k), when ncu is installed there
 #   scripts/device_run.sh all          build + test + bench
 # Steps combine with "+", e.g. guard+test+large+fuzz. Each step runs under its own timeout so one hang cannot
 # eat the call. The copy on the GPU machine has no .git: pass FLASHATTN_GIT_COMMIT=<hash> so results
@@ -56,6 +58,15 @@ has fuzz && run fuzz_gpu 300 env FLASHATTN_FUZZ_PROFILE=gpu FLASHATTN_FUZZ_EXAMP
   python3 -m pytest tests/test_fuzz.py -q -rfE
 has masks && run masks 300 python3 benchmarks/bench_masks.py --out "$OUT/masks"
 has tune && run tune 400 python3 benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
+if has ncu; then
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  if [[ -z $NCU ]]; then echo "ncu: not installed on this machine"; else
+    for c in "no mask" "padding mask"; do
+      run "ncu_${c// /_}" 240 "$NCU" --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        -k regex:fwd_kernel --launch-skip 1 --launch-count 1 python3 scripts/dev/mask_profile.py 64 4096 "$c"
+    done
+  fi
+fi
 has bench && run bench 540 python3 benchmarks/bench.py --out "$OUT/bench" --no-progress ${BENCH_ARGS:-}
 echo "total: $(( $(date +%s) - start )) s"
 exit $status

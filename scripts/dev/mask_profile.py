@@ -1,7 +1,9 @@
 """Per-kernel CUDA time of the mask figures' calls (bench_masks.py's cases, bf16, B * N = 16k,
 H * D = 2048): where a masked call spends the time its unmasked twin does not. A look while changing
 the mask paths; benchmarks/bench_masks.py is the measurement of record.
-Usage: mask_profile.py [head dim] [seqlen]"""
+Usage: mask_profile.py [head dim] [seqlen] [case]: with a case name ("padding mask", "no mask", ...),
+only that case's forward, three times and without the profiler, for a profiler run from outside
+(scripts/device_run.sh ncu)."""
 import sys
 
 import torch
@@ -27,6 +29,12 @@ cases = {
     "padding mask": lambda: ops.fwd(q, k, v, scale, False, False, padding)[0],
     "dropout 0.1": lambda: ops.attention(q, k, v, scale, False, False, dropout_p=0.1, rng_state=rng_state)[0],
 }
+if len(sys.argv) > 3:
+    with torch.no_grad():
+        for _ in range(3):
+            cases[sys.argv[3]]()
+    torch.cuda.synchronize()
+    sys.exit(0)
 for name, fn in cases.items():
     for mode in ("fwd", "fwdbwd"):
         def call():
