@@ -8,8 +8,10 @@
 //     then for every step (query head of the GQA group x 64-query block that sees these keys) Q and dO
 //     (TMA) and the step's LSE and delta (ordinary loads and shared stores, 16 bytes per lane, so no
 //     stage that consumers read with ordinary loads is rewritten by the async proxy) into a ring of
-//     kStages stages. Each stage is released by the consumer warps when their GEMMs are done with it
-//     (once the warp has synchronised: the release must follow every lane's read of LSE and delta).
+//     kStages stages. Each stage is released by the consumer warps when their GEMMs are done with it,
+//     through a named barrier per stage (consumers bar.arrive, the producer warp bar.syncs before
+//     refilling the stage), which orders every consumer thread's reads of LSE and delta before the
+//     producer's stores.
 //   Warpgroups 1 and 2, the consumers: each owns 64 of the keys:
 //     S^T = K Q^T and dP^T = V dO^T (wgmma from shared memory), P^T = exp2(S^T scale - LSE) and
 //     dS^T = P^T (dP^T - delta) in registers; dV += P^T dO and dK += dS^T Q with P^T, dS^T as register
@@ -41,6 +43,12 @@
 namespace flashattn {
 namespace sm90 {
 
+// Named barriers of the backward (0 is __syncthreads): the consumers' own, then one per ring stage
+// between the consumer warps and the producer warp (the stage's release).
+constexpr int kBwdConsumerBarrier = 1;
+constexpr int kBwdStageBarrier0 = 2;
+constexpr int kBwdStageBarrierThreads = 256 + 32;  // both consumer warpgroups and the producer warp
+
 template <int kHeadDim_>
 struct BwdConfig {
   static constexpr int kHeadDim = kHeadDim_;  // tile width (64 or 128), equal to the dq workspace width
@@ -71,13 +79,14 @@ struct BwdConfig {
   static constexpr int kDqOffset = kDsOffset + kConsumers * kDsBytes;
   static constexpr int kStatsOffset = kDqOffset + kDqBytes;
   static constexpr int kBarriersOffset = kStatsOffset + kStages * kStatsBytes;
-  static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + 2 * kStages) * 8;
+  static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + kStages) * 8;
 
   static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
   static_assert(kHeadDim % 64 == 0, "whole 64-column blocks");
   static_assert(kConsumers == 2 && kDqCols % 32 == 0, "each consumer's dQ columns lie in one 64-column block");
   static_assert(kBlockM % kBwdStatsAlign == 0 || kBwdStatsAlign % kBlockM == 0, "steps never cross a stats row");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
+  static_assert(kBwdStageBarrier0 + kStages <= 16, "16 named barriers per CTA");
 };
 
 static_assert(BwdConfig<64>::kBlockM == kBwdQueriesPerStep && BwdConfig<64>::kBlockN == kBwdKeysPerCta &&
@@ -91,7 +100,7 @@ struct BwdTensorMaps {
 template <typename Cfg>
 struct BwdBarriers {
   uint64_t kv_full;
-  uint64_t qdo_full[Cfg::kStages], qdo_empty[Cfg::kStages];
+  uint64_t qdo_full[Cfg::kStages];
 };
 
 // The steps of one CTA: every query head of the kv head's group times every query block that sees at
@@ -190,7 +199,7 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
     // Loaded before the wait for the stage, so the wait hides the load's latency.
     const int64_t stats_row = (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0;
     const float4 stats = __ldg(reinterpret_cast<const float4*>(stats_source + stats_row) + lane % 16);
-    if (use > 0) mbar_wait(&bars.qdo_empty[stage], (use - 1) & 1);
+    if (use > 0) named_barrier_sync(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);
     if (lane == 0) {
       mbar_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes);
       tma_load_tile<Cfg::kColBlocks>(base + Cfg::kQOffset + stage * Cfg::kQBytes, &maps.q, &bars.qdo_full[stage],
@@ -200,6 +209,11 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
     }
     st_shared_f32x4(stats_target + stage * Cfg::kStatsBytes, stats);
     mbar_arrive(&bars.qdo_full[stage]);  // releases this lane's store
+  }
+  // The consumers release every stage they use, the last kStages uses included: complete those
+  // barriers too, so none is left half-arrived when the CTA exits.
+  for (int i = max(iter - Cfg::kStages, 0); i < iter; ++i) {
+    named_barrier_sync(kBwdStageBarrier0 + i % Cfg::kStages, kBwdStageBarrierThreads);
   }
 }
 
@@ -325,7 +339,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     mbar_init(&bars.kv_full, 1);
     for (int i = 0; i < kStages; ++i) {
       mbar_init(&bars.qdo_full[i], 32);  // one arrival per producer lane, plus the TMA bytes
-      mbar_init(&bars.qdo_empty[i], Cfg::kConsumers * 4);  // one arrival per consumer warp
     }
     mbar_fence_init();
   }
@@ -342,7 +355,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int thread_in_group = threadIdx.x % 128;
   const int warp_in_group = thread_in_group / 32;
   const int lane = threadIdx.x % 32;
-  const bool warp_leader = lane == 0;
   const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
   const int key0 = n0 + consumer * 64;      // this warpgroup's keys: [key0, key0 + 64)
   const int dq_col0 = consumer * Cfg::kDqCols;
@@ -355,7 +367,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const float* dq_stage = reinterpret_cast<const float*>(base + Cfg::kDqOffset);  // [64][kHeadDim]
   const uint32_t dq_stage_addr = smem + Cfg::kDqOffset;
   const uint32_t stats_addr = smem + Cfg::kStatsOffset;
-  constexpr uint32_t kConsumerBarrier = 1;  // named barrier of the 256 consumer threads
 
   float dk[Cfg::kHeadDim / 2], dv[Cfg::kHeadDim / 2];
 #pragma unroll
@@ -449,7 +460,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     store_ds_swizzled(ds_tile, ds_frag, warp_in_group, lane);
     fence_proxy_async_shared();
     if (reducer) bulk_wait_read();              // the previous step's dQ reduction has left dq_stage
-    named_barrier_sync(kConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free
+    named_barrier_sync(kBwdConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free
 
     float dq[Cfg::kDqCols / 2];
     wgmma_fence();
@@ -463,8 +474,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     fence_registers(dk);
     fence_registers(p_frag);
     fence_registers(ds_frag);
-    __syncwarp();  // every lane's reads of the stage (LSE, delta) come before the leader releases it
-    if (warp_leader) mbar_arrive(&bars.qdo_empty[stage]);
+    named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
     wgmma_wait<0>();
     fence_registers(dq);
 #pragma unroll
@@ -475,7 +485,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     }
     fence_proxy_async_shared();
     // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
-    named_barrier_sync(kConsumerBarrier, 256);
+    named_barrier_sync(kBwdConsumerBarrier, 256);
     if (reducer) {
       const int rows = min(kBlockM, sh.seqlen_q - m0);
       const int64_t row_offset = (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;

@@ -180,5 +180,11 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrival at named barrier `id` without waiting: the executing warp's earlier memory accesses are
+// ordered before whatever the threads that bar.sync on the same barrier do after it completes.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 }  // namespace sm90
 }  // namespace flashattn
