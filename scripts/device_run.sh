@@ -62,8 +62,8 @@ if has ncu; then
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
   if [[ -z $NCU ]]; then echo "ncu: not installed on this machine"; else
     for c in "no mask" "padding mask"; do
-      run "ncu_${c// /_}" 240 "$NCU" --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-        -k regex:fwd_kernel --launch-skip 1 --launch-count 1 python3 scripts/dev/mask_profile.py 64 4096 "$c"
+      run "ncu_${c// /_}" 240 "$NCU" --clock-control none --section SpeedOfLight --section WarpStateStats \
+        --section SchedulerStats --section InstructionStats --section SourceCounters -k regex:fwd_kernel --launch-skip 1 --launch-count 1 python3 scripts/dev/mask_profile.py 64 4096 "$c"
     done
   fi
 fi
