@@ -437,7 +437,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       for (int i = 0; i < 32; ++i) {
         const int c = 2 * (i / 4) + i % 2;  // index of this element's query column in lse / delta
         s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[c]));
-        if (needs_mask) {
+      }
+      // A branch of its own (not a select inside the loop above): the compiler then does not compute
+      // the 32 visibility predicates of every step ahead of the S^T GEMM's issue.
+      if (needs_mask) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
           const int key_step = 8 * ((i % 4) / 2), query_step = 8 * (i / 4) + i % 2;
           s[i] = (key_step < keys_left) & (key_step - query_step <= diagonal) ? s[i] : 0.f;
         }
