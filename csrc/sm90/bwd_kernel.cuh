@@ -128,47 +128,51 @@ struct BwdStepWalk {
   __device__ __forceinline__ sm80::MaskView<T> mask(int step) const {
     return sm80::MaskView<T>(p.mask, batch, steps.head(step, kv_head), steps.m_begin + step % steps.num_m);
   }
-  // The class of step `step` (kTileAnyVisible | kTileNeedsMask bits; p.mask.tile_class set, step <
-  // steps.count()), from the bit sets, refilled when the step is outside their window.
-  __device__ __forceinline__ uint32_t class_of(int step) {
-    if (static_cast<unsigned>(step - window_first) >= static_cast<unsigned>(kClassWindow)) {
-      window_first = step;
-      visible_bits = needs_bits = 0;
-      const MaskParams& m = p.mask;
-      const unsigned char* column = m.tile_class + batch * m.class_batch_stride + n_block;
-      // Step s is query tile m_begin + s % num_m of head kv_head * group + s / num_m: walked
-      // incrementally from `step` (one division per window).
-      int tile = step % steps.num_m, head = steps.head(step, kv_head);
+  // Fills the bit sets with steps [first, first + kClassWindow) (p.mask.tile_class set, first <
+  // steps.count()); steps past the last are never visible.
+  __device__ __forceinline__ void load_window(int first) {
+    window_first = first;
+    visible_bits = needs_bits = 0;
+    const MaskParams& m = p.mask;
+    const unsigned char* column = m.tile_class + batch * m.class_batch_stride + n_block;
+    // Step s is query tile m_begin + s % num_m of head kv_head * group + s / num_m: walked
+    // incrementally from `first` (one division per window).
+    int tile = first % steps.num_m, head = steps.head(first, kv_head);
 #pragma unroll
-      for (int i = 0; i < kClassWindow; ++i) {
-        if (step + i < steps.count()) {
-          const uint32_t c = column[head * m.class_head_stride +
-                                    static_cast<int64_t>(steps.m_begin + tile) * m.class_row_stride];
-          visible_bits |= (c & kTileAnyVisible) << i;
-          needs_bits |= ((c & kTileNeedsMask) ? 1u : 0u) << i;
-        }
-        if (++tile == steps.num_m) {
-          tile = 0;
-          ++head;
-        }
+    for (int i = 0; i < kClassWindow; ++i) {
+      if (first + i < steps.count()) {
+        const uint32_t c = column[head * m.class_head_stride +
+                                  static_cast<int64_t>(steps.m_begin + tile) * m.class_row_stride];
+        visible_bits |= (c & kTileAnyVisible) << i;
+        needs_bits |= ((c & kTileNeedsMask) ? 1u : 0u) << i;
+      }
+      if (++tile == steps.num_m) {
+        tile = 0;
+        ++head;
       }
     }
-    const int i = step - window_first;
-    return (((visible_bits >> i) & 1u) ? kTileAnyVisible : 0u) | (((needs_bits >> i) & 1u) ? kTileNeedsMask : 0u);
   }
+  // A shift and a find-first-set per window, not a class test per step: the consumers walk on their
+  // critical path.
   __device__ __forceinline__ int next(int step) {
     if constexpr (kMasked) {
       if (p.mask.tile_class != nullptr) {
-        while (step < steps.count() && !(class_of(step) & kTileAnyVisible)) ++step;
+        while (step < steps.count()) {
+          if (static_cast<unsigned>(step - window_first) >= static_cast<unsigned>(kClassWindow)) load_window(step);
+          const uint32_t ahead = visible_bits >> (step - window_first);
+          if (ahead != 0) return step + __ffs(ahead) - 1;
+          step = window_first + kClassWindow;
+        }
       }
     }
     return step;
   }
-  // Whether the mask's elements of step `step` (one next() returned, < steps.count()) must be read.
-  __device__ __forceinline__ bool needs_elements(int step) {
+  // Whether the mask's elements of step `step` (the last step next() returned, < steps.count()) must be
+  // read.
+  __device__ __forceinline__ bool needs_elements(int step) const {
     if constexpr (kMasked) {
       return p.mask.kind != MaskKind::kNone &&
-             (p.mask.tile_class == nullptr || (class_of(step) & kTileNeedsMask) != 0);
+             (p.mask.tile_class == nullptr || ((needs_bits >> (step - window_first)) & 1u) != 0);
     }
     return false;
   }

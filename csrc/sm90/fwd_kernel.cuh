@@ -30,6 +30,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -169,41 +170,59 @@ struct FwdSchedule {
 
 // The key blocks a tile visits: from block n on, the first one the mask does not exclude entirely
 // (all of them without a mask); num_n_blocks when none is left. The tile's classes are read
-// kClassWindow at a time into registers: a class read from memory between a consumer's GEMMs stalled
-// the consumer for a memory round trip at every key block.
+// kClassWindow at a time (a class read from memory between a consumer's GEMMs stalled the consumer
+// for a memory round trip at every key block) and kept as two bit sets, so that finding the next
+// block and whether its elements are read is a shift and a find-first-set, not a byte-by-byte scan:
+// the walk runs on the consumers' critical path at every key block.
 template <typename T, bool kMasked>
 struct KeyBlockWalk {
   sm80::MaskView<T> mask;
   int num_n_blocks;
-  uint4 window = make_uint4(0, 0, 0, 0);  // classes of key blocks [window_first, window_first + kClassWindow)
-  int window_first = -kClassWindow;
+  int window_first = -kClassWindow;  // the window holds blocks [window_first, window_first + kClassWindow)
+  uint32_t visible = 0;              // bit i: block window_first + i exists and some key of it is visible
+  uint32_t needs = 0;                // bit i: block window_first + i's mask elements must be read
 
   __device__ __forceinline__ KeyBlockWalk(const FwdParams& p, const FwdTile& t, int block_m)
       : mask(kMasked ? sm80::MaskView<T>(p.mask, t.batch, t.head, t.m0 / block_m) : sm80::MaskView<T>()),
         num_n_blocks(t.num_n_blocks) {}
-  // The class of key block n (< num_n_blocks), from the window (refilled when n is outside it).
-  __device__ __forceinline__ uint32_t class_of(int n) {
+
+  // Bit i = bit `flag_bit` of byte i of the four words (16 class bytes).
+  __device__ __forceinline__ static uint32_t gather_flag(const uint4& w, int flag_bit) {
+    // (x & 0x01010101) * 0x01020408 puts byte i's low bit at bit 24 + i, with no carries between them.
+    auto nibble = [&](uint32_t x) { return (((x >> flag_bit) & 0x01010101u) * 0x01020408u) >> 24; };
+    return nibble(w.x) | nibble(w.y) << 4 | nibble(w.z) << 8 | nibble(w.w) << 12;
+  }
+  __device__ __forceinline__ void load_window(int first) {
     static_assert(kClassWindow == 16, "one uint4 per window");
-    if (static_cast<unsigned>(n - window_first) >= static_cast<unsigned>(kClassWindow)) {
-      window_first = n & ~(kClassWindow - 1);
-      window = *reinterpret_cast<const uint4*>(mask.classes + window_first);
-    }
-    const int i = n - window_first;
-    const uint32_t word = i < 8 ? (i < 4 ? window.x : window.y) : (i < 12 ? window.z : window.w);
-    return (word >> (8 * (i % 4))) & 0xffu;
+    static_assert(kTileAnyVisible == 1 && kTileNeedsMask == 2, "flag bits 0 and 1");
+    window_first = first;
+    const uint4 w = *reinterpret_cast<const uint4*>(mask.classes + first);
+    // Class bytes past the last block are padding: never visible.
+    const int blocks = num_n_blocks - first;
+    const uint32_t exists = blocks >= kClassWindow ? 0xffffu : (1u << blocks) - 1;
+    visible = gather_flag(w, 0) & exists;
+    needs = gather_flag(w, 1) & exists;
   }
   __device__ __forceinline__ int next(int n) {
     if constexpr (kMasked) {
       if (mask.classes != nullptr) {
-        while (n < num_n_blocks && !(class_of(n) & kTileAnyVisible)) ++n;
+        while (n < num_n_blocks) {
+          if (static_cast<unsigned>(n - window_first) >= static_cast<unsigned>(kClassWindow)) {
+            load_window(n & ~(kClassWindow - 1));
+          }
+          const uint32_t ahead = visible >> (n - window_first);
+          if (ahead != 0) return n + __ffs(ahead) - 1;
+          n = window_first + kClassWindow;
+        }
       }
     }
     return n;
   }
-  // Whether the mask's elements of key block n (one next() returned, < num_n_blocks) must be read.
-  __device__ __forceinline__ bool needs_elements(int n) {
+  // Whether the mask's elements of key block n (the last block next() returned, < num_n_blocks) must
+  // be read.
+  __device__ __forceinline__ bool needs_elements(int n) const {
     if constexpr (kMasked) {
-      return mask.kind != MaskKind::kNone && (mask.classes == nullptr || (class_of(n) & kTileNeedsMask));
+      return mask.kind != MaskKind::kNone && (mask.classes == nullptr || ((needs >> (n - window_first)) & 1u));
     }
     return false;
   }
@@ -506,9 +525,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     // Only blocks past the last key or crossing the causal diagonal need the causal/length mask;
     // with an attention mask, also the blocks whose tile class says so.
     KeyBlockWalk<T, kMasked> walk(p, t, kBlockM);
-    auto needs_mask = [&](int n0) {
-      return n0 + kBlockN > sh.seqlen_k || (sh.is_causal && n0 + kBlockN - 1 > first_row + sh.causal_offset);
-    };
+    // needs_mask(n0) is n0 + kBlockN > seqlen_k or (causal) n0 + kBlockN - 1 > first_row + causal_offset;
+    // both hold from one block on, so it is one comparison with that block.
+    const int last_row_key = first_row + sh.causal_offset;  // the last key this warpgroup's first row sees
+    const int edge_block = min(sh.seqlen_k / kBlockN,
+                               !sh.is_causal ? INT_MAX : last_row_key + 1 >= 0 ? (last_row_key + 1) / kBlockN : 0);
+    auto needs_mask = [&](int n0) { return n0 >= edge_block * kBlockN; };
     // Masks block `block`'s scores; returns the scale the softmax must apply to them.
     auto apply_masks = [&](int block, bool mask_needed) {
       const int n0 = block * kBlockN;
