@@ -310,6 +310,45 @@ template <int kBlockN, int kChunk, typename T>
 __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int row0, int lane, const AttentionShape& sh,
                                             const sm80::MaskView<T>& mask, bool mask_needed) {
   static_assert((kBlockN / 4) % kChunk == 0 && kChunk % 2 == 0, "whole chunks of key pairs");
+  // The common case of a boolean mask with contiguous, even-aligned rows (causal-shaped, padding and
+  // block-sparse masks as torch builds them) over a block inside the keys: a thread's keys come in
+  // adjacent pairs, 8 keys apart, so one 16-bit load at a fixed offset from the row's address reads
+  // both, with no per-element index arithmetic or bounds test.
+  const bool pairs = mask_needed && mask.kind == MaskKind::kBool && mask.col_stride == 1 &&
+                     ((reinterpret_cast<uintptr_t>(mask.base) | static_cast<uintptr_t>(mask.row_stride)) & 1) == 0 &&
+                     n0 + kBlockN <= sh.seqlen_k;
+  if (pairs) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int query = row0 + half * 8;
+      const unsigned char* row =
+          mask.base + static_cast<int64_t>(query) * mask.row_stride + n0 + 2 * (lane % 4);  // keys of pair 0
+      // kChunk loads in flight, as the general path has kChunk terms.
+      constexpr int kPairs = kChunk < kBlockN / 8 ? kChunk : kBlockN / 8;
+#pragma unroll
+      for (int chunk = 0; chunk < kBlockN / 8; chunk += kPairs) {
+        uint32_t pair_bytes[kPairs];  // byte c: key n0 + 8 (chunk + j) + 2 (lane % 4) + c kept (!= 0)
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          // Rows past seqlen_q are computed and never written: not read (all kept, as in the general path).
+          pair_bytes[j] = query < sh.seqlen_q ? __ldg(reinterpret_cast<const unsigned short*>(row + 8 * (chunk + j)))
+                                              : 0x0101u;
+        }
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int key = n0 + (chunk + j) * 8 + (lane % 4) * 2 + c;
+            float& x = s[4 * (chunk + j) + 2 * half + c];
+            const bool visible = ((pair_bytes[j] >> (8 * c)) & 0xffu) != 0 &&
+                                 (!sh.is_causal || key <= query + sh.causal_offset);
+            x = visible ? x * sh.scale_log2 : -INFINITY;
+          }
+        }
+      }
+    }
+    return;
+  }
   // Elements 4j + 2 half + {0, 1} are keys 8j + 2 (lane % 4) + {0, 1} of row row0 + 8 half; term e of a
   // row is its key n0 + 8 (e / 2) + 2 (lane % 4) + e % 2.
 #pragma unroll
