@@ -274,17 +274,12 @@ __device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const uns
                                          const unsigned char* k_tile) {
   uint32_t q_addr = smem_u32(q_rows);
   if constexpr (kRecomputeQ) asm volatile("" : "+r"(q_addr));
-  // A descriptor's start address field is (address mod 2^18) / 16, its low 14 bits: shared addresses
-  // stay below 2^18, so stepping the address by a multiple of 16 bytes adds 1/16 of the step to the
-  // low word, with no carry out of the field: one add per k16 step.
-  const uint64_t desc_q0 = smem_desc_sw128(q_addr, 16, 1024);
-  const uint32_t desc_q0_lo = static_cast<uint32_t>(desc_q0), desc_q0_hi = static_cast<uint32_t>(desc_q0 >> 32);
+  const uint64_t desc_q0 = smem_desc_sw128(q_addr, 16, 1024), desc_k0 = smem_desc_sw128(k_tile, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
     const int offset = (ks % 4) * 32;
-    const uint32_t step = static_cast<uint32_t>(((ks / 4) * Cfg::kQColBlockBytes + offset) >> 4);
-    const uint64_t desc_q = (static_cast<uint64_t>(desc_q0_hi) << 32) | (desc_q0_lo + step);
-    const uint64_t desc_k = smem_desc_sw128(k_tile + (ks / 4) * Cfg::kKVColBlockBytes + offset, 16, 1024);
+    const uint64_t desc_q = smem_desc_advance(desc_q0, (ks / 4) * Cfg::kQColBlockBytes + offset);
+    const uint64_t desc_k = smem_desc_advance(desc_k0, (ks / 4) * Cfg::kKVColBlockBytes + offset);
     Wgmma<T, Cfg::kBlockN>::ss(s, desc_q, desc_k, ks > 0);
   }
 }
@@ -295,9 +290,10 @@ __device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const uns
 template <typename T, typename Cfg>
 __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2], uint32_t (&p)[Cfg::kBlockN / 16][4],
                                          const unsigned char* v_tile) {
+  const uint64_t desc_v0 = smem_desc_sw128(v_tile, Cfg::kKVColBlockBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
-    const uint64_t desc_v = smem_desc_sw128(v_tile + kk * 16 * 128, Cfg::kKVColBlockBytes, 1024);
+    const uint64_t desc_v = smem_desc_advance(desc_v0, kk * 16 * 128);
     Wgmma<T, Cfg::kHeadDim>::rs(o, p[kk], desc_v, 1);
   }
 }
