@@ -225,11 +225,12 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
 // K-major tile) times a [64 queries][D] K-major tile, transposed. Used for S^T = K Q^T and dP^T = V dO^T.
 template <typename T, typename Cfg>
 __device__ __forceinline__ void issue_keys_by_queries(float (&acc)[32], uint32_t kv_rows, uint32_t q_tile) {
+  const uint64_t desc_a0 = smem_desc_sw128(kv_rows, 16, 1024), desc_b0 = smem_desc_sw128(q_tile, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
     const int offset = (ks % 4) * 32;
-    const uint64_t desc_a = smem_desc_sw128(kv_rows + (ks / 4) * Cfg::kKVColBlockBytes + offset, 16, 1024);
-    const uint64_t desc_b = smem_desc_sw128(q_tile + (ks / 4) * Cfg::kQColBlockBytes + offset, 16, 1024);
+    const uint64_t desc_a = smem_desc_advance(desc_a0, (ks / 4) * Cfg::kKVColBlockBytes + offset);
+    const uint64_t desc_b = smem_desc_advance(desc_b0, (ks / 4) * Cfg::kQColBlockBytes + offset);
     Wgmma<T, 64>::ss(acc, desc_a, desc_b, ks > 0);
   }
 }
@@ -239,9 +240,10 @@ __device__ __forceinline__ void issue_keys_by_queries(float (&acc)[32], uint32_t
 template <typename T, typename Cfg>
 __device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 2], uint32_t (&a)[4][4],
                                                    uint32_t q_tile) {
+  const uint64_t desc_b0 = smem_desc_sw128(q_tile, Cfg::kQColBlockBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk) {
-    const uint64_t desc_b = smem_desc_sw128(q_tile + kk * 16 * 128, Cfg::kQColBlockBytes, 1024);
+    const uint64_t desc_b = smem_desc_advance(desc_b0, kk * 16 * 128);
     Wgmma<T, Cfg::kHeadDim>::rs(acc, a[kk], desc_b, 1);
   }
 }
@@ -252,12 +254,13 @@ __device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 
 template <typename T, typename Cfg>
 __device__ __forceinline__ void issue_dq(float (&dq)[Cfg::kDqCols / 2], uint32_t ds_tiles, uint32_t k_tile,
                                          int col0) {
+  const uint64_t desc_a0 = smem_desc_sw128(ds_tiles, 64 * 128, 1024);
+  const uint64_t desc_b0 =
+      smem_desc_sw128(k_tile + (col0 / 64) * Cfg::kKVColBlockBytes + (col0 % 64) * 2, Cfg::kKVColBlockBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
-    const uint32_t a = ds_tiles + (kk / 4) * Cfg::kDsBytes + (kk % 4) * 16 * 128;
-    const uint32_t b = k_tile + (col0 / 64) * Cfg::kKVColBlockBytes + kk * 16 * 128 + (col0 % 64) * 2;
-    Wgmma<T, Cfg::kDqCols>::ss_mn(dq, smem_desc_sw128(a, 64 * 128, 1024),
-                                  smem_desc_sw128(b, Cfg::kKVColBlockBytes, 1024), kk > 0);
+    Wgmma<T, Cfg::kDqCols>::ss_mn(dq, smem_desc_advance(desc_a0, (kk / 4) * Cfg::kDsBytes + (kk % 4) * 16 * 128),
+                                  smem_desc_advance(desc_b0, kk * 16 * 128), kk > 0);
   }
 }
 

@@ -265,14 +265,21 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
 // S (64 x kBlockN per warpgroup) = Q K^T. Both tiles are K-major (head dim contiguous): a k16 step
 // advances the start address by 32 bytes inside a 128-byte row, and every 4 steps moves to the next
 // column block; the stride byte offset 1024 is the distance between 8-row groups.
-template <typename T, typename Cfg>
+//
+// kRecomputeQ: build Q's descriptors here at every call from one opaque address, instead of letting
+// the compiler keep one per k16 step (2 registers each) live across the key-block loop: the masked
+// kernel at tile width 128 and up spilled those and reloaded them from local memory at every GEMM.
+template <typename T, typename Cfg, bool kRecomputeQ = false>
 __device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const unsigned char* q_rows,
                                          const unsigned char* k_tile) {
+  uint32_t q_addr = smem_u32(q_rows);
+  if constexpr (kRecomputeQ) asm volatile("" : "+r"(q_addr));
+  const uint64_t desc_q0 = smem_desc_sw128(q_addr, 16, 1024), desc_k0 = smem_desc_sw128(k_tile, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
     const int offset = (ks % 4) * 32;
-    const uint64_t desc_q = smem_desc_sw128(q_rows + (ks / 4) * Cfg::kQColBlockBytes + offset, 16, 1024);
-    const uint64_t desc_k = smem_desc_sw128(k_tile + (ks / 4) * Cfg::kKVColBlockBytes + offset, 16, 1024);
+    const uint64_t desc_q = smem_desc_advance(desc_q0, (ks / 4) * Cfg::kQColBlockBytes + offset);
+    const uint64_t desc_k = smem_desc_advance(desc_k0, (ks / 4) * Cfg::kKVColBlockBytes + offset);
     Wgmma<T, Cfg::kBlockN>::ss(s, desc_q, desc_k, ks > 0);
   }
 }
@@ -283,9 +290,10 @@ __device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const uns
 template <typename T, typename Cfg>
 __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2], uint32_t (&p)[Cfg::kBlockN / 16][4],
                                          const unsigned char* v_tile) {
+  const uint64_t desc_v0 = smem_desc_sw128(v_tile, Cfg::kKVColBlockBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
-    const uint64_t desc_v = smem_desc_sw128(v_tile + kk * 16 * 128, Cfg::kKVColBlockBytes, 1024);
+    const uint64_t desc_v = smem_desc_advance(desc_v0, kk * 16 * 128);
     Wgmma<T, Cfg::kHeadDim>::rs(o, p[kk], desc_v, 1);
   }
 }
@@ -601,7 +609,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       // Block 0: S, softmax, P.
       mbar_wait(&bars.k_full[stage_of(0)], phase_of(0));
       wgmma_fence();
-      issue_qk<T, Cfg>(s, q_rows, k_smem + stage_of(0) * Cfg::kKVBytes);
+      issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(s, q_rows, k_smem + stage_of(0) * Cfg::kKVBytes);
       wgmma_commit();
       // The next block, walked while the GEMM runs (a window refill then waits under it).
       int next = walk.next(block + 1);
@@ -625,7 +633,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         mbar_wait(&bars.k_full[stage], phase_of(n));
         mbar_wait(&bars.v_full[prev], phase_of(n - 1));
         wgmma_fence();
-        issue_qk<T, Cfg>(s, q_rows, k_smem + stage * Cfg::kKVBytes);
+        issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(s, q_rows, k_smem + stage * Cfg::kKVBytes);
         wgmma_commit();
         issue_pv<T, Cfg>(o, prob, v_smem + prev * Cfg::kKVBytes);
         wgmma_commit();
