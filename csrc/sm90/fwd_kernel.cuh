@@ -39,6 +39,7 @@
 #include "params.h"
 #include "sm80/mask_tile.h"  // MaskView: the attention mask of one (batch, head, query tile)
 #include "sm80/ptx.h"        // ElementOps: packing two floats into one register
+#include "sm90/fast_divider.h"
 #include "sm90/fragments.h"
 #include "sm90/fwd_tiles.h"
 #include "sm90/ptx.h"
@@ -118,6 +119,41 @@ struct FwdBarriers {
 
 // ---- producer ----
 
+// Which tiles a CTA runs. With kTilesPerUnit = 2, the query blocks of each (query head, batch) are
+// paired, block j with block num_m - 1 - j (the middle block alone when num_m is odd): under causal
+// masking, or a causal-shaped mask, every pair then costs the same, so CTA c can simply run pairs c,
+// c + gridDim.x, ... (heavier block first) and no SM is left with much more work than another, while
+// each CTA's next tile loads during its current tile's epilogue. Consecutive pairs share a head, so
+// the CTAs running at once read the same K and V (L2 hits). With 1, a unit is one tile (when the tiles
+// fit in one wave, pairing would only halve the CTAs). The divisions by the kernel's fixed counts go
+// through FastDividers built once per CTA.
+struct FwdSchedule {
+  int num_m, units_per_head, tiles_per_unit;
+  FastDivider by_num_m, by_units_per_head, by_heads_q, by_group;
+
+  __device__ __forceinline__ FwdSchedule(const AttentionShape& sh, int block_m, int tiles_per_unit_)
+      : num_m((sh.seqlen_q + block_m - 1) / block_m),
+        units_per_head(tiles_per_unit_ == 2 ? (num_m + 1) / 2 : num_m),
+        tiles_per_unit(tiles_per_unit_),
+        by_num_m(max(num_m, 1)),
+        by_units_per_head(max(units_per_head, 1)),
+        by_heads_q(max(sh.heads_q, 1)),
+        by_group(max(sh.heads_q / max(sh.heads_kv, 1), 1)) {}
+  __device__ __forceinline__ int num_units(const AttentionShape& sh) const {
+    return units_per_head * sh.heads_q * sh.batch;
+  }
+  // Tiles in unit `unit` (1 or 2), and FwdTile::at's index of its tile `i`.
+  __device__ __forceinline__ int tiles_in(int unit) const {
+    return tiles_per_unit == 2 && 2 * by_units_per_head.mod(unit) + 1 != num_m ? 2 : 1;
+  }
+  __device__ __forceinline__ int tile(int unit, int i) const {
+    if (tiles_per_unit == 1) return unit;
+    const int whole = by_units_per_head.div(unit), j = unit - whole * units_per_head;
+    const int m_block = i == 0 ? num_m - 1 - j : j;
+    return whole * num_m + (num_m - 1 - m_block);
+  }
+};
+
 // One work tile: a block of kBlockM queries of one head of one batch entry. Tiles are numbered with
 // the query block fastest, the last query block first, so under causal masking the longest rows are
 // scheduled first and the short ones fill the tail.
@@ -126,45 +162,16 @@ struct FwdTile {
   int num_n_blocks;  // key blocks the tile's queries can see (0: none)
 
   template <int kBlockM, int kBlockN>
-  __device__ __forceinline__ static FwdTile at(int tile, const AttentionShape& sh) {
-    const int num_m_blocks = (sh.seqlen_q + kBlockM - 1) / kBlockM;
+  __device__ __forceinline__ static FwdTile at(int tile, const AttentionShape& sh, const FwdSchedule& sched) {
+    const int head_batch = sched.by_num_m.div(tile);  // head + heads_q * batch
     FwdTile t;
-    t.m0 = (num_m_blocks - 1 - tile % num_m_blocks) * kBlockM;
-    t.head = (tile / num_m_blocks) % sh.heads_q;
-    t.batch = tile / num_m_blocks / sh.heads_q;
-    t.kv_head = t.head / (sh.heads_q / sh.heads_kv);
+    t.m0 = (sched.num_m - 1 - (tile - head_batch * sched.num_m)) * kBlockM;
+    t.batch = sched.by_heads_q.div(head_batch);
+    t.head = head_batch - t.batch * sh.heads_q;
+    t.kv_head = sched.by_group.div(t.head);
     const int key_end = visible_key_end(min(t.m0 + kBlockM, sh.seqlen_q), sh.seqlen_k, sh.is_causal, sh.causal_offset);
     t.num_n_blocks = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
     return t;
-  }
-};
-
-// Which tiles a CTA runs. With kTilesPerUnit = 2, the query blocks of each (query head, batch) are
-// paired, block j with block num_m - 1 - j (the middle block alone when num_m is odd): under causal
-// masking, or a causal-shaped mask, every pair then costs the same, so CTA c can simply run pairs c,
-// c + gridDim.x, ... (heavier block first) and no SM is left with much more work than another, while
-// each CTA's next tile loads during its current tile's epilogue. Consecutive pairs share a head, so
-// the CTAs running at once read the same K and V (L2 hits). With 1, a unit is one tile (when the tiles
-// fit in one wave, pairing would only halve the CTAs).
-struct FwdSchedule {
-  int num_m, units_per_head, tiles_per_unit;
-
-  __device__ __forceinline__ FwdSchedule(const AttentionShape& sh, int block_m, int tiles_per_unit_)
-      : num_m((sh.seqlen_q + block_m - 1) / block_m),
-        units_per_head(tiles_per_unit_ == 2 ? (num_m + 1) / 2 : num_m),
-        tiles_per_unit(tiles_per_unit_) {}
-  __device__ __forceinline__ int num_units(const AttentionShape& sh) const {
-    return units_per_head * sh.heads_q * sh.batch;
-  }
-  // Tiles in unit `unit` (1 or 2), and FwdTile::at's index of its tile `i`.
-  __device__ __forceinline__ int tiles_in(int unit) const {
-    return tiles_per_unit == 2 && 2 * (unit % units_per_head) + 1 != num_m ? 2 : 1;
-  }
-  __device__ __forceinline__ int tile(int unit, int i) const {
-    if (tiles_per_unit == 1) return unit;
-    const int j = unit % units_per_head;
-    const int m_block = i == 0 ? num_m - 1 - j : j;
-    return unit / units_per_head * num_m + (num_m - 1 - m_block);
   }
 };
 
@@ -238,7 +245,7 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
   int kv_iter = 0, q_iter = 0;
   for (int unit = blockIdx.x; unit < sched.num_units(sh); unit += gridDim.x)
   for (int i = 0; i < sched.tiles_in(unit); ++i) {
-    const FwdTile t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(sched.tile(unit, i), sh);
+    const FwdTile t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(sched.tile(unit, i), sh, sched);
     KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
     if (walk.next(0) >= t.num_n_blocks) continue;
     if (q_iter > 0) mbar_wait(&bars.q_empty, (q_iter - 1) & 1);
@@ -558,7 +565,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
   for (int unit = blockIdx.x; unit < sched.num_units(sh); unit += gridDim.x)
   for (int i = 0; i < sched.tiles_in(unit); ++i) {
-    const FwdTile t = FwdTile::at<kBlockM, kBlockN>(sched.tile(unit, i), sh);
+    const FwdTile t = FwdTile::at<kBlockM, kBlockN>(sched.tile(unit, i), sh, sched);
     const int row0 = t.m0 + row_in_tile;
     const int first_row = t.m0 + consumer * 64;  // of this warpgroup
     float o[Cfg::kHeadDim / 2];
