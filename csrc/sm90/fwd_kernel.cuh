@@ -33,6 +33,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/dropout.h"
 #include "common/mask.h"
@@ -222,6 +223,18 @@ struct KeyBlockWalk {
           n = window_first + kClassWindow;
         }
       }
+    }
+    return n;
+  }
+  // One past the last block of the plain run that starts at block n (the last block next() returned,
+  // < num_n_blocks): blocks n, n + 1, ... that are all visible, need no mask elements and lie before
+  // `edge` (the first block that needs the length or causal test), within the current window. n itself
+  // when it is not plain.
+  __device__ __forceinline__ int plain_run_end(int n, int edge) const {
+    if constexpr (kMasked) {
+      if (mask.classes == nullptr) return n;  // every block reads its elements
+      const uint32_t plain = (visible & ~needs) >> (n - window_first);  // below bit 16
+      return min(n + __ffs(~plain) - 1, edge);
     }
     return n;
   }
@@ -632,11 +645,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       accumulator_to_a<T, kBlockN>(prob, s);
 
       int n = 1;  // visits so far
-      for (; next < t.num_n_blocks; ++n) {
-        block = next;
-        block_needs = next_needs;
+      // Visit n of the tile, block `block`: S_n = Q K_n^T, then O += P_{n-1} V_{n-1}, both running while
+      // this warpgroup waits for S_n; then S_n's softmax. The plain variant (kMasked at tile width 64,
+      // no dropout) is for blocks inside a plain run, [block, run_end): visible, no mask elements and
+      // no length or causal test, so the walk and every mask and dropout test are left out of it.
+      int run_end = 0;
+      auto visit = [&](auto plain) {
+        constexpr bool kPlain = decltype(plain)::value;
         const int stage = stage_of(n), prev = stage_of(n - 1);
-        // S_n = Q K_n^T, then O += P_{n-1} V_{n-1}; both run while this warpgroup waits for S_n.
         mbar_wait(&bars.k_full[stage], phase_of(n));
         mbar_wait(&bars.v_full[prev], phase_of(n - 1));
         wgmma_fence();
@@ -644,22 +660,45 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         wgmma_commit();
         issue_pv<T, Cfg>(o, prob, v_smem + prev * Cfg::kKVBytes);
         wgmma_commit();
-        next = walk.next(block + 1);
-        next_needs = next < t.num_n_blocks && walk.needs_elements(next);
+        if (!kPlain || block + 1 == run_end) {
+          next = walk.next(block + 1);
+          next_needs = next < t.num_n_blocks && walk.needs_elements(next);
+        } else {
+          next = block + 1;
+          next_needs = false;
+        }
         wgmma_wait<1>();  // S_n is ready; the PV GEMM may still run
         fence_registers(s);
         if (warp_leader) {
           mbar_arrive(&bars.k_empty[stage]);
           if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);
         }
-        softmax.update(s, apply_masks(block, block_needs), correction);
-        apply_dropout(block);
+        if constexpr (kPlain) {
+          softmax.update(s, sh.scale_log2, correction);
+        } else {
+          softmax.update(s, apply_masks(block, block_needs), correction);
+          apply_dropout(block);
+        }
         wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
         fence_registers(o);
         fence_registers(prob);
         if (warp_leader) mbar_arrive(&bars.v_empty[prev]);
         rescale_rows(o, correction);
         accumulator_to_a<T, kBlockN>(prob, s);
+      };
+      for (; next < t.num_n_blocks; ++n) {
+        block = next;
+        block_needs = next_needs;
+        // Plain runs at tile width 64 only: at the wider tiles the second copy of the loop body made
+        // ptxas spill more (108 against 72 bytes at width 128).
+        if constexpr (kMasked && Cfg::kHeadDim <= 64) {
+          if (!dropout && block >= run_end && !block_needs) run_end = walk.plain_run_end(block, edge_block);
+          if (block < run_end) {
+            visit(std::true_type{});
+            continue;
+          }
+        }
+        visit(std::false_type{});
       }
       const int last = stage_of(n - 1);
       mbar_wait(&bars.v_full[last], phase_of(n - 1));
