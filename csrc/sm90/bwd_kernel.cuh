@@ -335,7 +335,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int first_query = first_query_seeing(n0, sh.is_causal, sh.causal_offset);
   steps.m_begin = first_query / kBlockM;
   steps.num_m = first_query < sh.seqlen_q ? (sh.seqlen_q + kBlockM - 1) / kBlockM - steps.m_begin : 0;
-  const int warpgroup = threadIdx.x / 128;
+  // Broadcast from lane 0: the compiler then knows the value is the same across the warp, so what
+  // derives from it (each consumer's shared-memory tile addresses, its wgmma descriptors) lives in
+  // uniform registers instead of being moved there before every wgmma.
+  const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
   BwdStepWalk<T, kMasked> walk{p, steps, kv_head, batch, n_block};
 
   if (threadIdx.x == 0) {

@@ -544,7 +544,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
   const AttentionShape& sh = p.shape;
   const FwdSchedule sched(sh, kBlockM, tiles_per_unit);
-  const int warpgroup = threadIdx.x / 128;
+  // Broadcast from lane 0: the compiler then knows the value is the same across the warp, so what
+  // derives from it (each consumer's shared-memory tile addresses, its wgmma descriptors) lives in
+  // uniform registers instead of being moved there before every wgmma.
+  const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&maps.q);
