@@ -34,13 +34,14 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
     kind: "bool" (random, ~70% True), "float" (randn, ~20% -inf), "float32" (the same in float32).
     shape_name: "qk" (Lq, Lk), "11qk", "b11k" (a padding mask), "bhqk" (dense), "strided" (a dense
     mask whose last dim has stride 2), "offset" (rows sliced out of wider ones at an odd element
-    offset, so that no row starts 2-byte aligned), "causal" (a lower-triangular bool), "blocks" (whole 64 x 64
-    tiles False), "empty_rows" (some rows fully masked), "tiles" (each 128 x 128 tile all False, all
-    True or random: every class of mask tile, on every kernel's tile grid).
+    offset, so that no row starts 2-byte aligned), "causal" (a lower-triangular bool), "blocks"
+    (whole 64 x 64 tiles False), "empty_rows" (some rows fully masked), "tiles" (each 128 x 128 tile
+    all False, all True or random: every class of mask tile, on every kernel's tile grid).
     """
     full = (batch, heads_q, seqlen_q, seqlen_k)
     base_shape = {"qk": (seqlen_q, seqlen_k), "11qk": (1, 1, seqlen_q, seqlen_k), "b11k": (batch, 1, 1, seqlen_k),
-                  "bhqk": full, "strided": full, "offset": (batch, 1, seqlen_q, seqlen_k), "causal": (seqlen_q, seqlen_k), "blocks": (1, 1, seqlen_q, seqlen_k),
+                  "bhqk": full, "strided": full, "offset": (batch, 1, seqlen_q, seqlen_k),
+                  "causal": (seqlen_q, seqlen_k), "blocks": (1, 1, seqlen_q, seqlen_k),
                   "empty_rows": (batch, 1, seqlen_q, seqlen_k), "tiles": (1, 1, seqlen_q, seqlen_k)}[shape_name]
     alloc = (base_shape[:-1] + (2 * seqlen_k,) if shape_name == "strided" else
              base_shape[:-1] + (seqlen_k + 2,) if shape_name == "offset" else base_shape)
