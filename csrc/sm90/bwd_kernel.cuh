@@ -34,6 +34,7 @@
 #include "params.h"
 #include "sm80/bwd_kernel.cuh"  // the preprocess and dq conversion kernels
 #include "sm80/mask_tile.h"     // MaskView: the attention mask of one (batch, head, query tile)
+#include "sm90/class_bits.h"
 #include "sm90/fragments.h"
 #include "sm90/fwd_tiles.h"
 #include "sm90/ptx.h"
@@ -122,8 +123,7 @@ struct BwdStepWalk {
   const BwdParams& p;
   const BwdSteps& steps;
   int kv_head, batch, n_block;
-  uint32_t visible_bits = 0, needs_bits = 0;  // bit i: step window_first + i
-  int window_first = -kClassWindow;
+  ClassBits bits;  // the window of steps last loaded
 
   __device__ __forceinline__ sm80::MaskView<T> mask(int step) const {
     return sm80::MaskView<T>(p.mask, batch, steps.head(step, kv_head), steps.m_begin + step % steps.num_m);
@@ -131,8 +131,8 @@ struct BwdStepWalk {
   // Fills the bit sets with steps [first, first + kClassWindow) (p.mask.tile_class set, first <
   // steps.count()); steps past the last are never visible.
   __device__ __forceinline__ void load_window(int first) {
-    window_first = first;
-    visible_bits = needs_bits = 0;
+    bits.first = first;
+    bits.visible = bits.needs = 0;
     const MaskParams& m = p.mask;
     const unsigned char* column = m.tile_class + batch * m.class_batch_stride + n_block;
     // Step s is query tile m_begin + s % num_m of head kv_head * group + s / num_m: walked
@@ -143,8 +143,8 @@ struct BwdStepWalk {
       if (first + i < steps.count()) {
         const uint32_t c = column[head * m.class_head_stride +
                                   static_cast<int64_t>(steps.m_begin + tile) * m.class_row_stride];
-        visible_bits |= (c & kTileAnyVisible) << i;
-        needs_bits |= ((c & kTileNeedsMask) ? 1u : 0u) << i;
+        bits.visible |= (c & kTileAnyVisible) << i;
+        bits.needs |= ((c & kTileNeedsMask) ? 1u : 0u) << i;
       }
       if (++tile == steps.num_m) {
         tile = 0;
@@ -152,17 +152,10 @@ struct BwdStepWalk {
       }
     }
   }
-  // A shift and a find-first-set per window, not a class test per step: the consumers walk on their
-  // critical path.
   __device__ __forceinline__ int next(int step) {
     if constexpr (kMasked) {
       if (p.mask.tile_class != nullptr) {
-        while (step < steps.count()) {
-          if (static_cast<unsigned>(step - window_first) >= static_cast<unsigned>(kClassWindow)) load_window(step);
-          const uint32_t ahead = visible_bits >> (step - window_first);
-          if (ahead != 0) return step + __ffs(ahead) - 1;
-          step = window_first + kClassWindow;
-        }
+        return bits.next_visible(step, steps.count(), [&](int s) { load_window(s); });
       }
     }
     return step;
@@ -172,7 +165,7 @@ struct BwdStepWalk {
   __device__ __forceinline__ bool needs_elements(int step) const {
     if constexpr (kMasked) {
       return p.mask.kind != MaskKind::kNone &&
-             (p.mask.tile_class == nullptr || ((needs_bits >> (step - window_first)) & 1u) != 0);
+             (p.mask.tile_class == nullptr || bits.needs_elements(step));
     }
     return false;
   }

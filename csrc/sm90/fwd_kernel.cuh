@@ -40,6 +40,7 @@
 #include "params.h"
 #include "sm80/mask_tile.h"  // MaskView: the attention mask of one (batch, head, query tile)
 #include "sm80/ptx.h"        // ElementOps: packing two floats into one register
+#include "sm90/class_bits.h"
 #include "sm90/fast_divider.h"
 #include "sm90/fragments.h"
 #include "sm90/fwd_tiles.h"
@@ -186,9 +187,7 @@ template <typename T, bool kMasked>
 struct KeyBlockWalk {
   sm80::MaskView<T> mask;
   int num_n_blocks;
-  int window_first = -kClassWindow;  // the window holds blocks [window_first, window_first + kClassWindow)
-  uint32_t visible = 0;              // bit i: block window_first + i exists and some key of it is visible
-  uint32_t needs = 0;                // bit i: block window_first + i's mask elements must be read
+  ClassBits bits;  // the window of blocks last loaded
 
   __device__ __forceinline__ KeyBlockWalk(const FwdParams& p, const FwdTile& t, int block_m)
       : mask(kMasked ? sm80::MaskView<T>(p.mask, t.batch, t.head, t.m0 / block_m) : sm80::MaskView<T>()),
@@ -203,25 +202,18 @@ struct KeyBlockWalk {
   __device__ __forceinline__ void load_window(int first) {
     static_assert(kClassWindow == 16, "one uint4 per window");
     static_assert(kTileAnyVisible == 1 && kTileNeedsMask == 2, "flag bits 0 and 1");
-    window_first = first;
+    bits.first = first;
     const uint4 w = *reinterpret_cast<const uint4*>(mask.classes + first);
     // Class bytes past the last block are padding: never visible.
     const int blocks = num_n_blocks - first;
     const uint32_t exists = blocks >= kClassWindow ? 0xffffu : (1u << blocks) - 1;
-    visible = gather_flag(w, 0) & exists;
-    needs = gather_flag(w, 1) & exists;
+    bits.visible = gather_flag(w, 0) & exists;
+    bits.needs = gather_flag(w, 1) & exists;
   }
   __device__ __forceinline__ int next(int n) {
     if constexpr (kMasked) {
       if (mask.classes != nullptr) {
-        while (n < num_n_blocks) {
-          if (static_cast<unsigned>(n - window_first) >= static_cast<unsigned>(kClassWindow)) {
-            load_window(n & ~(kClassWindow - 1));
-          }
-          const uint32_t ahead = visible >> (n - window_first);
-          if (ahead != 0) return n + __ffs(ahead) - 1;
-          n = window_first + kClassWindow;
-        }
+        return bits.next_visible(n, num_n_blocks, [&](int m) { load_window(m & ~(kClassWindow - 1)); });
       }
     }
     return n;
@@ -233,7 +225,7 @@ struct KeyBlockWalk {
   __device__ __forceinline__ int plain_run_end(int n, int edge) const {
     if constexpr (kMasked) {
       if (mask.classes == nullptr) return n;  // every block reads its elements
-      const uint32_t plain = (visible & ~needs) >> (n - window_first);  // below bit 16
+      const uint32_t plain = (bits.visible & ~bits.needs) >> (n - bits.first);  // below bit 16
       return min(n + __ffs(~plain) - 1, edge);
     }
     return n;
@@ -242,7 +234,7 @@ struct KeyBlockWalk {
   // be read.
   __device__ __forceinline__ bool needs_elements(int n) const {
     if constexpr (kMasked) {
-      return mask.kind != MaskKind::kNone && (mask.classes == nullptr || ((needs >> (n - window_first)) & 1u));
+      return mask.kind != MaskKind::kNone && (mask.classes == nullptr || bits.needs_elements(n));
     }
     return false;
   }
@@ -368,6 +360,8 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
           for (int c = 0; c < 2; ++c) {
             const int key = n0 + (chunk + j) * 8 + (lane % 4) * 2 + c;
             float& x = s[4 * (chunk + j) + 2 * half + c];
+            // key_visible's causal half (the block lies inside the keys), as a branch: the bitwise form
+            // made ptxas lay out the masked kernel differently.
             const bool visible = ((pair_bytes[j] >> (8 * c)) & 0xffu) != 0 &&
                                  (!sh.is_causal || key <= query + sh.causal_offset);
             x = visible ? x * sh.scale_log2 : -INFINITY;
@@ -595,22 +589,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     // Only blocks past the last key or crossing the causal diagonal need the causal/length mask;
     // with an attention mask, also the blocks whose tile class says so.
     KeyBlockWalk<T, kMasked> walk(p, t, kBlockM);
-    // needs_mask(n0) is n0 + kBlockN > seqlen_k or (causal) n0 + kBlockN - 1 > first_row + causal_offset;
-    // both hold from one block on, so it is one comparison with that block.
+    // A block n0 needs the length/causal mask when n0 + kBlockN > seqlen_k or (causal) n0 + kBlockN - 1 >
+    // first_row + causal_offset; both hold from one block on, so it is one comparison with that block.
     const int last_row_key = first_row + sh.causal_offset;  // the last key this warpgroup's first row sees
     const int edge_block = min(sh.seqlen_k / kBlockN,
                                !sh.is_causal ? INT_MAX : last_row_key + 1 >= 0 ? (last_row_key + 1) / kBlockN : 0);
-    auto needs_mask = [&](int n0) { return n0 >= edge_block * kBlockN; };
     // Masks block `block`'s scores; returns the scale the softmax must apply to them.
     auto apply_masks = [&](int block, bool mask_needed) {
       const int n0 = block * kBlockN;
+      const bool needs_mask = block >= edge_block;
       if constexpr (kMasked) {
-        if (mask_needed || needs_mask(n0)) {
+        if (mask_needed || needs_mask) {
           mask_scores<kBlockN, kMaskChunk, T>(s, n0, row0, lane, sh, walk.mask, mask_needed);
           return 1.f;  // already in base-2 units
         }
       } else {
-        if (needs_mask(n0)) mask_scores<kBlockN>(s, n0, row0, lane, sh);
+        if (needs_mask) mask_scores<kBlockN>(s, n0, row0, lane, sh);
       }
       return sh.scale_log2;
     };
