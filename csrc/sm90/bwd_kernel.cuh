@@ -34,6 +34,7 @@
 #include "params.h"
 #include "sm80/bwd_kernel.cuh"  // the preprocess and dq conversion kernels
 #include "sm80/mask_tile.h"     // MaskView: the attention mask of one (batch, head, query tile)
+#include "sm90/class_bits.h"
 #include "sm90/fragments.h"
 #include "sm90/fwd_tiles.h"
 #include "sm90/ptx.h"
@@ -122,8 +123,7 @@ struct BwdStepWalk {
   const BwdParams& p;
   const BwdSteps& steps;
   int kv_head, batch, n_block;
-  uint32_t visible_bits = 0, needs_bits = 0;  // bit i: step window_first + i
-  int window_first = -kClassWindow;
+  ClassBits bits;  // the window of steps last loaded
 
   __device__ __forceinline__ sm80::MaskView<T> mask(int step) const {
     return sm80::MaskView<T>(p.mask, batch, steps.head(step, kv_head), steps.m_begin + step % steps.num_m);
@@ -131,8 +131,8 @@ struct BwdStepWalk {
   // Fills the bit sets with steps [first, first + kClassWindow) (p.mask.tile_class set, first <
   // steps.count()); steps past the last are never visible.
   __device__ __forceinline__ void load_window(int first) {
-    window_first = first;
-    visible_bits = needs_bits = 0;
+    bits.first = first;
+    bits.visible = bits.needs = 0;
     const MaskParams& m = p.mask;
     const unsigned char* column = m.tile_class + batch * m.class_batch_stride + n_block;
     // Step s is query tile m_begin + s % num_m of head kv_head * group + s / num_m: walked
@@ -143,8 +143,8 @@ struct BwdStepWalk {
       if (first + i < steps.count()) {
         const uint32_t c = column[head * m.class_head_stride +
                                   static_cast<int64_t>(steps.m_begin + tile) * m.class_row_stride];
-        visible_bits |= (c & kTileAnyVisible) << i;
-        needs_bits |= ((c & kTileNeedsMask) ? 1u : 0u) << i;
+        bits.visible |= (c & kTileAnyVisible) << i;
+        bits.needs |= ((c & kTileNeedsMask) ? 1u : 0u) << i;
       }
       if (++tile == steps.num_m) {
         tile = 0;
@@ -152,17 +152,10 @@ struct BwdStepWalk {
       }
     }
   }
-  // A shift and a find-first-set per window, not a class test per step: the consumers walk on their
-  // critical path.
   __device__ __forceinline__ int next(int step) {
     if constexpr (kMasked) {
       if (p.mask.tile_class != nullptr) {
-        while (step < steps.count()) {
-          if (static_cast<unsigned>(step - window_first) >= static_cast<unsigned>(kClassWindow)) load_window(step);
-          const uint32_t ahead = visible_bits >> (step - window_first);
-          if (ahead != 0) return step + __ffs(ahead) - 1;
-          step = window_first + kClassWindow;
-        }
+        return bits.next_visible(step, steps.count(), [&](int s) { load_window(s); });
       }
     }
     return step;
@@ -172,7 +165,7 @@ struct BwdStepWalk {
   __device__ __forceinline__ bool needs_elements(int step) const {
     if constexpr (kMasked) {
       return p.mask.kind != MaskKind::kNone &&
-             (p.mask.tile_class == nullptr || ((needs_bits >> (step - window_first)) & 1u) != 0);
+             (p.mask.tile_class == nullptr || bits.needs_elements(step));
     }
     return false;
   }
@@ -225,11 +218,12 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
 // K-major tile) times a [64 queries][D] K-major tile, transposed. Used for S^T = K Q^T and dP^T = V dO^T.
 template <typename T, typename Cfg>
 __device__ __forceinline__ void issue_keys_by_queries(float (&acc)[32], uint32_t kv_rows, uint32_t q_tile) {
+  const uint64_t desc_a0 = smem_desc_sw128(kv_rows, 16, 1024), desc_b0 = smem_desc_sw128(q_tile, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
     const int offset = (ks % 4) * 32;
-    const uint64_t desc_a = smem_desc_sw128(kv_rows + (ks / 4) * Cfg::kKVColBlockBytes + offset, 16, 1024);
-    const uint64_t desc_b = smem_desc_sw128(q_tile + (ks / 4) * Cfg::kQColBlockBytes + offset, 16, 1024);
+    const uint64_t desc_a = smem_desc_advance(desc_a0, (ks / 4) * Cfg::kKVColBlockBytes + offset);
+    const uint64_t desc_b = smem_desc_advance(desc_b0, (ks / 4) * Cfg::kQColBlockBytes + offset);
     Wgmma<T, 64>::ss(acc, desc_a, desc_b, ks > 0);
   }
 }
@@ -239,9 +233,10 @@ __device__ __forceinline__ void issue_keys_by_queries(float (&acc)[32], uint32_t
 template <typename T, typename Cfg>
 __device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 2], uint32_t (&a)[4][4],
                                                    uint32_t q_tile) {
+  const uint64_t desc_b0 = smem_desc_sw128(q_tile, Cfg::kQColBlockBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk) {
-    const uint64_t desc_b = smem_desc_sw128(q_tile + kk * 16 * 128, Cfg::kQColBlockBytes, 1024);
+    const uint64_t desc_b = smem_desc_advance(desc_b0, kk * 16 * 128);
     Wgmma<T, Cfg::kHeadDim>::rs(acc, a[kk], desc_b, 1);
   }
 }
@@ -252,12 +247,13 @@ __device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 
 template <typename T, typename Cfg>
 __device__ __forceinline__ void issue_dq(float (&dq)[Cfg::kDqCols / 2], uint32_t ds_tiles, uint32_t k_tile,
                                          int col0) {
+  const uint64_t desc_a0 = smem_desc_sw128(ds_tiles, 64 * 128, 1024);
+  const uint64_t desc_b0 =
+      smem_desc_sw128(k_tile + (col0 / 64) * Cfg::kKVColBlockBytes + (col0 % 64) * 2, Cfg::kKVColBlockBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
-    const uint32_t a = ds_tiles + (kk / 4) * Cfg::kDsBytes + (kk % 4) * 16 * 128;
-    const uint32_t b = k_tile + (col0 / 64) * Cfg::kKVColBlockBytes + kk * 16 * 128 + (col0 % 64) * 2;
-    Wgmma<T, Cfg::kDqCols>::ss_mn(dq, smem_desc_sw128(a, 64 * 128, 1024),
-                                  smem_desc_sw128(b, Cfg::kKVColBlockBytes, 1024), kk > 0);
+    Wgmma<T, Cfg::kDqCols>::ss_mn(dq, smem_desc_advance(desc_a0, (kk / 4) * Cfg::kDsBytes + (kk % 4) * 16 * 128),
+                                  smem_desc_advance(desc_b0, kk * 16 * 128), kk > 0);
   }
 }
 
@@ -332,7 +328,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int first_query = first_query_seeing(n0, sh.is_causal, sh.causal_offset);
   steps.m_begin = first_query / kBlockM;
   steps.num_m = first_query < sh.seqlen_q ? (sh.seqlen_q + kBlockM - 1) / kBlockM - steps.m_begin : 0;
-  const int warpgroup = threadIdx.x / 128;
+  // Broadcast from lane 0: the compiler then knows the value is the same across the warp, so what
+  // derives from it (each consumer's shared-memory tile addresses, its wgmma descriptors) lives in
+  // uniform registers instead of being moved there before every wgmma.
+  const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
   BwdStepWalk<T, kMasked> walk{p, steps, kv_head, batch, n_block};
 
   if (threadIdx.x == 0) {

@@ -33,12 +33,15 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/dropout.h"
 #include "common/mask.h"
 #include "params.h"
 #include "sm80/mask_tile.h"  // MaskView: the attention mask of one (batch, head, query tile)
 #include "sm80/ptx.h"        // ElementOps: packing two floats into one register
+#include "sm90/class_bits.h"
+#include "sm90/fast_divider.h"
 #include "sm90/fragments.h"
 #include "sm90/fwd_tiles.h"
 #include "sm90/ptx.h"
@@ -118,6 +121,41 @@ struct FwdBarriers {
 
 // ---- producer ----
 
+// Which tiles a CTA runs. With kTilesPerUnit = 2, the query blocks of each (query head, batch) are
+// paired, block j with block num_m - 1 - j (the middle block alone when num_m is odd): under causal
+// masking, or a causal-shaped mask, every pair then costs the same, so CTA c can simply run pairs c,
+// c + gridDim.x, ... (heavier block first) and no SM is left with much more work than another, while
+// each CTA's next tile loads during its current tile's epilogue. Consecutive pairs share a head, so
+// the CTAs running at once read the same K and V (L2 hits). With 1, a unit is one tile (when the tiles
+// fit in one wave, pairing would only halve the CTAs). The divisions by the kernel's fixed counts go
+// through FastDividers built once per CTA.
+struct FwdSchedule {
+  int num_m, units_per_head, tiles_per_unit;
+  FastDivider by_num_m, by_units_per_head, by_heads_q, by_group;
+
+  __device__ __forceinline__ FwdSchedule(const AttentionShape& sh, int block_m, int tiles_per_unit_)
+      : num_m((sh.seqlen_q + block_m - 1) / block_m),
+        units_per_head(tiles_per_unit_ == 2 ? (num_m + 1) / 2 : num_m),
+        tiles_per_unit(tiles_per_unit_),
+        by_num_m(max(num_m, 1)),
+        by_units_per_head(max(units_per_head, 1)),
+        by_heads_q(max(sh.heads_q, 1)),
+        by_group(max(sh.heads_q / max(sh.heads_kv, 1), 1)) {}
+  __device__ __forceinline__ int num_units(const AttentionShape& sh) const {
+    return units_per_head * sh.heads_q * sh.batch;
+  }
+  // Tiles in unit `unit` (1 or 2), and FwdTile::at's index of its tile `i`.
+  __device__ __forceinline__ int tiles_in(int unit) const {
+    return tiles_per_unit == 2 && 2 * by_units_per_head.mod(unit) + 1 != num_m ? 2 : 1;
+  }
+  __device__ __forceinline__ int tile(int unit, int i) const {
+    if (tiles_per_unit == 1) return unit;
+    const int whole = by_units_per_head.div(unit), j = unit - whole * units_per_head;
+    const int m_block = i == 0 ? num_m - 1 - j : j;
+    return whole * num_m + (num_m - 1 - m_block);
+  }
+};
+
 // One work tile: a block of kBlockM queries of one head of one batch entry. Tiles are numbered with
 // the query block fastest, the last query block first, so under causal masking the longest rows are
 // scheduled first and the short ones fill the tail.
@@ -126,45 +164,16 @@ struct FwdTile {
   int num_n_blocks;  // key blocks the tile's queries can see (0: none)
 
   template <int kBlockM, int kBlockN>
-  __device__ __forceinline__ static FwdTile at(int tile, const AttentionShape& sh) {
-    const int num_m_blocks = (sh.seqlen_q + kBlockM - 1) / kBlockM;
+  __device__ __forceinline__ static FwdTile at(int tile, const AttentionShape& sh, const FwdSchedule& sched) {
+    const int head_batch = sched.by_num_m.div(tile);  // head + heads_q * batch
     FwdTile t;
-    t.m0 = (num_m_blocks - 1 - tile % num_m_blocks) * kBlockM;
-    t.head = (tile / num_m_blocks) % sh.heads_q;
-    t.batch = tile / num_m_blocks / sh.heads_q;
-    t.kv_head = t.head / (sh.heads_q / sh.heads_kv);
+    t.m0 = (sched.num_m - 1 - (tile - head_batch * sched.num_m)) * kBlockM;
+    t.batch = sched.by_heads_q.div(head_batch);
+    t.head = head_batch - t.batch * sh.heads_q;
+    t.kv_head = sched.by_group.div(t.head);
     const int key_end = visible_key_end(min(t.m0 + kBlockM, sh.seqlen_q), sh.seqlen_k, sh.is_causal, sh.causal_offset);
     t.num_n_blocks = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
     return t;
-  }
-};
-
-// Which tiles a CTA runs. With kTilesPerUnit = 2, the query blocks of each (query head, batch) are
-// paired, block j with block num_m - 1 - j (the middle block alone when num_m is odd): under causal
-// masking, or a causal-shaped mask, every pair then costs the same, so CTA c can simply run pairs c,
-// c + gridDim.x, ... (heavier block first) and no SM is left with much more work than another, while
-// each CTA's next tile loads during its current tile's epilogue. Consecutive pairs share a head, so
-// the CTAs running at once read the same K and V (L2 hits). With 1, a unit is one tile (when the tiles
-// fit in one wave, pairing would only halve the CTAs).
-struct FwdSchedule {
-  int num_m, units_per_head, tiles_per_unit;
-
-  __device__ __forceinline__ FwdSchedule(const AttentionShape& sh, int block_m, int tiles_per_unit_)
-      : num_m((sh.seqlen_q + block_m - 1) / block_m),
-        units_per_head(tiles_per_unit_ == 2 ? (num_m + 1) / 2 : num_m),
-        tiles_per_unit(tiles_per_unit_) {}
-  __device__ __forceinline__ int num_units(const AttentionShape& sh) const {
-    return units_per_head * sh.heads_q * sh.batch;
-  }
-  // Tiles in unit `unit` (1 or 2), and FwdTile::at's index of its tile `i`.
-  __device__ __forceinline__ int tiles_in(int unit) const {
-    return tiles_per_unit == 2 && 2 * (unit % units_per_head) + 1 != num_m ? 2 : 1;
-  }
-  __device__ __forceinline__ int tile(int unit, int i) const {
-    if (tiles_per_unit == 1) return unit;
-    const int j = unit % units_per_head;
-    const int m_block = i == 0 ? num_m - 1 - j : j;
-    return unit / units_per_head * num_m + (num_m - 1 - m_block);
   }
 };
 
@@ -178,9 +187,7 @@ template <typename T, bool kMasked>
 struct KeyBlockWalk {
   sm80::MaskView<T> mask;
   int num_n_blocks;
-  int window_first = -kClassWindow;  // the window holds blocks [window_first, window_first + kClassWindow)
-  uint32_t visible = 0;              // bit i: block window_first + i exists and some key of it is visible
-  uint32_t needs = 0;                // bit i: block window_first + i's mask elements must be read
+  ClassBits bits;  // the window of blocks last loaded
 
   __device__ __forceinline__ KeyBlockWalk(const FwdParams& p, const FwdTile& t, int block_m)
       : mask(kMasked ? sm80::MaskView<T>(p.mask, t.batch, t.head, t.m0 / block_m) : sm80::MaskView<T>()),
@@ -195,26 +202,31 @@ struct KeyBlockWalk {
   __device__ __forceinline__ void load_window(int first) {
     static_assert(kClassWindow == 16, "one uint4 per window");
     static_assert(kTileAnyVisible == 1 && kTileNeedsMask == 2, "flag bits 0 and 1");
-    window_first = first;
+    bits.first = first;
     const uint4 w = *reinterpret_cast<const uint4*>(mask.classes + first);
     // Class bytes past the last block are padding: never visible.
     const int blocks = num_n_blocks - first;
     const uint32_t exists = blocks >= kClassWindow ? 0xffffu : (1u << blocks) - 1;
-    visible = gather_flag(w, 0) & exists;
-    needs = gather_flag(w, 1) & exists;
+    bits.visible = gather_flag(w, 0) & exists;
+    bits.needs = gather_flag(w, 1) & exists;
   }
   __device__ __forceinline__ int next(int n) {
     if constexpr (kMasked) {
       if (mask.classes != nullptr) {
-        while (n < num_n_blocks) {
-          if (static_cast<unsigned>(n - window_first) >= static_cast<unsigned>(kClassWindow)) {
-            load_window(n & ~(kClassWindow - 1));
-          }
-          const uint32_t ahead = visible >> (n - window_first);
-          if (ahead != 0) return n + __ffs(ahead) - 1;
-          n = window_first + kClassWindow;
-        }
+        return bits.next_visible(n, num_n_blocks, [&](int m) { load_window(m & ~(kClassWindow - 1)); });
       }
+    }
+    return n;
+  }
+  // One past the last block of the plain run that starts at block n (the last block next() returned,
+  // < num_n_blocks): blocks n, n + 1, ... that are all visible, need no mask elements and lie before
+  // `edge` (the first block that needs the length or causal test), within the current window. n itself
+  // when it is not plain.
+  __device__ __forceinline__ int plain_run_end(int n, int edge) const {
+    if constexpr (kMasked) {
+      if (mask.classes == nullptr) return n;  // every block reads its elements
+      const uint32_t plain = (bits.visible & ~bits.needs) >> (n - bits.first);  // below bit 16
+      return min(n + __ffs(~plain) - 1, edge);
     }
     return n;
   }
@@ -222,7 +234,7 @@ struct KeyBlockWalk {
   // be read.
   __device__ __forceinline__ bool needs_elements(int n) const {
     if constexpr (kMasked) {
-      return mask.kind != MaskKind::kNone && (mask.classes == nullptr || ((needs >> (n - window_first)) & 1u));
+      return mask.kind != MaskKind::kNone && (mask.classes == nullptr || bits.needs_elements(n));
     }
     return false;
   }
@@ -238,7 +250,7 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
   int kv_iter = 0, q_iter = 0;
   for (int unit = blockIdx.x; unit < sched.num_units(sh); unit += gridDim.x)
   for (int i = 0; i < sched.tiles_in(unit); ++i) {
-    const FwdTile t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(sched.tile(unit, i), sh);
+    const FwdTile t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(sched.tile(unit, i), sh, sched);
     KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
     if (walk.next(0) >= t.num_n_blocks) continue;
     if (q_iter > 0) mbar_wait(&bars.q_empty, (q_iter - 1) & 1);
@@ -265,14 +277,21 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
 // S (64 x kBlockN per warpgroup) = Q K^T. Both tiles are K-major (head dim contiguous): a k16 step
 // advances the start address by 32 bytes inside a 128-byte row, and every 4 steps moves to the next
 // column block; the stride byte offset 1024 is the distance between 8-row groups.
-template <typename T, typename Cfg>
+//
+// kRecomputeQ: build Q's descriptors here at every call from one opaque address, instead of letting
+// the compiler keep one per k16 step (2 registers each) live across the key-block loop: the masked
+// kernel at tile width 128 and up spilled those and reloaded them from local memory at every GEMM.
+template <typename T, typename Cfg, bool kRecomputeQ = false>
 __device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const unsigned char* q_rows,
                                          const unsigned char* k_tile) {
+  uint32_t q_addr = smem_u32(q_rows);
+  if constexpr (kRecomputeQ) asm volatile("" : "+r"(q_addr));
+  const uint64_t desc_q0 = smem_desc_sw128(q_addr, 16, 1024), desc_k0 = smem_desc_sw128(k_tile, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
     const int offset = (ks % 4) * 32;
-    const uint64_t desc_q = smem_desc_sw128(q_rows + (ks / 4) * Cfg::kQColBlockBytes + offset, 16, 1024);
-    const uint64_t desc_k = smem_desc_sw128(k_tile + (ks / 4) * Cfg::kKVColBlockBytes + offset, 16, 1024);
+    const uint64_t desc_q = smem_desc_advance(desc_q0, (ks / 4) * Cfg::kQColBlockBytes + offset);
+    const uint64_t desc_k = smem_desc_advance(desc_k0, (ks / 4) * Cfg::kKVColBlockBytes + offset);
     Wgmma<T, Cfg::kBlockN>::ss(s, desc_q, desc_k, ks > 0);
   }
 }
@@ -283,9 +302,10 @@ __device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const uns
 template <typename T, typename Cfg>
 __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2], uint32_t (&p)[Cfg::kBlockN / 16][4],
                                          const unsigned char* v_tile) {
+  const uint64_t desc_v0 = smem_desc_sw128(v_tile, Cfg::kKVColBlockBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
-    const uint64_t desc_v = smem_desc_sw128(v_tile + kk * 16 * 128, Cfg::kKVColBlockBytes, 1024);
+    const uint64_t desc_v = smem_desc_advance(desc_v0, kk * 16 * 128);
     Wgmma<T, Cfg::kHeadDim>::rs(o, p[kk], desc_v, 1);
   }
 }
@@ -340,6 +360,8 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
           for (int c = 0; c < 2; ++c) {
             const int key = n0 + (chunk + j) * 8 + (lane % 4) * 2 + c;
             float& x = s[4 * (chunk + j) + 2 * half + c];
+            // key_visible's causal half (the block lies inside the keys), as a branch: the bitwise form
+            // made ptxas lay out the masked kernel differently.
             const bool visible = ((pair_bytes[j] >> (8 * c)) & 0xffu) != 0 &&
                                  (!sh.is_causal || key <= query + sh.causal_offset);
             x = visible ? x * sh.scale_log2 : -INFINITY;
@@ -516,7 +538,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
   const AttentionShape& sh = p.shape;
   const FwdSchedule sched(sh, kBlockM, tiles_per_unit);
-  const int warpgroup = threadIdx.x / 128;
+  // Broadcast from lane 0: the compiler then knows the value is the same across the warp, so what
+  // derives from it (each consumer's shared-memory tile addresses, its wgmma descriptors) lives in
+  // uniform registers instead of being moved there before every wgmma.
+  const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&maps.q);
@@ -550,7 +575,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
   for (int unit = blockIdx.x; unit < sched.num_units(sh); unit += gridDim.x)
   for (int i = 0; i < sched.tiles_in(unit); ++i) {
-    const FwdTile t = FwdTile::at<kBlockM, kBlockN>(sched.tile(unit, i), sh);
+    const FwdTile t = FwdTile::at<kBlockM, kBlockN>(sched.tile(unit, i), sh, sched);
     const int row0 = t.m0 + row_in_tile;
     const int first_row = t.m0 + consumer * 64;  // of this warpgroup
     float o[Cfg::kHeadDim / 2];
@@ -564,22 +589,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     // Only blocks past the last key or crossing the causal diagonal need the causal/length mask;
     // with an attention mask, also the blocks whose tile class says so.
     KeyBlockWalk<T, kMasked> walk(p, t, kBlockM);
-    // needs_mask(n0) is n0 + kBlockN > seqlen_k or (causal) n0 + kBlockN - 1 > first_row + causal_offset;
-    // both hold from one block on, so it is one comparison with that block.
+    // A block n0 needs the length/causal mask when n0 + kBlockN > seqlen_k or (causal) n0 + kBlockN - 1 >
+    // first_row + causal_offset; both hold from one block on, so it is one comparison with that block.
     const int last_row_key = first_row + sh.causal_offset;  // the last key this warpgroup's first row sees
     const int edge_block = min(sh.seqlen_k / kBlockN,
                                !sh.is_causal ? INT_MAX : last_row_key + 1 >= 0 ? (last_row_key + 1) / kBlockN : 0);
-    auto needs_mask = [&](int n0) { return n0 >= edge_block * kBlockN; };
     // Masks block `block`'s scores; returns the scale the softmax must apply to them.
     auto apply_masks = [&](int block, bool mask_needed) {
       const int n0 = block * kBlockN;
+      const bool needs_mask = block >= edge_block;
       if constexpr (kMasked) {
-        if (mask_needed || needs_mask(n0)) {
+        if (mask_needed || needs_mask) {
           mask_scores<kBlockN, kMaskChunk, T>(s, n0, row0, lane, sh, walk.mask, mask_needed);
           return 1.f;  // already in base-2 units
         }
       } else {
-        if (needs_mask(n0)) mask_scores<kBlockN>(s, n0, row0, lane, sh);
+        if (needs_mask) mask_scores<kBlockN>(s, n0, row0, lane, sh);
       }
       return sh.scale_log2;
     };
@@ -601,7 +626,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       // Block 0: S, softmax, P.
       mbar_wait(&bars.k_full[stage_of(0)], phase_of(0));
       wgmma_fence();
-      issue_qk<T, Cfg>(s, q_rows, k_smem + stage_of(0) * Cfg::kKVBytes);
+      issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(s, q_rows, k_smem + stage_of(0) * Cfg::kKVBytes);
       wgmma_commit();
       // The next block, walked while the GEMM runs (a window refill then waits under it).
       int next = walk.next(block + 1);
@@ -617,34 +642,60 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       accumulator_to_a<T, kBlockN>(prob, s);
 
       int n = 1;  // visits so far
-      for (; next < t.num_n_blocks; ++n) {
-        block = next;
-        block_needs = next_needs;
+      // Visit n of the tile, block `block`: S_n = Q K_n^T, then O += P_{n-1} V_{n-1}, both running while
+      // this warpgroup waits for S_n; then S_n's softmax. The plain variant (kMasked at tile width 64,
+      // no dropout) is for blocks inside a plain run, [block, run_end): visible, no mask elements and
+      // no length or causal test, so the walk and every mask and dropout test are left out of it.
+      int run_end = 0;
+      auto visit = [&](auto plain) {
+        constexpr bool kPlain = decltype(plain)::value;
         const int stage = stage_of(n), prev = stage_of(n - 1);
-        // S_n = Q K_n^T, then O += P_{n-1} V_{n-1}; both run while this warpgroup waits for S_n.
         mbar_wait(&bars.k_full[stage], phase_of(n));
         mbar_wait(&bars.v_full[prev], phase_of(n - 1));
         wgmma_fence();
-        issue_qk<T, Cfg>(s, q_rows, k_smem + stage * Cfg::kKVBytes);
+        issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(s, q_rows, k_smem + stage * Cfg::kKVBytes);
         wgmma_commit();
         issue_pv<T, Cfg>(o, prob, v_smem + prev * Cfg::kKVBytes);
         wgmma_commit();
-        next = walk.next(block + 1);
-        next_needs = next < t.num_n_blocks && walk.needs_elements(next);
+        if (!kPlain || block + 1 == run_end) {
+          next = walk.next(block + 1);
+          next_needs = next < t.num_n_blocks && walk.needs_elements(next);
+        } else {
+          next = block + 1;
+          next_needs = false;
+        }
         wgmma_wait<1>();  // S_n is ready; the PV GEMM may still run
         fence_registers(s);
         if (warp_leader) {
           mbar_arrive(&bars.k_empty[stage]);
           if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);
         }
-        softmax.update(s, apply_masks(block, block_needs), correction);
-        apply_dropout(block);
+        if constexpr (kPlain) {
+          softmax.update(s, sh.scale_log2, correction);
+        } else {
+          softmax.update(s, apply_masks(block, block_needs), correction);
+          apply_dropout(block);
+        }
         wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
         fence_registers(o);
         fence_registers(prob);
         if (warp_leader) mbar_arrive(&bars.v_empty[prev]);
         rescale_rows(o, correction);
         accumulator_to_a<T, kBlockN>(prob, s);
+      };
+      for (; next < t.num_n_blocks; ++n) {
+        block = next;
+        block_needs = next_needs;
+        // Plain runs at tile width 64 only: at the wider tiles the second copy of the loop body made
+        // ptxas spill more (108 against 72 bytes at width 128).
+        if constexpr (kMasked && Cfg::kHeadDim <= 64) {
+          if (!dropout && block >= run_end && !block_needs) run_end = walk.plain_run_end(block, edge_block);
+          if (block < run_end) {
+            visit(std::true_type{});
+            continue;
+          }
+        }
+        visit(std::false_type{});
       }
       const int last = stage_of(n - 1);
       mbar_wait(&bars.v_full[last], phase_of(n - 1));

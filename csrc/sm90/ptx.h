@@ -129,6 +129,13 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr, uint32_t lead
 __device__ __forceinline__ uint64_t smem_desc_sw128(const void* ptr, uint32_t leading_bytes, uint32_t stride_bytes) {
   return smem_desc_sw128(smem_u32(ptr), leading_bytes, stride_bytes);
 }
+// `desc` with its start address moved on by `bytes` (a multiple of 16). The start address field is
+// the low 14 bits of the low word and shared addresses stay below 2^18 (228 KiB), so the add never
+// carries out of the field: one integer add where building the descriptor again takes four.
+__device__ __forceinline__ uint64_t smem_desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t low = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | low;
+}
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
