@@ -261,15 +261,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   at::Tensor dq_keys_done;
   if (deterministic) dq_keys_done = at::zeros({s.batch, s.heads_q, s.seqlen_q}, q.options().dtype(at::kInt));
 
+  // An additive mask can saturate a row's LSE (sm80/saturated_rows.h): the preprocess then writes the
+  // dout the main kernel reads, rows rebalanced, into this workspace (rows padded to 8 elements, so
+  // that its strides suit 16-byte loads and TMA whatever the head dim).
+  const bool additive_mask = attn_mask.has_value() && attn_mask->scalar_type() != at::kBool;
+  at::Tensor dout_rescaled;
+  if (additive_mask) {
+    dout_rescaled = at::empty({s.batch, s.seqlen_q, s.heads_q, (s.head_dim + 7) / 8 * 8}, dout.options())
+                        .narrow(3, 0, s.head_dim);
+  }
+  const at::Tensor& dout_read = additive_mask ? dout_rescaled : dout;
+
   BwdParams p;
   p.shape = make_shape(s, q, scale, is_causal);
   p.shape.rows_aligned_16 = rows_aligned_16(q) && rows_aligned_16(k) && rows_aligned_16(v) &&
-                            rows_aligned_16(out) && rows_aligned_16(dout);
+                            rows_aligned_16(out) && rows_aligned_16(dout) && rows_aligned_16(dout_read);
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
   p.out = out.data_ptr();
-  p.dout = dout.data_ptr();
+  p.dout = dout_read.data_ptr();
+  if (additive_mask) {
+    p.dout_caller = dout.data_ptr();
+    p.dout_caller_strides = strides_of(dout);
+    p.dout_rescaled = dout_rescaled.data_ptr();
+  }
   p.lse = lse.data_ptr<float>();
   p.dq = dq.data_ptr();
   p.dk = dk.data_ptr();
@@ -286,7 +302,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   p.k_strides = strides_of(k);
   p.v_strides = strides_of(v);
   p.out_strides = strides_of(out);
-  p.dout_strides = strides_of(dout);
+  p.dout_strides = strides_of(dout_read);
   p.dq_strides = strides_of(dq);
   p.dk_strides = strides_of(dk);
   p.dv_strides = strides_of(dv);

@@ -25,6 +25,7 @@
 #include "sm80/fragments.h"
 #include "sm80/kernel_configs.h"
 #include "sm80/mask_tile.h"
+#include "sm80/saturated_rows.h"
 #include "sm80/tile_io.h"
 
 namespace flashattn {
@@ -432,7 +433,9 @@ struct AuxTile {
 // delta[b, h, i] = sum_d dout[b, i, h, d] * out[b, i, h, d] and lse_log2 = lse * log2(e) (+inf for a
 // row that saw no key, so its P = exp2(s - lse_log2) is 0). The padding rows i in [seqlen_q,
 // stats_stride) get delta 0 and lse_log2 +inf. A row is summed by kAuxThreads / kAuxRows threads,
-// 8 columns each at a time.
+// 8 columns each at a time. With params.dout_rescaled set (additive masks), dout is read from
+// params.dout_caller and written there, saturated rows rebalanced (sm80/saturated_rows.h), and delta is
+// the sum over the written values.
 template <typename T>
 __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdParams p, int chunks_per_head) {
   using Ops = ElementOps<T>;
@@ -442,35 +445,60 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdPa
   const AuxTile tile(chunks_per_head);
   const int query = tile.row0 + static_cast<int>(threadIdx.x) / kLanes;
   const int sub = static_cast<int>(threadIdx.x) % kLanes;
+  const bool rebalance = p.dout_rescaled != nullptr;
+  const void* dout_read = rebalance ? p.dout_caller : p.dout;
+  const TensorStrides& dout_read_strides = rebalance ? p.dout_caller_strides : p.dout_strides;
   for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
+    const int64_t row = static_cast<int64_t>(batch) * s.heads_q + tile.head;
+    float lse_log2 = INFINITY;
+    if (query < s.seqlen_q) {
+      const float lse = p.lse[row * s.seqlen_q + query];
+      if (lse != -INFINITY) lse_log2 = lse * 1.4426950408889634f;
+    }
+    float rescale = 1.f;
+    if (rebalance) {
+      const bool saturated = query < s.seqlen_q && fabsf(lse_log2) >= kSaturatedLseLog2 && isfinite(lse_log2);
+      if (__any_sync(0xffffffff, saturated)) {
+        rebalance_saturated_row<T, kLanes>(p, batch, tile.head, query, saturated, sub, &lse_log2, &rescale);
+      }
+    }
     float sum = 0.f;
     if (query < s.seqlen_q) {
       const T* out = static_cast<const T*>(p.out) + batch * p.out_strides.batch + query * p.out_strides.row +
                      tile.head * p.out_strides.head;  // [D]
-      const T* dout = static_cast<const T*>(p.dout) + batch * p.dout_strides.batch + query * p.dout_strides.row +
-                      tile.head * p.dout_strides.head;  // [D]
+      const T* dout = static_cast<const T*>(dout_read) + batch * dout_read_strides.batch +
+                      query * dout_read_strides.row + tile.head * dout_read_strides.head;  // [D]
+      T* dout_written = rebalance ? static_cast<T*>(p.dout_rescaled) + batch * p.dout_strides.batch +
+                                        query * p.dout_strides.row + tile.head * p.dout_strides.head
+                                  : nullptr;  // [D]
       for (int col0 = sub * 8; col0 < s.head_dim; col0 += kLanes * 8) {
         if (s.rows_aligned_16 && col0 + 8 <= s.head_dim) {
           const uint4 o_vec = *reinterpret_cast<const uint4*>(out + col0);
-          const uint4 do_vec = *reinterpret_cast<const uint4*>(dout + col0);
+          uint4 do_vec = *reinterpret_cast<const uint4*>(dout + col0);
           const T* o8 = reinterpret_cast<const T*>(&o_vec);
-          const T* do8 = reinterpret_cast<const T*>(&do_vec);
+          T* do8 = reinterpret_cast<T*>(&do_vec);
+          if (rebalance) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) do8[i] = Ops::from_float(Ops::to_float(do8[i]) * rescale);
+            *reinterpret_cast<uint4*>(dout_written + col0) = do_vec;
+          }
 #pragma unroll
           for (int i = 0; i < 8; ++i) sum += Ops::to_float(o8[i]) * Ops::to_float(do8[i]);
         } else {
-          for (int c = col0; c < col0 + 8 && c < s.head_dim; ++c) sum += Ops::to_float(out[c]) * Ops::to_float(dout[c]);
+          for (int c = col0; c < col0 + 8 && c < s.head_dim; ++c) {
+            T d = dout[c];
+            if (rebalance) {
+              d = Ops::from_float(Ops::to_float(d) * rescale);
+              dout_written[c] = d;
+            }
+            sum += Ops::to_float(out[c]) * Ops::to_float(d);
+          }
         }
       }
     }
 #pragma unroll
     for (int offset = kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
     if (sub == 0 && query < p.stats_stride) {
-      const int64_t row = static_cast<int64_t>(batch) * s.heads_q + tile.head;
-      float lse_log2 = INFINITY;
-      if (query < s.seqlen_q) {
-        const float lse = p.lse[row * s.seqlen_q + query];
-        if (lse != -INFINITY) lse_log2 = lse * 1.4426950408889634f;
-      }
       p.delta[row * p.stats_stride + query] = query < s.seqlen_q ? sum : 0.f;
       p.lse_log2[row * p.stats_stride + query] = lse_log2;
     }
