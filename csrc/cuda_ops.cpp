@@ -112,11 +112,14 @@ MaskParams make_mask(const at::Tensor& mask, const CheckedShape& s, ElementType 
   m.tiles_k = static_cast<int>((s.seqlen_k + tile.keys - 1) / tile.keys);
   const int64_t tiles_q = (s.seqlen_q + tile.queries - 1) / tile.queries;
   m.class_row_stride = (m.tiles_k + kClassWindow - 1) / kClassWindow * kClassWindow;
-  classes = at::empty({batches, heads, tiles_q, m.class_row_stride}, mask.options().dtype(at::kByte));
+  // [0]: the classes, [1]: the key counts of key-prefix tiles.
+  classes = at::empty({2, batches, heads, tiles_q, m.class_row_stride}, mask.options().dtype(at::kByte));
   C10_CUDA_CHECK(sm80::classify_mask_tiles(m, element_type, static_cast<int>(batches), static_cast<int>(heads),
                                            static_cast<int>(s.seqlen_q), static_cast<int>(s.seqlen_k),
-                                           classes.data_ptr<unsigned char>(), stream));
-  m.tile_class = classes.data_ptr<unsigned char>();
+                                           classes[0].data_ptr<unsigned char>(),
+                                           classes[1].data_ptr<unsigned char>(), stream));
+  m.tile_class = classes[0].data_ptr<unsigned char>();
+  m.tile_key_count = classes[1].data_ptr<unsigned char>();
   m.class_batch_stride = batches > 1 ? heads * tiles_q * m.class_row_stride : 0;
   m.class_head_stride = heads > 1 ? tiles_q * m.class_row_stride : 0;
   return m;

@@ -52,6 +52,10 @@ enum class MaskKind : int {
 // Bits of a tile class (sm80::classify_mask_tiles): what a kernel tile of the mask holds.
 constexpr unsigned char kTileAnyVisible = 1;  // some element lets its key take part (else: skip the tile)
 constexpr unsigned char kTileNeedsMask = 2;   // some element is not neutral (False, or a value != 0)
+// With kTileNeedsMask: every row of the tile keeps the same first keys of the tile (True, or 0) and
+// excludes the others (False, or -inf), as a padding mask does; MaskParams::tile_key_count holds how
+// many it keeps, so a kernel can apply it as a sequence length instead of reading the elements.
+constexpr unsigned char kTileKeyPrefix = 4;
 // Classes a kernel reads at once (16 bytes); the class rows are padded to a multiple of it.
 constexpr int kClassWindow = 16;
 
@@ -65,6 +69,8 @@ struct MaskParams {
   // A row holds tiles_k classes and is padded with zeros (skip) to class_row_stride, a multiple of
   // kClassWindow, so that a kernel can read a row kClassWindow classes at a time with one aligned load.
   const unsigned char* tile_class = nullptr;
+  // The kept keys of each kTileKeyPrefix tile (1..tile_k - 1; 0 for other tiles), indexed as tile_class.
+  const unsigned char* tile_key_count = nullptr;
   int64_t class_batch_stride = 0, class_head_stride = 0;
   int tile_q = 0, tile_k = 0, tiles_k = 0, class_row_stride = 0;
 };

@@ -58,7 +58,8 @@ class Case:
     layout: str  # "contiguous", "bhsd" (a transposed [B, H, S, D] tensor) or "unaligned"
     # "none"; "bool" (a (B, 1, Lq, Lk) random mask with whole tiles excluded, broadcast over heads);
     # "float" (a (1, Hq, Lq, Lk) additive mask with -inf entries, broadcast over batch, whose gradient
-    # the backward writes)
+    # the backward writes); "prefix" (a (B, 1, 1, Lk) boolean padding mask keeping each sequence's first
+    # keys: key-prefix tiles)
     mask: str = "none"
     dropout_p: float = 0.0  # with a fixed rng_state, so the CPU and GPU keep-masks are the same
 
@@ -96,6 +97,8 @@ FULL_CASES = [
     _case(1, 300, 97, 2, 2, 128, F16, "bottom_right", mask="float"),
     _case(1, 1025, 1025, 2, 2, 256, BF16, "top_left", "bhsd", mask="bool"),
     _case(1, 97, 203, 4, 2, 40, F16, "none", "unaligned", mask="float"),
+    _case(2, 97, 300, 2, 1, 64, BF16, "none", mask="prefix"),
+    _case(2, 150, 300, 2, 2, 128, F16, "top_left", mask="prefix"),
     # dropout: the keep-mask regenerated in the forward (both paths) and the backward
     _case(2, 97, 300, 2, 1, 64, BF16, "none", dropout_p=0.2),
     _case(1, 300, 97, 2, 2, 128, F16, "bottom_right", mask="float", dropout_p=0.5),
@@ -117,6 +120,7 @@ RACE_CASES = [
     _case(1, 150, 129, 2, 1, 128, BF16, "bottom_right", "unaligned"),
     _case(1, 129, 300, 2, 1, 64, F16, "none", mask="bool"),
     _case(1, 150, 300, 2, 1, 128, BF16, "top_left", mask="float"),
+    _case(2, 129, 300, 2, 1, 64, F16, "none", mask="prefix"),
     _case(1, 129, 300, 2, 1, 64, BF16, "none", dropout_p=0.2),
 ]
 
@@ -151,11 +155,14 @@ def _mask(case: Case, gen: torch.Generator, device):
     if case.mask == "none":
         return None
     lq, lk = case.seqlen_q, case.seqlen_k
+    full = (case.batch, case.heads_q, lq, lk)
+    if case.mask == "prefix":
+        lengths = torch.randint(1, lk + 1, (case.batch, 1, 1, 1), generator=gen)
+        return (torch.arange(lk) < lengths).to(device).expand(full)
     keep = torch.rand(lq, lk, generator=gen) < 0.7
     # Whole 64 x 64 tiles excluded, so both kernels skip tiles.
     tiles = torch.rand((lq + 63) // 64, (lk + 63) // 64, generator=gen) < 0.6
     keep &= tiles.repeat_interleave(64, 0).repeat_interleave(64, 1)[:lq, :lk]
-    full = (case.batch, case.heads_q, lq, lk)
     if case.mask == "bool":
         return keep.expand(case.batch, 1, lq, lk).clone().to(device).expand(full)
     bias = torch.randn(case.heads_q, lq, lk, generator=gen).masked_fill(~keep, float("-inf"))

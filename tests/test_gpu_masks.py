@@ -40,13 +40,17 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
     mask whose last dim has stride 2), "offset" (rows sliced out of wider ones at an odd element
     offset, so that no row starts 2-byte aligned), "causal" (a lower-triangular bool), "blocks"
     (whole 64 x 64 tiles False), "empty_rows" (some rows fully masked), "tiles" (each 128 x 128 tile
-    all False, all True or random: every class of mask tile, on every kernel's tile grid).
+    all False, all True or random: every class of mask tile, on every kernel's tile grid), "prefix"
+    (a (B, 1, 1, Lk) padding mask keeping each sequence's first keys: True / 0, else False / -inf, so
+    the kernels' tiles are key prefixes), "prefix_rows" (the same per query row, (B, 1, Lq, Lk), with
+    row lengths that differ inside a tile, which is then no key prefix).
     """
     full = (batch, heads_q, seqlen_q, seqlen_k)
     base_shape = {"qk": (seqlen_q, seqlen_k), "11qk": (1, 1, seqlen_q, seqlen_k), "b11k": (batch, 1, 1, seqlen_k),
                   "bhqk": full, "strided": full, "offset": (batch, 1, seqlen_q, seqlen_k),
                   "causal": (seqlen_q, seqlen_k), "blocks": (1, 1, seqlen_q, seqlen_k),
-                  "empty_rows": (batch, 1, seqlen_q, seqlen_k), "tiles": (1, 1, seqlen_q, seqlen_k)}[shape_name]
+                  "empty_rows": (batch, 1, seqlen_q, seqlen_k), "tiles": (1, 1, seqlen_q, seqlen_k),
+                  "prefix": (batch, 1, 1, seqlen_k), "prefix_rows": (batch, 1, seqlen_q, seqlen_k)}[shape_name]
     alloc = (base_shape[:-1] + (2 * seqlen_k,) if shape_name == "strided" else
              base_shape[:-1] + (seqlen_k + 2,) if shape_name == "offset" else base_shape)
     keep = torch.rand(alloc, device=device) < 0.7
@@ -59,6 +63,10 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
         state = torch.randint(0, 3, (math.ceil(seqlen_q / 128), math.ceil(seqlen_k / 128)), device=device)
         state = state.repeat_interleave(128, 0).repeat_interleave(128, 1)[:seqlen_q, :seqlen_k]
         keep = (state == 1) | ((state == 2) & keep)
+    if shape_name in ("prefix", "prefix_rows"):
+        lengths = torch.randint(1, seqlen_k + 1, alloc[:-1] + (1,), device=device)
+        lengths[0] = seqlen_k  # one sequence without padding
+        keep = torch.arange(seqlen_k, device=device) < lengths
     if shape_name == "b11k":
         keep[..., 0] = True  # a padding mask keeps at least one key per sequence
     if shape_name == "empty_rows":
@@ -81,6 +89,8 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
         mask = mask.masked_fill(~keep & (torch.rand(alloc, device=device) < 0.3), float("-inf"))
         if shape_name in ("causal", "blocks", "empty_rows", "tiles"):
             mask = mask.masked_fill(~keep, float("-inf"))
+        if shape_name in ("prefix", "prefix_rows"):
+            mask = torch.zeros_like(mask).masked_fill(~keep, float("-inf"))
     def view(t):
         if shape_name == "offset":
             return t[..., 1:seqlen_k + 1].expand(full)
@@ -136,7 +146,8 @@ def check_masked(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, 
     assert (out[rows_empty] == 0).all() and (grads[0][rows_empty] == 0).all()
 
 
-SHAPES = ["qk", "11qk", "b11k", "bhqk", "strided", "offset", "causal", "blocks", "empty_rows", "tiles"]
+SHAPES = ["qk", "11qk", "b11k", "bhqk", "strided", "offset", "causal", "blocks", "empty_rows", "tiles", "prefix",
+          "prefix_rows"]
 SEQLENS = [(1, 1), (17, 17), (97, 203), (203, 97), (256, 256), (1025, 1025)]
 
 

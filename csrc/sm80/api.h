@@ -20,13 +20,15 @@ struct TileShape {
 TileShape fwd_tile_shape(int head_dim);
 TileShape bwd_tile_shape(int head_dim);
 
-// Writes the class (kTileAnyVisible | kTileNeedsMask bits) of every mask tile of tile_q x tile_k
-// elements (mask.tile_q, mask.tile_k, mask.tiles_k = ceil(seqlen_k / tile_k) and mask.class_row_stride
-// must be set) into out [batches, heads, ceil(seqlen_q / tile_q), class_row_stride] contiguous, zeros
-// past tiles_k, for batches x heads distinct (batch, head) slices of the mask (1 along a broadcast
-// dim). mask.tile_class is not read.
+// Writes the class (kTileAnyVisible | kTileNeedsMask | kTileKeyPrefix bits) of every mask tile of
+// tile_q x tile_k elements (mask.tile_q, mask.tile_k <= 256, mask.tiles_k = ceil(seqlen_k / tile_k) and
+// mask.class_row_stride must be set) into out [batches, heads, ceil(seqlen_q / tile_q), class_row_stride]
+// contiguous, zeros past tiles_k, for batches x heads distinct (batch, head) slices of the mask (1 along
+// a broadcast dim), and the kept key count of each key-prefix tile (0 for the others) into
+// out_key_count, indexed alike. mask.tile_class and mask.tile_key_count are not read.
 cudaError_t classify_mask_tiles(const MaskParams& mask, ElementType element_type, int batches, int heads,
-                                int seqlen_q, int seqlen_k, unsigned char* out, cudaStream_t stream);
+                                int seqlen_q, int seqlen_k, unsigned char* out, unsigned char* out_key_count,
+                                cudaStream_t stream);
 
 // Writes the dropout keep-mask (common/dropout.h) of `dropout` into keep [batch_heads, seqlen_q,
 // seqlen_k] contiguous (row group b * heads + h), true where the probability is kept.

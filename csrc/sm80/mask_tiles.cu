@@ -17,17 +17,21 @@ namespace {
 
 constexpr int kClassifyThreads = 256;
 
-// One CTA per class: out [batches, heads, tiles_q, class_row_stride] contiguous, in blockIdx.x order.
-// Warp w reads rows w, w + 8, ... of the tile, its lanes 32 adjacent keys at a time (coalesced, no
-// divisions); a row-broadcast mask (row stride 0) has one distinct row, read once.
+// One CTA per class: out and out_key_count [batches, heads, tiles_q, class_row_stride] contiguous, in
+// blockIdx.x order. Warp w reads rows w, w + 8, ... of the tile, its lanes 32 adjacent keys at a time
+// (coalesced, no divisions); a row-broadcast mask (row stride 0) has one distinct row, read once.
+//
+// Key prefix (kTileKeyPrefix): every element is neutral or excluded, and the last neutral key of any
+// row lies just before the first excluded key of any row; then every row keeps the same first keys.
 template <typename T>
 __global__ void __launch_bounds__(kClassifyThreads) classify_mask_tiles_kernel(const MaskParams m, int heads,
                                                                                int seqlen_q, int seqlen_k,
-                                                                               int tiles_q, unsigned char* out) {
+                                                                               int tiles_q, unsigned char* out,
+                                                                               unsigned char* out_key_count) {
   const int64_t tile = blockIdx.x;
   const int key_tile = static_cast<int>(tile % m.class_row_stride);
   if (key_tile >= m.tiles_k) {  // row padding
-    if (threadIdx.x == 0) out[tile] = 0;
+    if (threadIdx.x == 0) out[tile] = out_key_count[tile] = 0;
     return;
   }
   const int query_tile = static_cast<int>((tile / m.class_row_stride) % tiles_q);
@@ -44,47 +48,74 @@ __global__ void __launch_bounds__(kClassifyThreads) classify_mask_tiles_kernel(c
   const int cols = min(m.tile_k, seqlen_k - k0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   bool visible = false, not_neutral = false;
-  for (int r = warp; r < rows && !(visible && not_neutral); r += kClassifyThreads / 32) {
+  // Key prefix: whether some element is neither neutral nor excluded; the last neutral and the first
+  // excluded key seen.
+  bool mixed = false;
+  int last_neutral = -1, first_excluded = cols;
+  // A thread stops once the tile is known to need its elements and not to be a key prefix.
+  for (int r = warp; r < rows && !(visible && not_neutral && (mixed || last_neutral > first_excluded));
+       r += kClassifyThreads / 32) {
     const int64_t row = first + (q0 + r) * m.row_stride + k0 * m.col_stride;
 #pragma unroll 4
     for (int c = lane; c < cols; c += 32) {
       const int64_t offset = row + c * m.col_stride;
+      bool neutral, excluded;
       if (m.kind == MaskKind::kBool) {
-        const bool keep = bytes[offset] != 0;
-        visible |= keep;
-        not_neutral |= !keep;
+        neutral = bytes[offset] != 0;
+        excluded = !neutral;
       } else {
         const float value =
             m.kind == MaskKind::kAdditiveFloat32 ? floats[offset] : ElementOps<T>::to_float(values[offset]);
-        visible |= value != -INFINITY;  // NaN counts as visible: it must reach the output
-        not_neutral |= value != 0.f;
+        neutral = value == 0.f;
+        excluded = value == -INFINITY;  // NaN counts as visible: it must reach the output
       }
+      visible |= !excluded;
+      not_neutral |= !neutral;
+      mixed |= !neutral && !excluded;
+      if (neutral) last_neutral = max(last_neutral, c);
+      if (excluded) first_excluded = min(first_excluded, c);
     }
   }
   const bool any_visible = __syncthreads_or(visible);
   const bool any_not_neutral = __syncthreads_or(not_neutral);
+  const bool any_mixed = __syncthreads_or(mixed);
+  __shared__ int block_last_neutral, block_first_excluded;
   if (threadIdx.x == 0) {
-    out[tile] = (any_visible ? kTileAnyVisible : 0) | (any_not_neutral ? kTileNeedsMask : 0);
+    block_last_neutral = -1;
+    block_first_excluded = cols;
+  }
+  __syncthreads();
+  atomicMax(&block_last_neutral, last_neutral);
+  atomicMin(&block_first_excluded, first_excluded);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // A partial tile (some key kept, some excluded) of prefix shape; the kept count is below tile_k.
+    const bool prefix = any_visible && any_not_neutral && !any_mixed && block_last_neutral >= 0 &&
+                        block_last_neutral + 1 == block_first_excluded;
+    out[tile] = (any_visible ? kTileAnyVisible : 0) | (any_not_neutral ? kTileNeedsMask : 0) |
+                (prefix ? kTileKeyPrefix : 0);
+    out_key_count[tile] = prefix ? static_cast<unsigned char>(block_first_excluded) : 0;
   }
 }
 
 }  // namespace
 
 cudaError_t classify_mask_tiles(const MaskParams& m, ElementType element_type, int batches, int heads,
-                                int seqlen_q, int seqlen_k, unsigned char* out, cudaStream_t stream) {
+                                int seqlen_q, int seqlen_k, unsigned char* out, unsigned char* out_key_count,
+                                cudaStream_t stream) {
   const int tiles_q = (seqlen_q + m.tile_q - 1) / m.tile_q;
   const int64_t tiles = static_cast<int64_t>(batches) * heads * tiles_q * m.class_row_stride;
   if (tiles == 0) return cudaSuccess;
   if (tiles > 0x7fffffff || m.tiles_k != (seqlen_k + m.tile_k - 1) / m.tile_k || m.class_row_stride < m.tiles_k ||
-      m.class_row_stride % kClassWindow != 0) {
+      m.class_row_stride % kClassWindow != 0 || m.tile_k > 256) {  // key counts are bytes
     return cudaErrorInvalidValue;
   }
   const unsigned grid = static_cast<unsigned>(tiles);
   if (m.kind == MaskKind::kBool || element_type == ElementType::kFloat16) {
-    classify_mask_tiles_kernel<__half><<<grid, kClassifyThreads, 0, stream>>>(m, heads, seqlen_q, seqlen_k, tiles_q, out);
+    classify_mask_tiles_kernel<__half><<<grid, kClassifyThreads, 0, stream>>>(m, heads, seqlen_q, seqlen_k, tiles_q, out, out_key_count);
   } else {
     classify_mask_tiles_kernel<__nv_bfloat16>
-        <<<grid, kClassifyThreads, 0, stream>>>(m, heads, seqlen_q, seqlen_k, tiles_q, out);
+        <<<grid, kClassifyThreads, 0, stream>>>(m, heads, seqlen_q, seqlen_k, tiles_q, out, out_key_count);
   }
   return cudaGetLastError();
 }

@@ -132,7 +132,7 @@ struct BwdStepWalk {
   // steps.count()); steps past the last are never visible.
   __device__ __forceinline__ void load_window(int first) {
     bits.first = first;
-    bits.visible = bits.needs = 0;
+    bits.visible = bits.needs = bits.prefix = 0;
     const MaskParams& m = p.mask;
     const unsigned char* column = m.tile_class + batch * m.class_batch_stride + n_block;
     // Step s is query tile m_begin + s % num_m of head kv_head * group + s / num_m: walked
@@ -145,6 +145,7 @@ struct BwdStepWalk {
                                   static_cast<int64_t>(steps.m_begin + tile) * m.class_row_stride];
         bits.visible |= (c & kTileAnyVisible) << i;
         bits.needs |= ((c & kTileNeedsMask) ? 1u : 0u) << i;
+        bits.prefix |= ((c & kTileKeyPrefix) ? 1u : 0u) << i;
       }
       if (++tile == steps.num_m) {
         tile = 0;
@@ -159,6 +160,20 @@ struct BwdStepWalk {
       }
     }
     return step;
+  }
+  // For step `step` (as needs_elements, which it holds for): one past the last key of the CTA's block
+  // that its tile keeps when the tile is a key prefix (a length test then replaces the elements), else
+  // -1.
+  __device__ __forceinline__ int prefix_key_end(int step, int block_n) const {
+    if constexpr (kMasked) {
+      if (p.mask.tile_class != nullptr && bits.is_prefix(step)) {
+        const MaskParams& m = p.mask;
+        const int64_t at = batch * m.class_batch_stride + steps.head(step, kv_head) * m.class_head_stride +
+                           static_cast<int64_t>(steps.m_begin + step % steps.num_m) * m.class_row_stride + n_block;
+        return n_block * block_n + m.tile_key_count[at];
+      }
+    }
+    return -1;
   }
   // Whether the mask's elements of step `step` (the last step next() returned, < steps.count()) must be
   // read.
@@ -378,7 +393,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   int step = walk.next(0);
   mbar_wait(&bars.kv_full, 0);
   for (int iter = 0; step < steps.count(); ++iter) {  // iter: steps run so far, as in produce_bwd
-    const bool mask_needed = walk.needs_elements(step);  // before next() moves the class window on
+    // Before next() moves the class window on: whether the step reads its mask elements, or applies
+    // its key-prefix tile as a length (key_end) instead.
+    const int key_end = walk.needs_elements(step) ? walk.prefix_key_end(step, kBlockN) : -1;
+    const bool mask_needed = walk.needs_elements(step) && key_end < 0;
+    const int keys_end = key_end >= 0 ? key_end : sh.seqlen_k;
     const int next = walk.next(step + 1);
     const int stage = iter % kStages;
     const int head = steps.head(step, kv_head);
@@ -401,7 +420,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     fence_registers(s);
     // P^T; keys this query may not see get 0 (only blocks on the causal diagonal or past the end).
     const sm80::MaskView<T> mask = kMasked ? walk.mask(step) : sm80::MaskView<T>();
-    const bool needs_mask = key0 + 64 > sh.seqlen_k || (sh.is_causal && key0 + 63 > m0 + sh.causal_offset);
+    const bool needs_mask = key0 + 64 > keys_end || (sh.is_causal && key0 + 63 > m0 + sh.causal_offset);
     if (mask_needed) {
       // With the attention mask: exp2(S^T scale + mask - LSE), all in base-2 units, where visible. The
       // mask terms of kChunk elements are loaded together before any is used (MaskView::load_terms); as
@@ -434,7 +453,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       // key_visible with the indices split into this thread's first row / column and per-element
       // constants: element i has key key_row + 8 ((i % 4) / 2) and query query_col + 8 (i / 4) + i % 2.
       const int key_row = key0 + accumulator_row(0, warp_in_group, lane);
-      const int keys_left = sh.seqlen_k - key_row;
+      const int keys_left = keys_end - key_row;
       const int diagonal = sh.is_causal ? m0 + accumulator_col(0, lane) + sh.causal_offset - key_row : kBlockM;
 #pragma unroll
       for (int i = 0; i < 32; ++i) {

@@ -15,6 +15,7 @@ struct ClassBits {
   int first = -kClassWindow;  // the window holds tiles [first, first + kClassWindow)
   uint32_t visible = 0;       // bit i: tile first + i exists and some key of it is visible
   uint32_t needs = 0;         // bit i: tile first + i's mask elements must be read
+  uint32_t prefix = 0;        // bit i: tile first + i is a key prefix (kTileKeyPrefix)
 
   // From tile n on, the first visible one below `count`; a value >= count when none is left. `refill(n)`
   // loads a window holding tile n (n < count) into this object.
@@ -30,6 +31,8 @@ struct ClassBits {
   }
   // Whether tile n (the last one next_visible returned) needs its mask elements.
   __device__ __forceinline__ bool needs_elements(int n) const { return ((needs >> (n - first)) & 1u) != 0; }
+  // Whether tile n (the last one next_visible returned) is a key prefix.
+  __device__ __forceinline__ bool is_prefix(int n) const { return ((prefix >> (n - first)) & 1u) != 0; }
 };
 
 }  // namespace sm90

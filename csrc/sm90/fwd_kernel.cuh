@@ -201,7 +201,7 @@ struct KeyBlockWalk {
   }
   __device__ __forceinline__ void load_window(int first) {
     static_assert(kClassWindow == 16, "one uint4 per window");
-    static_assert(kTileAnyVisible == 1 && kTileNeedsMask == 2, "flag bits 0 and 1");
+    static_assert(kTileAnyVisible == 1 && kTileNeedsMask == 2 && kTileKeyPrefix == 4, "flag bits 0, 1 and 2");
     bits.first = first;
     const uint4 w = *reinterpret_cast<const uint4*>(mask.classes + first);
     // Class bytes past the last block are padding: never visible.
@@ -209,6 +209,7 @@ struct KeyBlockWalk {
     const uint32_t exists = blocks >= kClassWindow ? 0xffffu : (1u << blocks) - 1;
     bits.visible = gather_flag(w, 0) & exists;
     bits.needs = gather_flag(w, 1) & exists;
+    bits.prefix = gather_flag(w, 2) & exists;
   }
   __device__ __forceinline__ int next(int n) {
     if constexpr (kMasked) {
@@ -237,6 +238,17 @@ struct KeyBlockWalk {
       return mask.kind != MaskKind::kNone && (mask.classes == nullptr || bits.needs_elements(n));
     }
     return false;
+  }
+  // For key block n (as needs_elements, which it holds for): one past the last key its tile keeps when
+  // the tile is a key prefix (a length test then replaces the elements), else -1. The key counts lie
+  // at the classes' offset in m.tile_key_count.
+  __device__ __forceinline__ int prefix_key_end(int n, int block_n, const MaskParams& m) const {
+    if constexpr (kMasked) {
+      if (mask.classes != nullptr && bits.is_prefix(n)) {
+        return n * block_n + m.tile_key_count[(mask.classes - m.tile_class) + n];
+      }
+    }
+    return -1;
   }
 };
 
@@ -310,15 +322,17 @@ __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2], uint32_t
   }
 }
 
-// Scores of keys a row may not see become -inf: keys past seqlen_k (TMA filled them with zeros) and,
-// with causal masking, keys right of the diagonal.
+// Scores of keys a row may not see become -inf: keys from key_end on (seqlen_k, or the end of a
+// key-prefix mask tile; TMA filled keys past seqlen_k with zeros) and, with causal masking, keys right
+// of the diagonal.
 template <int kBlockN>
-__device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int row0, int lane, const AttentionShape& sh) {
+__device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int row0, int lane, const AttentionShape& sh,
+                                            int key_end) {
 #pragma unroll
   for (int i = 0; i < kBlockN / 2; ++i) {
     const int key = n0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
     const int query = row0 + ((i % 4) / 2) * 8;
-    s[i] = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset) ? s[i] : -INFINITY;
+    s[i] = key_visible(query, key, key_end, sh.is_causal, sh.causal_offset) ? s[i] : -INFINITY;
   }
 }
 
@@ -594,17 +608,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     const int last_row_key = first_row + sh.causal_offset;  // the last key this warpgroup's first row sees
     const int edge_block = min(sh.seqlen_k / kBlockN,
                                !sh.is_causal ? INT_MAX : last_row_key + 1 >= 0 ? (last_row_key + 1) / kBlockN : 0);
-    // Masks block `block`'s scores; returns the scale the softmax must apply to them.
-    auto apply_masks = [&](int block, bool mask_needed) {
+    // Masks block `block`'s scores; returns the scale the softmax must apply to them. A block whose
+    // mask tile is a key prefix ending at key_end (>= 0) takes the length test up to key_end instead of
+    // its mask elements.
+    auto apply_masks = [&](int block, bool mask_needed, int key_end) {
       const int n0 = block * kBlockN;
       const bool needs_mask = block >= edge_block;
       if constexpr (kMasked) {
-        if (mask_needed || needs_mask) {
+        if (key_end >= 0) {
+          mask_scores<kBlockN>(s, n0, row0, lane, sh, key_end);
+        } else if (mask_needed || needs_mask) {
           mask_scores<kBlockN, kMaskChunk, T>(s, n0, row0, lane, sh, walk.mask, mask_needed);
           return 1.f;  // already in base-2 units
         }
       } else {
-        if (needs_mask) mask_scores<kBlockN>(s, n0, row0, lane, sh);
+        if (needs_mask) mask_scores<kBlockN>(s, n0, row0, lane, sh, sh.seqlen_k);
       }
       return sh.scale_log2;
     };
@@ -622,6 +640,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     int block = walk.next(0);
     if (block < t.num_n_blocks) {
       bool block_needs = walk.needs_elements(block);
+      int block_key_end = block_needs ? walk.prefix_key_end(block, kBlockN, p.mask) : -1;
       mbar_wait(&bars.q_full, q_iter & 1);
       // Block 0: S, softmax, P.
       mbar_wait(&bars.k_full[stage_of(0)], phase_of(0));
@@ -631,13 +650,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       // The next block, walked while the GEMM runs (a window refill then waits under it).
       int next = walk.next(block + 1);
       bool next_needs = next < t.num_n_blocks && walk.needs_elements(next);
+      int next_key_end = next_needs ? walk.prefix_key_end(next, kBlockN, p.mask) : -1;
       wgmma_wait<0>();
       fence_registers(s);
       if (warp_leader) {
         mbar_arrive(&bars.k_empty[stage_of(0)]);
         if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);  // the tile's last QK^T GEMM is done
       }
-      softmax.update(s, apply_masks(block, block_needs), correction);
+      softmax.update(s, apply_masks(block, block_needs, block_key_end), correction);
       apply_dropout(block);
       accumulator_to_a<T, kBlockN>(prob, s);
 
@@ -660,9 +680,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         if (!kPlain || block + 1 == run_end) {
           next = walk.next(block + 1);
           next_needs = next < t.num_n_blocks && walk.needs_elements(next);
+          next_key_end = next_needs ? walk.prefix_key_end(next, kBlockN, p.mask) : -1;
         } else {
           next = block + 1;
           next_needs = false;
+          next_key_end = -1;
         }
         wgmma_wait<1>();  // S_n is ready; the PV GEMM may still run
         fence_registers(s);
@@ -673,7 +695,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         if constexpr (kPlain) {
           softmax.update(s, sh.scale_log2, correction);
         } else {
-          softmax.update(s, apply_masks(block, block_needs), correction);
+          softmax.update(s, apply_masks(block, block_needs, block_key_end), correction);
           apply_dropout(block);
         }
         wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
@@ -686,6 +708,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       for (; next < t.num_n_blocks; ++n) {
         block = next;
         block_needs = next_needs;
+        block_key_end = next_key_end;
         // Plain runs at tile width 64 only: at the wider tiles the second copy of the loop body made
         // ptxas spill more (108 against 72 bytes at width 128).
         if constexpr (kMasked && Cfg::kHeadDim <= 64) {
