@@ -395,8 +395,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   for (int iter = 0; step < steps.count(); ++iter) {  // iter: steps run so far, as in produce_bwd
     // Before next() moves the class window on: whether the step reads its mask elements, or applies
     // its key-prefix tile as a length (key_end) instead.
-    const int key_end = walk.needs_elements(step) ? walk.prefix_key_end(step, kBlockN) : -1;
-    const bool mask_needed = walk.needs_elements(step) && key_end < 0;
+    const bool needs_elements = walk.needs_elements(step);
+    const int key_end = needs_elements ? walk.prefix_key_end(step, kBlockN) : -1;
+    const bool mask_needed = needs_elements && key_end < 0;
     const int keys_end = key_end >= 0 ? key_end : sh.seqlen_k;
     const int next = walk.next(step + 1);
     const int stage = iter % kStages;
