@@ -287,7 +287,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   if (additive_mask) {
     p.dout_caller = dout.data_ptr();
     p.dout_caller_strides = strides_of(dout);
-    p.dout_rescaled = dout_rescaled.data_ptr();
   }
   p.lse = lse.data_ptr<float>();
   p.dq = dq.data_ptr();

@@ -99,7 +99,7 @@ struct BwdParams {
   const void* k;     // [B, Lk, Hk, D]
   const void* v;     // [B, Lk, Hk, D]
   const void* out;   // [B, Lq, Hq, D]
-  const void* dout;  // [B, Lq, Hq, D], as the main kernel reads it (see dout_rescaled)
+  const void* dout;  // [B, Lq, Hq, D], as the main kernel reads it (see dout_caller)
   const float* lse;  // [B, Hq, Lq] contiguous, as written by the forward
   void* dq;          // [B, Lq, Hq, D]
   void* dk;          // [B, Lk, Hk, D]
@@ -127,11 +127,10 @@ struct BwdParams {
   void* dmask = nullptr;
   DropoutParams dropout;  // the forward's: the keep-mask is regenerated, never stored
   // With an additive mask (sm80/saturated_rows.h): the preprocess reads the caller's dout from
-  // dout_caller, scales the rows whose LSE is saturated, and writes all rows to dout_rescaled, a
-  // [B, Lq, Hq, D] workspace that `dout` then points to. nullptr: `dout` is the caller's, read as is.
+  // dout_caller, scales the rows whose LSE is saturated, and writes all rows to `dout`, then a
+  // [B, Lq, Hq, D] workspace. nullptr: `dout` is the caller's, read as is.
   const void* dout_caller = nullptr;
   TensorStrides dout_caller_strides{};
-  void* dout_rescaled = nullptr;
 };
 
 }  // namespace flashattn

@@ -433,8 +433,8 @@ struct AuxTile {
 // delta[b, h, i] = sum_d dout[b, i, h, d] * out[b, i, h, d] and lse_log2 = lse * log2(e) (+inf for a
 // row that saw no key, so its P = exp2(s - lse_log2) is 0). The padding rows i in [seqlen_q,
 // stats_stride) get delta 0 and lse_log2 +inf. A row is summed by kAuxThreads / kAuxRows threads,
-// 8 columns each at a time. With params.dout_rescaled set (additive masks), dout is read from
-// params.dout_caller and written there, saturated rows rebalanced (sm80/saturated_rows.h), and delta is
+// 8 columns each at a time. With params.dout_caller set (additive masks), dout is read from there
+// and written to params.dout, saturated rows rebalanced (sm80/saturated_rows.h), and delta is
 // the sum over the written values.
 template <typename T>
 __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdParams p, int chunks_per_head) {
@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdPa
   const AuxTile tile(chunks_per_head);
   const int query = tile.row0 + static_cast<int>(threadIdx.x) / kLanes;
   const int sub = static_cast<int>(threadIdx.x) % kLanes;
-  const bool rebalance = p.dout_rescaled != nullptr;
+  const bool rebalance = p.dout_caller != nullptr;
   const void* dout_read = rebalance ? p.dout_caller : p.dout;
   const TensorStrides& dout_read_strides = rebalance ? p.dout_caller_strides : p.dout_strides;
   for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
@@ -468,7 +468,8 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdPa
                      tile.head * p.out_strides.head;  // [D]
       const T* dout = static_cast<const T*>(dout_read) + batch * dout_read_strides.batch +
                       query * dout_read_strides.row + tile.head * dout_read_strides.head;  // [D]
-      T* dout_written = rebalance ? static_cast<T*>(p.dout_rescaled) + batch * p.dout_strides.batch +
+      // With rebalance, p.dout is the workspace this kernel fills (see BwdParams::dout_caller).
+      T* dout_written = rebalance ? static_cast<T*>(const_cast<void*>(p.dout)) + batch * p.dout_strides.batch +
                                         query * p.dout_strides.row + tile.head * p.dout_strides.head
                                   : nullptr;  // [D]
       for (int col0 = sub * 8; col0 < s.head_dim; col0 += kLanes * 8) {
@@ -496,8 +497,7 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdPa
         }
       }
     }
-#pragma unroll
-    for (int offset = kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+    sum = group_sum<kLanes>(sum);
     if (sub == 0 && query < p.stats_stride) {
       p.delta[row * p.stats_stride + query] = query < s.seqlen_q ? sum : 0.f;
       p.lse_log2[row * p.stats_stride + query] = lse_log2;
