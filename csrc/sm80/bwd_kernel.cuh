@@ -416,33 +416,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
   }
 }
 
-// The two auxiliary kernels run on a grid of (query head x chunk of kAuxRows rows) along x and batches
-// along y (looping past the grid's limit), so no thread divides a 64-bit index.
+// The two auxiliary kernels run on a grid of (query head x chunk of rows) along x and batches along y
+// (looping past the grid's limit), so no thread divides a 64-bit index. A chunk is kAuxRows rows for
+// the dq conversion and kAuxThreads / lanes rows for the preprocess (lanes threads per row).
 constexpr int kAuxRows = 16;
 constexpr int kAuxThreads = 256;
 constexpr int kAuxMaxGridY = 65535;
 
 struct AuxTile {
   int head, row0, batch;
-  __device__ __forceinline__ explicit AuxTile(int chunks_per_head)
+  __device__ __forceinline__ AuxTile(int chunks_per_head, int rows_per_chunk)
       : head(static_cast<int>(blockIdx.x) / chunks_per_head),
-        row0(static_cast<int>(blockIdx.x) % chunks_per_head * kAuxRows),
+        row0(static_cast<int>(blockIdx.x) % chunks_per_head * rows_per_chunk),
         batch(static_cast<int>(blockIdx.y)) {}
 };
 
 // delta[b, h, i] = sum_d dout[b, i, h, d] * out[b, i, h, d] and lse_log2 = lse * log2(e) (+inf for a
 // row that saw no key, so its P = exp2(s - lse_log2) is 0). The padding rows i in [seqlen_q,
-// stats_stride) get delta 0 and lse_log2 +inf. A row is summed by kAuxThreads / kAuxRows threads,
-// 8 columns each at a time. With params.dout_caller set (additive masks), dout is read from there
-// and written to params.dout, saturated rows rebalanced (sm80/saturated_rows.h), and delta is
+// stats_stride) get delta 0 and lse_log2 +inf. A row is summed by kLanes threads, 8 columns each at a
+// time: 8 for head dims up to 64 (every thread loads), 16 above. With params.dout_caller set (additive
+// masks), dout is read from there and written to params.dout, saturated rows rebalanced
+// (sm80/saturated_rows.h), and delta is
 // the sum over the written values.
-template <typename T>
+template <typename T, int kLanes>
 __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdParams p, int chunks_per_head) {
   using Ops = ElementOps<T>;
-  constexpr int kLanes = kAuxThreads / kAuxRows;  // threads per row, within one warp
   static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row's threads share a warp");
   const AttentionShape& s = p.shape;
-  const AuxTile tile(chunks_per_head);
+  const AuxTile tile(chunks_per_head, kAuxThreads / kLanes);
   const int query = tile.row0 + static_cast<int>(threadIdx.x) / kLanes;
   const int sub = static_cast<int>(threadIdx.x) % kLanes;
   const bool rebalance = p.dout_caller != nullptr;
@@ -510,7 +511,7 @@ template <typename T>
 __global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_kernel(const BwdParams p, int chunks_per_head) {
   using Ops = ElementOps<T>;
   const AttentionShape& s = p.shape;
-  const AuxTile tile(chunks_per_head);
+  const AuxTile tile(chunks_per_head, kAuxRows);
   const int quads = (s.head_dim + 3) / 4;
   for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
     const int64_t accum_rows = (static_cast<int64_t>(batch) * s.heads_q + tile.head) * s.seqlen_q;
@@ -532,9 +533,11 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_kernel(const BwdPa
   }
 }
 
-// Grid of an auxiliary kernel covering `rows` rows per (batch, head); fails past the grid's x limit.
-inline cudaError_t aux_grid(const AttentionShape& s, int64_t rows, int* chunks_per_head, dim3* grid) {
-  const int64_t chunks = (rows + kAuxRows - 1) / kAuxRows;
+// Grid of an auxiliary kernel covering `rows` rows per (batch, head) in chunks of rows_per_chunk; fails
+// past the grid's x limit.
+inline cudaError_t aux_grid(const AttentionShape& s, int64_t rows, int rows_per_chunk, int* chunks_per_head,
+                            dim3* grid) {
+  const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
   if (chunks * s.heads_q > 0x7fffffff) return cudaErrorInvalidConfiguration;
   *chunks_per_head = static_cast<int>(chunks);
   *grid = dim3(static_cast<unsigned>(chunks * s.heads_q), static_cast<unsigned>(std::min(s.batch, kAuxMaxGridY)));
@@ -546,9 +549,16 @@ template <typename T>
 cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   int chunks_per_head = 0;
   dim3 grid;
-  cudaError_t err = aux_grid(p.shape, p.stats_stride, &chunks_per_head, &grid);
+  // 8 threads per row load a row of up to 64 columns at once; 16 threads for wider rows.
+  const bool narrow = p.shape.head_dim <= 64;
+  const int lanes = narrow ? 8 : 16;
+  cudaError_t err = aux_grid(p.shape, p.stats_stride, kAuxThreads / lanes, &chunks_per_head, &grid);
   if (err != cudaSuccess) return err;
-  bwd_preprocess_kernel<T><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
+  if (narrow) {
+    bwd_preprocess_kernel<T, 8><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
+  } else {
+    bwd_preprocess_kernel<T, 16><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
+  }
   return cudaGetLastError();
 }
 
@@ -557,7 +567,7 @@ template <typename T>
 cudaError_t launch_bwd_convert_dq(const BwdParams& p, cudaStream_t stream) {
   int chunks_per_head = 0;
   dim3 grid;
-  cudaError_t err = aux_grid(p.shape, p.shape.seqlen_q, &chunks_per_head, &grid);
+  cudaError_t err = aux_grid(p.shape, p.shape.seqlen_q, kAuxRows, &chunks_per_head, &grid);
   if (err != cudaSuccess) return err;
   bwd_convert_dq_kernel<T><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
   return cudaGetLastError();
