@@ -55,6 +55,16 @@ def test_paths_on_long_rows(monkeypatch, path, head_dim, causal):
     run_case(1, 2048, 1900, 4, 2, head_dim, torch.bfloat16, causal)
 
 
+@pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
+@pytest.mark.parametrize("seqlens,head_dim,dtype", [((4096, 4096), 64, torch.bfloat16),
+                                                    ((4500, 4173), 40, torch.float16)])
+def test_long_row_forward_configuration(causal, seqlens, head_dim, dtype):
+    # At tile width 64, rows of at least 2048 queries and keys (4096 under causal masking) run the
+    # sm90 forward with 192-query tiles (three consumer warpgroups): 4096 queries leave the last
+    # tile's third warpgroup without rows, 4500 leave it part of them; Lq != Lk and GQA.
+    run_case(1, seqlens[0], seqlens[1], 4, 2, head_dim, dtype, causal)
+
+
 def test_sm90_forward_is_built_for_hopper():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("not a compute capability 9.0 GPU")
