@@ -255,7 +255,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   }
   const at::Tensor lse = lse_in.to(at::kFloat).contiguous();  // no-op for the forward's own lse
   const int accum_dim = sm80::padded_head_dim(static_cast<int>(s.head_dim));
-  at::Tensor dq_accum = at::zeros({s.batch, s.heads_q, s.seqlen_q, accum_dim}, q.options().dtype(at::kFloat));
+  // Zeroed by the backward's first kernel (the preprocess), not by a fill of its own.
+  at::Tensor dq_accum = at::empty({s.batch, s.heads_q, s.seqlen_q, accum_dim}, q.options().dtype(at::kFloat));
   const int64_t stats_stride = bwd_stats_stride(s.seqlen_q);
   at::Tensor delta = at::empty({s.batch, s.heads_q, stats_stride}, q.options().dtype(at::kFloat));
   at::Tensor lse_log2 = at::empty_like(delta);

@@ -104,7 +104,7 @@ struct BwdParams {
   void* dq;          // [B, Lq, Hq, D]
   void* dk;          // [B, Lk, Hk, D]
   void* dv;          // [B, Lk, Hk, D]
-  float* dq_accum;   // [B, Hq, Lq, dq_accum_dim] contiguous fp32 workspace, zeroed by the host
+  float* dq_accum;   // [B, Hq, Lq, dq_accum_dim] contiguous fp32 workspace, zeroed by the backward's preprocess
   // Per-row statistics, [B, Hq, stats_stride] contiguous fp32 workspaces. stats_stride is seqlen_q
   // rounded up to kBwdStatsAlign, and the padding rows hold delta 0 and lse_log2 +inf (P = 0 there),
   // so a kernel can copy whole, aligned query blocks of them without bounds checks.

@@ -38,8 +38,8 @@ cudaError_t write_dropout_keep_mask(const DropoutParams& dropout, int64_t batch_
 // Forward: writes params.out and params.lse; returns the launch status. Requires seqlen_q, seqlen_k, batch, heads >= 1.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
-// Backward: writes dq, dk, dv. params.dq_accum must be zeroed with dq_accum_dim = padded_head_dim;
-// params.delta is scratch. Requires seqlen_q, seqlen_k, batch, heads >= 1.
+// Backward: writes dq, dk, dv. params.dq_accum is a workspace with dq_accum_dim = padded_head_dim
+// (a multiple of 4), zeroed by the backward itself; params.delta is scratch. Requires seqlen_q, seqlen_k, batch, heads >= 1.
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 
 }  // namespace sm80

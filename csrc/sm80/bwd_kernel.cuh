@@ -434,7 +434,9 @@ struct AuxTile {
 // delta[b, h, i] = sum_d dout[b, i, h, d] * out[b, i, h, d] and lse_log2 = lse * log2(e) (+inf for a
 // row that saw no key, so its P = exp2(s - lse_log2) is 0). The padding rows i in [seqlen_q,
 // stats_stride) get delta 0 and lse_log2 +inf. A row is summed by kLanes threads, 8 columns each at a
-// time: 8 for head dims up to 64 (every thread loads), 16 above. With params.dout_caller set (additive
+// time: 8 for head dims up to 64 (every thread loads), 16 above. It also zeroes the row's dq_accum (the
+// main kernels add into it), which saves the backward a separate fill of that workspace. With
+// params.dout_caller set (additive
 // masks), dout is read from there and written to params.dout, saturated rows rebalanced
 // (sm80/saturated_rows.h), and delta is
 // the sum over the written values.
@@ -465,6 +467,8 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdPa
     }
     float sum = 0.f;
     if (query < s.seqlen_q) {
+      float4* accum = reinterpret_cast<float4*>(p.dq_accum + (row * s.seqlen_q + query) * p.dq_accum_dim);  // [dq_accum_dim / 4]
+      for (int c = sub; c < p.dq_accum_dim / 4; c += kLanes) accum[c] = make_float4(0.f, 0.f, 0.f, 0.f);
       const T* out = static_cast<const T*>(p.out) + batch * p.out_strides.batch + query * p.out_strides.row +
                      tile.head * p.out_strides.head;  // [D]
       const T* dout = static_cast<const T*>(dout_read) + batch * dout_read_strides.batch +
@@ -544,9 +548,10 @@ inline cudaError_t aux_grid(const AttentionShape& s, int64_t rows, int rows_per_
   return cudaSuccess;
 }
 
-// The first launch of every backward (sm80 and sm90): delta and lse_log2.
+// The first launch of every backward (sm80 and sm90): delta and lse_log2, and dq_accum zeroed.
 template <typename T>
 cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
+  if (p.dq_accum_dim % 4 != 0) return cudaErrorInvalidValue;  // rows zeroed 16 bytes at a time
   int chunks_per_head = 0;
   dim3 grid;
   // 8 threads per row load a row of up to 64 columns at once; 16 threads for wider rows.
