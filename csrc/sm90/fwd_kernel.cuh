@@ -634,8 +634,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     const int row0 = t.m0 + row_in_tile;
     const int first_row = t.m0 + consumer * 64;  // of this warpgroup
     if (first_row >= sh.seqlen_q) {
-      // None of this warpgroup's rows exist (the last tile of a short row, at 3 consumers): it only
-      // releases the stages the others read.
+      // None of this warpgroup's rows exist (in a row's last tile, when the query count leaves the
+      // tile's last 64 rows or more empty): it only releases the stages the others read.
       const int visits = release_tile<T, Cfg, kMasked>(bars, p, t, kv_iter, q_iter, warp_leader);
       kv_iter += visits;
       q_iter += visits > 0;
