@@ -852,6 +852,10 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   if constexpr (!std::is_same_v<LongRows, Default>) {
     if (uses_long_row_config(p.shape)) return launch_fwd_with_config<T, LongRows>(p, stream);
   }
+  if constexpr (kHeadDim == 128) {
+    // Short rows at width 128: two Q buffers (staggered consumers) fit beside two K/V stages only.
+    if (p.shape.seqlen_k <= 1024) return launch_fwd_with_config<T, FwdConfig<128, 128, 2, 2, 2>>(p, stream);
+  }
   return launch_fwd_with_config<T, Default>(p, stream);
 }
 
