@@ -436,10 +436,8 @@ struct AuxTile {
 // stats_stride) get delta 0 and lse_log2 +inf. A row is summed by kLanes threads, 8 columns each at a
 // time: 8 for head dims up to 64 (every thread loads), 16 above. It also zeroes the row's dq_accum (the
 // main kernels add into it), which saves the backward a separate fill of that workspace. With
-// params.dout_caller set (additive
-// masks), dout is read from there and written to params.dout, saturated rows rebalanced
-// (sm80/saturated_rows.h), and delta is
-// the sum over the written values.
+// params.dout_caller set (additive masks), dout is read from there and written to params.dout,
+// saturated rows rebalanced (sm80/saturated_rows.h), and delta is the sum over the written values.
 template <typename T, int kLanes>
 __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdParams p, int chunks_per_head) {
   using Ops = ElementOps<T>;
@@ -467,7 +465,8 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdPa
     }
     float sum = 0.f;
     if (query < s.seqlen_q) {
-      float4* accum = reinterpret_cast<float4*>(p.dq_accum + (row * s.seqlen_q + query) * p.dq_accum_dim);  // [dq_accum_dim / 4]
+      float4* accum =
+          reinterpret_cast<float4*>(p.dq_accum + (row * s.seqlen_q + query) * p.dq_accum_dim);  // [dq_accum_dim / 4]
       for (int c = sub; c < p.dq_accum_dim / 4; c += kLanes) accum[c] = make_float4(0.f, 0.f, 0.f, 0.f);
       const T* out = static_cast<const T*>(p.out) + batch * p.out_strides.batch + query * p.out_strides.row +
                      tile.head * p.out_strides.head;  // [D]

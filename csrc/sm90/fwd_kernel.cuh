@@ -147,13 +147,12 @@ struct FwdBarriers {
 
 // Which tiles a CTA runs. With kTilesPerUnit = 2, the query blocks of each (query head, batch) are
 // paired, block j with block num_m - 1 - j (the middle block alone when num_m is odd): under causal
-// masking, or a causal-shaped mask, every pair then costs the same, so CTA c can simply run pairs c,
-// c + gridDim.x, ... (heavier block first) and no SM is left with much more work than another, while
-// each CTA's next tile loads during its current tile's epilogue. Consecutive pairs share a head, so
-// the CTAs running at once read the same K and V (L2 hits). With 1, a unit is one tile (when the tiles
-// fit in one wave, pairing would only halve the CTAs; without causal masking or a mask every tile
-// costs the same). The divisions by the kernel's fixed counts go
-// through FastDividers built once per CTA.
+// masking, or a causal-shaped mask, every pair then costs the same, so CTA c can simply run pairs c, c
+// + gridDim.x, ... (heavier block first) and no SM is left with much more work than another, while each
+// CTA's next tile loads during its current tile's epilogue. Consecutive pairs share a head, so the CTAs
+// running at once read the same K and V (L2 hits). With 1, a unit is one tile (when the tiles fit in
+// one wave, pairing would only halve the CTAs; without causal masking or a mask every tile costs the
+// same). The divisions by the kernel's fixed counts go through FastDividers built once per CTA.
 struct FwdSchedule {
   int num_m, units_per_head, tiles_per_unit;
   FastDivider by_num_m, by_units_per_head, by_heads_q, by_group;
