@@ -659,11 +659,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     const int first_row = t.m0 + consumer * 64;  // of this warpgroup
     if (first_row >= sh.seqlen_q) {
       // None of this warpgroup's rows exist (in a row's last tile, when the query count leaves the
-      // tile's last 64 rows or more empty): it only releases the stages the others read.
+      // tile's last 64 rows or more empty): it only releases the stages the others read. It starts
+      // the next warpgroup first: that one's releases are what refill the stages waited on here.
+      release_next_consumer();
       const int visits = release_tile<T, Cfg, kMasked>(bars, p, t, kv_iter, q_iter, warp_leader);
       kv_iter += visits;
       q_iter += visits > 0;
-      release_next_consumer();
       continue;
     }
     float o[Cfg::kHeadDim / 2];
