@@ -29,6 +29,6 @@ for ((r = 1; r <= rounds; ++r)); do
   for name in trial baseline; do
     tree=.; [[ $name == baseline ]] && tree=baseline
     (cd "$tree" && PYTHONPATH=$PWD python3 scripts/dev/fwd_timing.py "$dims" "$seqlens") 2>&1 |
-      sed "s/^/$name /" | tee -a "$OUT/ab_fwd.txt"
+      sed -u "s/^/$name /" | tee -a "$OUT/ab_fwd.txt"
   done
 done
