@@ -87,8 +87,8 @@ struct FwdConfig {
 
 template <int kHeadDim>
 struct DefaultFwdConfig;
-template <> struct DefaultFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 2>; };
-template <> struct DefaultFwdConfig<96> { using type = FwdConfig<96, 128, 2, 2, 2>; };
+template <> struct DefaultFwdConfig<64> { using type = FwdConfig<64, 128, 4>; };
+template <> struct DefaultFwdConfig<96> { using type = FwdConfig<96, 128, 2>; };
 template <> struct DefaultFwdConfig<128> { using type = FwdConfig<128, 128, 3>; };
 template <> struct DefaultFwdConfig<192> { using type = FwdConfig<192, 96, 2>; };
 template <> struct DefaultFwdConfig<256> { using type = FwdConfig<256, 80, 2>; };
@@ -104,6 +104,9 @@ static_assert(DefaultFwdConfig<64>::type::kBlockN == fwd_keys_per_step(64) &&
 // The unmasked forward of long rows runs in this configuration (see uses_long_row_config): at tile
 // width 64, three consumer warpgroups (192 queries per tile, 160 registers each) keep the tensor
 // cores busier than two. The masked variant stays at two: at 160 registers it spills (~1.9 KB).
+// Two Q buffers, so its warpgroups run staggered (see kStaggered in fwd_kernel): +3% at N = 2k and
+// 4k without causal masking, +1% at 4k with it (H200, bf16). At two consumers staggering measured
+// -2% (causal, N <= 2k) to +1%, so the default configurations keep one Q buffer.
 template <int kHeadDim>
 struct LongRowFwdConfig {
   using type = typename DefaultFwdConfig<kHeadDim>::type;
@@ -851,10 +854,6 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   using LongRows = typename LongRowFwdConfig<kHeadDim>::type;
   if constexpr (!std::is_same_v<LongRows, Default>) {
     if (uses_long_row_config(p.shape)) return launch_fwd_with_config<T, LongRows>(p, stream);
-  }
-  if constexpr (kHeadDim == 128) {
-    // Short rows at width 128: two Q buffers (staggered consumers) fit beside two K/V stages only.
-    if (p.shape.seqlen_k <= 1024) return launch_fwd_with_config<T, FwdConfig<128, 128, 2, 2, 2>>(p, stream);
   }
   return launch_fwd_with_config<T, Default>(p, stream);
 }
