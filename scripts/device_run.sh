@@ -27,23 +27,31 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 start=$(date +%s)
 # A warm machine keeps ignored build outputs between calls, with timestamps that can make ninja reuse
 # objects compiled against older headers: always build from scratch.
-rm -rf build flashattn/_C*.so
-FLASHATTN_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 \
-  || { tail -50 "$OUT/build.log"; exit 1; }
-echo "build: $(( $(date +%s) - start )) s"
+# SKIP_BUILD=1 keeps the build of an earlier command in this same call (e.g. scripts/dev/ab_fwd.sh's).
+if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+  rm -rf build flashattn/_C*.so
+  FLASHATTN_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 \
+    || { tail -50 "$OUT/build.log"; exit 1; }
+  echo "build: $(( $(date +%s) - start )) s"
+fi
 status=0
 run() {  # run NAME TIMEOUT COMMAND...: logs to $OUT/NAME.log, prints the tail
   local name=$1 limit=$2; shift 2
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || status=1
   tail -${TAIL:-15} "$OUT/$name.log"
 }
-# guard: one small forward + backward per sm90 tile width, masked and not, under a short timeout, so a
-# kernel that hangs (or fails) ends the call in seconds instead of eating every later step's timeout.
+# guard: one small forward + backward per sm90 tile width, masked and not, and one long-row forward,
+# under a short timeout, so a kernel that hangs (or fails) ends the call in seconds instead of eating
+# every later step's timeout.
 GUARD='import torch, flashattn
 for d in (64, 128):
     q, k, v = (torch.randn(2, 4, 300, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     for mask in (None, torch.rand(300, 300, device="cuda") > 0.3):
         flashattn.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+# Long rows at tile width 64 (three consumer warpgroups), with a last tile whose second and third
+# warpgroups have no rows.
+q = torch.randn(1, 4, 4096, 64, device="cuda", dtype=torch.bfloat16)
+flashattn.scaled_dot_product_attention(q, q, q)
 torch.cuda.synchronize()
 print("guard: forward and backward ran")'
 if has guard; then

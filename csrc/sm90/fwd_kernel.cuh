@@ -53,13 +53,16 @@
 namespace flashattn {
 namespace sm90 {
 
-template <int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2>
+template <int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2, int kQStages_ = 1>
 struct FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;  // tile width: the real head dim is <= this
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockM = 64 * kConsumers;  // queries per CTA: 64 per consumer warpgroup
   static constexpr int kBlockN = kBlockN_;         // keys per step
   static constexpr int kStages = kStages_;         // K and V ring depth
+  // Q buffers: with 2, the producer loads the next tile's Q while this tile still reads its own, so
+  // the consumer warpgroups need not finish a tile together (see kStaggered).
+  static constexpr int kQStages = kQStages_;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // After setmaxnreg; 24 stay with the producer. Three consumers share what two would have.
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
@@ -71,9 +74,10 @@ struct FwdConfig {
   static constexpr int kKVColBlockBytes = kBlockN * 128;  // one [kBlockN][64] column block
   static constexpr int kQBytes = kColBlocks * kQColBlockBytes;
   static constexpr int kKVBytes = kColBlocks * kKVColBlockBytes;
-  // Q, then the K ring, then the V ring, then the mbarriers; +1024 to align the base for the swizzle.
-  static constexpr int kBarriersOffset = kQBytes + 2 * kStages * kKVBytes;
-  static constexpr int kSmemBytes = 1024 + kBarriersOffset + (2 + 4 * kStages) * 8;
+  // The Q buffers, then the K ring, then the V ring, then the mbarriers; +1024 to align the base for
+  // the swizzle.
+  static constexpr int kBarriersOffset = kQStages * kQBytes + 2 * kStages * kKVBytes;
+  static constexpr int kSmemBytes = 1024 + kBarriersOffset + (2 * kQStages + 4 * kStages) * 8;
 
   static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma k16 steps");
@@ -100,11 +104,14 @@ static_assert(DefaultFwdConfig<64>::type::kBlockN == fwd_keys_per_step(64) &&
 // The unmasked forward of long rows runs in this configuration (see uses_long_row_config): at tile
 // width 64, three consumer warpgroups (192 queries per tile, 160 registers each) keep the tensor
 // cores busier than two. The masked variant stays at two: at 160 registers it spills (~1.9 KB).
+// Two Q buffers, so its warpgroups run staggered (see kStaggered in fwd_kernel): +3% at N = 2k and
+// 4k without causal masking, +1% at 4k with it (H200, bf16). At two consumers staggering measured
+// -2% (causal, N <= 2k) to +1%, so the default configurations keep one Q buffer.
 template <int kHeadDim>
 struct LongRowFwdConfig {
   using type = typename DefaultFwdConfig<kHeadDim>::type;
 };
-template <> struct LongRowFwdConfig<64> { using type = FwdConfig<64, 128, 4, 3>; };
+template <> struct LongRowFwdConfig<64> { using type = FwdConfig<64, 128, 4, 3, 2>; };
 
 // Whether a shape's rows are long enough for LongRowFwdConfig. Measured on the H200 (bf16, B * N =
 // 16k): three consumers gain 5-12% without causal masking from N = 2k, and 4-8% with it from 4k; below
@@ -134,7 +141,7 @@ struct FwdTensorMaps {
 // The mbarriers of one CTA, in shared memory after the tiles.
 template <typename Cfg>
 struct FwdBarriers {
-  uint64_t q_full, q_empty;
+  uint64_t q_full[Cfg::kQStages], q_empty[Cfg::kQStages];
   uint64_t k_full[Cfg::kStages], v_full[Cfg::kStages];
   uint64_t k_empty[Cfg::kStages], v_empty[Cfg::kStages];
 };
@@ -285,9 +292,11 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
     const FwdTile t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(sched.tile(unit, i), sh, sched);
     KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
     if (walk.next(0) >= t.num_n_blocks) continue;
-    if (q_iter > 0) mbar_wait(&bars.q_empty, (q_iter - 1) & 1);
-    mbar_arrive_expect_tx(&bars.q_full, Cfg::kQBytes);
-    tma_load_tile<Cfg::kColBlocks>(q_smem, &maps.q, &bars.q_full, t.m0, t.head, t.batch, Cfg::kQColBlockBytes);
+    const int q_stage = q_iter % Cfg::kQStages, q_use = q_iter / Cfg::kQStages;
+    if (q_use > 0) mbar_wait(&bars.q_empty[q_stage], (q_use - 1) & 1);
+    mbar_arrive_expect_tx(&bars.q_full[q_stage], Cfg::kQBytes);
+    tma_load_tile<Cfg::kColBlocks>(q_smem + q_stage * Cfg::kQBytes, &maps.q, &bars.q_full[q_stage], t.m0, t.head,
+                                   t.batch, Cfg::kQColBlockBytes);
     ++q_iter;
     for (int n = walk.next(0); n < t.num_n_blocks; n = walk.next(n + 1), ++kv_iter) {
       const int stage = kv_iter % Cfg::kStages;
@@ -561,13 +570,13 @@ __device__ __forceinline__ int release_tile(FwdBarriers<Cfg>& bars, const FwdPar
   int visits = 0;
   for (int n = walk.next(0); n < t.num_n_blocks; n = walk.next(n + 1), ++visits) {
     const int stage = (kv_iter + visits) % Cfg::kStages, phase = ((kv_iter + visits) / Cfg::kStages) & 1;
-    if (visits == 0) mbar_wait(&bars.q_full, q_iter & 1);
+    if (visits == 0) mbar_wait(&bars.q_full[q_iter % Cfg::kQStages], (q_iter / Cfg::kQStages) & 1);
     mbar_wait(&bars.k_full[stage], phase);
     if (warp_leader) mbar_arrive(&bars.k_empty[stage]);
     mbar_wait(&bars.v_full[stage], phase);
     if (warp_leader) mbar_arrive(&bars.v_empty[stage]);
   }
-  if (visits > 0 && warp_leader) mbar_arrive(&bars.q_empty);
+  if (visits > 0 && warp_leader) mbar_arrive(&bars.q_empty[q_iter % Cfg::kQStages]);
   return visits;
 }
 
@@ -585,8 +594,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   constexpr int kMaskChunk = Cfg::kHeadDim <= 64 ? 32 : Cfg::kHeadDim <= 128 ? 16 : 8;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  unsigned char* q_smem = base;                                // [kColBlocks][kBlockM][64], swizzled
-  unsigned char* k_smem = base + Cfg::kQBytes;                 // [kStages][kColBlocks][kBlockN][64]
+  unsigned char* q_smem = base;                                // [kQStages][kColBlocks][kBlockM][64], swizzled
+  unsigned char* k_smem = base + Cfg::kQStages * Cfg::kQBytes; // [kStages][kColBlocks][kBlockN][64]
   unsigned char* v_smem = k_smem + kStages * Cfg::kKVBytes;    // [kStages][kColBlocks][kBlockN][64]
   auto& bars = *reinterpret_cast<FwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
 
@@ -601,8 +610,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     prefetch_tensor_map(&maps.q);
     prefetch_tensor_map(&maps.k);
     prefetch_tensor_map(&maps.v);
-    mbar_init(&bars.q_full, 1);
-    mbar_init(&bars.q_empty, Cfg::kConsumers * 4);  // one arrival per consumer warp
+    for (int i = 0; i < Cfg::kQStages; ++i) {
+      mbar_init(&bars.q_full[i], 1);
+      mbar_init(&bars.q_empty[i], Cfg::kConsumers * 4);  // one arrival per consumer warp
+    }
     for (int i = 0; i < kStages; ++i) {
       mbar_init(&bars.k_full[i], 1);
       mbar_init(&bars.v_full[i], 1);
@@ -624,17 +635,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   const int lane = threadIdx.x % 32;
   const bool warp_leader = lane == 0;
   const int row_in_tile = consumer * 64 + ((threadIdx.x / 32) % 4) * 16 + lane / 4;  // this thread's rows: +0, +8
-  const unsigned char* q_rows = q_smem + consumer * 64 * 128;
+  const unsigned char* q_rows = q_smem + consumer * 64 * 128;  // in Q buffer 0
   int kv_iter = 0, q_iter = 0;  // ring and Q positions, in step with the producer
+  // With two Q buffers the consumer warpgroups start staggered: warpgroup c > 0 begins once warpgroup
+  // c - 1 has run its first softmax (named barrier 1 + c - 1, used once), so that at every tile's start
+  // and end, where a warpgroup's softmax or epilogue has no GEMM of its own to overlap, the tensor
+  // cores run another warpgroup's GEMMs. With one Q buffer the Q release would bring them back in step
+  // at every tile.
+  constexpr bool kStaggered = Cfg::kQStages == 2;
+  constexpr int kStaggerBarrier = 1;
+  bool stagger_pending = kStaggered && consumer + 1 < Cfg::kConsumers;
+  auto release_next_consumer = [&]() {
+    if (kStaggered && stagger_pending) {
+      named_barrier_arrive(kStaggerBarrier + consumer, 256);
+      stagger_pending = false;
+    }
+  };
+  if (kStaggered && consumer > 0) named_barrier_sync(kStaggerBarrier + consumer - 1, 256);
 
   for (int unit = blockIdx.x; unit < sched.num_units(sh); unit += gridDim.x)
   for (int i = 0; i < sched.tiles_in(unit); ++i) {
     const FwdTile t = FwdTile::at<kBlockM, kBlockN>(sched.tile(unit, i), sh, sched);
     const int row0 = t.m0 + row_in_tile;
+    const int q_stage = q_iter % Cfg::kQStages;
+    const unsigned char* q_tile_rows = q_rows + q_stage * Cfg::kQBytes;
     const int first_row = t.m0 + consumer * 64;  // of this warpgroup
     if (first_row >= sh.seqlen_q) {
       // None of this warpgroup's rows exist (in a row's last tile, when the query count leaves the
-      // tile's last 64 rows or more empty): it only releases the stages the others read.
+      // tile's last 64 rows or more empty): it only releases the stages the others read. It starts
+      // the next warpgroup first: that one's releases are what refill the stages waited on here.
+      release_next_consumer();
       const int visits = release_tile<T, Cfg, kMasked>(bars, p, t, kv_iter, q_iter, warp_leader);
       kv_iter += visits;
       q_iter += visits > 0;
@@ -689,11 +719,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     if (block < t.num_n_blocks) {
       bool block_needs = walk.needs_elements(block);
       int block_key_end = block_needs ? walk.prefix_key_end(block, kBlockN, p.mask) : -1;
-      mbar_wait(&bars.q_full, q_iter & 1);
+      mbar_wait(&bars.q_full[q_stage], (q_iter / Cfg::kQStages) & 1);
       // Block 0: S, softmax, P.
       mbar_wait(&bars.k_full[stage_of(0)], phase_of(0));
       wgmma_fence();
-      issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(s, q_rows, k_smem + stage_of(0) * Cfg::kKVBytes);
+      issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(s, q_tile_rows, k_smem + stage_of(0) * Cfg::kKVBytes);
       wgmma_commit();
       // The next block, walked while the GEMM runs (a window refill then waits under it).
       int next = walk.next(block + 1);
@@ -703,10 +733,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       fence_registers(s);
       if (warp_leader) {
         mbar_arrive(&bars.k_empty[stage_of(0)]);
-        if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);  // the tile's last QK^T GEMM is done
+        if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);  // the tile's last QK^T GEMM is done
       }
       softmax.update(s, apply_masks(block, block_needs, block_key_end), correction);
       apply_dropout(block);
+      release_next_consumer();
       accumulator_to_a<T, kBlockN>(prob, s);
 
       int n = 1;  // visits so far
@@ -721,7 +752,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         mbar_wait(&bars.k_full[stage], phase_of(n));
         mbar_wait(&bars.v_full[prev], phase_of(n - 1));
         wgmma_fence();
-        issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(s, q_rows, k_smem + stage * Cfg::kKVBytes);
+        issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(s, q_tile_rows, k_smem + stage * Cfg::kKVBytes);
         wgmma_commit();
         issue_pv<T, Cfg>(o, prob, v_smem + prev * Cfg::kKVBytes);
         wgmma_commit();
@@ -738,7 +769,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         fence_registers(s);
         if (warp_leader) {
           mbar_arrive(&bars.k_empty[stage]);
-          if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty);
+          if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
         }
         if constexpr (kPlain) {
           softmax.update(s, sh.scale_log2, correction);
@@ -782,6 +813,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     // Meanwhile the producer is already loading the next tile's Q and first key blocks.
     write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, t.head, t.batch, row0, lane,
                                               dropout ? p.dropout.keep_scale : 1.f);
+    release_next_consumer();  // a first tile without visible keys
   }
 #endif
 }

@@ -5,6 +5,7 @@
 # scripts/dev/fwd_timing.py on each in turn, ROUNDS times, so both see the same GPU and clocks.
 # Lines are prefixed with "trial" or "baseline". Logs under $OUT.
 #   scripts/dev/ab_fwd.sh [DIMS] [SEQLENS] [ROUNDS]     e.g. scripts/dev/ab_fwd.sh 64,128 512,1024,4096 2
+# ROUNDS=0 only builds; SKIP_BUILD=1 times the trees built by an earlier call.
 set -uo pipefail
 dims=${1:-64,128}
 seqlens=${2:-512,1024,2048,4096}
@@ -17,15 +18,17 @@ build() {  # build TREE NAME: in place, from scratch, half the cores each (both 
     FLASHATTN_BUILD_CUDA=1 MAX_JOBS=8 python3 setup.py build_ext --inplace > "$OUT/build_$2.log" 2>&1) ||
     { echo "build of $2 failed:"; tail -20 "$OUT/build_$2.log"; return 1; }
 }
-start=$(date +%s)
-build . trial & trial_pid=$!
-build baseline baseline & baseline_pid=$!
-wait $trial_pid && wait $baseline_pid || exit 1
-echo "builds: $(( $(date +%s) - start )) s"
+if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+  start=$(date +%s)
+  build . trial & trial_pid=$!
+  build baseline baseline & baseline_pid=$!
+  wait $trial_pid && wait $baseline_pid || exit 1
+  echo "builds: $(( $(date +%s) - start )) s"
+fi
 for ((r = 1; r <= rounds; ++r)); do
   for name in trial baseline; do
     tree=.; [[ $name == baseline ]] && tree=baseline
     (cd "$tree" && PYTHONPATH=$PWD python3 scripts/dev/fwd_timing.py "$dims" "$seqlens") 2>&1 |
-      sed "s/^/$name /" | tee -a "$OUT/ab_fwd.txt"
+      sed -u "s/^/$name /" | tee -a "$OUT/ab_fwd.txt"
   done
 done
