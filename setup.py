@@ -4,6 +4,8 @@ Environment knobs:
   FLASHATTN_BUILD_CUDA   auto (default: CUDA kernels when a CUDA toolkit is found) | 1 | 0
   FLASHATTN_CUDA_ARCHS   semicolon list of SM versions to compile the sm80 path for (default "80;90")
   MAX_JOBS               parallel compile jobs (torch's ninja builder reads it)
+  FLASHATTN_NVCC_FLAGS   extra nvcc flags, space-separated (e.g. "-DFLASHATTN_WATCHDOG" for a debug build
+                         whose sm90 forward and backward mbarrier waits trap instead of hanging)
 """
 import glob
 import os
@@ -53,7 +55,8 @@ if want_cuda():
             "cxx": cxx_flags,
             "nvcc": ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
                      "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
-                     "-U__CUDA_NO_BFLOAT16_CONVERSIONS__"] + gencode_flags(),
+                     "-U__CUDA_NO_BFLOAT16_CONVERSIONS__"] + gencode_flags()
+            + os.environ.get("FLASHATTN_NVCC_FLAGS", "").split(),
         },
     )
 else:

@@ -6,6 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#ifdef FLASHATTN_WATCHDOG
+#include <cstdio>
+#endif
 
 namespace flashattn {
 namespace sm90 {
@@ -38,6 +41,7 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 }
 
 // Blocks until the phase with the given parity has completed.
+#ifndef FLASHATTN_WATCHDOG
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
   asm volatile(
       "{\n"
@@ -49,6 +53,35 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
       "r"(parity)
       : "memory");
 }
+#else
+// Debug builds (-DFLASHATTN_WATCHDOG): a wait that lasts more than about two seconds prints where it
+// is (block, thread, barrier offset in shared memory, parity) and traps, so a deadlock shows up as a
+// launch failure ("an illegal instruction was encountered") instead of a hang. The printed lines can
+// be lost with the trap: seen on the H200, where the failure came without them.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+  const long long start = clock64();
+  for (;;) {
+    uint32_t done;
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (clock64() - start > 4000000000LL) {
+      if (threadIdx.x % 32 == 0) {
+        printf("watchdog: block %d thread %d barrier smem+%u parity %d\n", blockIdx.x, threadIdx.x,
+               smem_u32(bar), parity);
+      }
+      __trap();
+    }
+  }
+}
+#endif
 
 // ---- TMA ----
 
