@@ -57,7 +57,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
 // Debug builds (-DFLASHATTN_WATCHDOG): a wait that lasts more than about two seconds prints where it
 // is (block, thread, barrier offset in shared memory, parity) and traps, so a deadlock shows up as a
 // launch failure ("an illegal instruction was encountered") instead of a hang. The printed lines can
-// be lost with the trap: seen on the H200, where the failure came without them.
+// be lost with the trap: seen on the H200, where the failure came without them. Such a build is also
+// slower (the printf call makes ptxas serialize the wgmma pipeline), so it changes the timing.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
   const long long start = clock64();
   for (;;) {
