@@ -17,7 +17,10 @@ FLOPs: forward 4 * B * H * N^2 * D, halved for causal; backward 2.5x the forward
 Timing: triton's do_bench (CUDA events, L2 flushed before each call, median) with a time budget per
 measurement: ``--warmup`` ms of warm-up, then as many calls as fit in ``--rep`` ms (at least one). With
 the default 50 ms every figure is the median over at least 25 ms of measured calls (a call longer than
-25 ms is timed once, a 5 ms call 10 times, a 0.2 ms call some 250 times).
+25 ms is timed once, a 5 ms call 10 times, a 0.2 ms call some 250 times). Before a config's first
+timing the GPU runs matrix products for ``--settle`` ms (default 200): a config can follow seconds in
+which the GPU idled (inputs, first calls, FlexAttention's compilation or loading), and an idle H200
+drops its SM clock (345 MHz at rest), which a 10 ms warm-up may not bring back.
 
 FlexAttention is compiled with dynamic shapes by default: one compilation per (dtype, head dim, heads,
 causal) serves every sequence length and mode (dynamo adds one for the batch of 1 at N = 16k, as it
@@ -129,6 +132,20 @@ def time_ms(fn, warmup_ms: float, rep_ms: float, device: torch.device) -> float:
     except ImportError:
         return _time_ms_cuda_events(fn, warmup_ms, rep_ms)
     return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def keep_gpu_busy(device: torch.device, ms: float) -> None:
+    """Runs bf16 matrix products on `device` for about `ms` milliseconds of wall time, so that the GPU's
+    clocks are up before what is timed next. Does nothing off CUDA or for ms <= 0."""
+    if device.type != "cuda" or ms <= 0:
+        return
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    start = time.perf_counter()
+    while (time.perf_counter() - start) * 1e3 < ms:
+        for _ in range(20):  # about 4 ms on an H100-class GPU
+            torch.mm(a, a)
+        torch.cuda.synchronize(device)
+    del a
 
 
 def peak_extra_mib(fn, device: torch.device) -> Optional[float]:
@@ -415,6 +432,7 @@ def run_config(dtype_name, head_dim, seqlen, causal, modes, impl_names, opts, de
             status["flashattn"] = f"WRONG: max abs error {max_err:.3e} > {opts.max_err:g}; not timed"
             impls.pop("flashattn")
 
+    keep_gpu_busy(device, getattr(opts, "settle", 0))
     rows = []
     for mode in modes:
         row = dict(config, mode=mode, ms={}, tflops={}, status=dict(status))
@@ -825,6 +843,9 @@ def parse_args(argv=None):
     p.add_argument("--rep", type=float, default=50,
                    help="time budget of the measured calls per measurement, ms (default 50: the median then covers "
                         "at least 25 ms of calls, or a single call longer than that)")
+    p.add_argument("--settle", type=float, default=200,
+                   help="ms of matrix products on the GPU before each config's timings, so that its clocks are "
+                        "up after idle time (default 200; 0: none)")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="configs not started after this many seconds are not run; they are reported as skipped")
     p.add_argument("--flex-static", action="store_true",
@@ -846,6 +867,8 @@ def parse_args(argv=None):
             p.error(f"--{flag} must be at least 1")
     if args.warmup < 0 or args.rep <= 0:
         p.error("--warmup must be at least 0 and --rep more than 0")
+    if args.settle < 0:
+        p.error("--settle must be at least 0")
     if args.time_budget is not None and args.time_budget <= 0:
         p.error("--time-budget must be more than 0")
     return args

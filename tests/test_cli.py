@@ -435,3 +435,25 @@ def test_kernel_archs_absent_without_cuda_code(tmp_path):
     assert cli.kernel_archs_in_binary(str(tmp_path / "not_elf.so")) is None
     if not flashattn.cuda_kernels_built():
         assert cli.kernel_archs_in_binary(flashattn.ops._C.__file__) is None
+
+
+def test_bench_settles_the_gpu_before_each_configs_first_timing(monkeypatch):
+    # keep_gpu_busy must run once per config, before that config's first timed call, with --settle's ms.
+    events = []
+    real_time_ms = benchmark.time_ms
+    monkeypatch.setattr(benchmark, "keep_gpu_busy", lambda device, ms: events.append(("settle", ms)))
+    monkeypatch.setattr(benchmark, "time_ms", lambda *a, **kw: events.append(("time",)) or real_time_ms(*a, **kw))
+    rows = benchmark.run(_tiny_args("--settle", "7"), device="cpu")
+    assert len(rows) == 8  # 2 seqlens x 2 causal x 2 modes
+    settles = [i for i, e in enumerate(events) if e[0] == "settle"]
+    assert len(settles) == 4 and all(events[i] == ("settle", 7.0) for i in settles)
+    assert all(events[i + 1] == ("time",) for i in settles)
+    assert benchmark.parse_args([]).settle == 200
+    with pytest.raises(SystemExit):
+        benchmark.parse_args(["--settle", "-1"])
+
+
+def test_keep_gpu_busy_is_a_no_op_off_cuda():
+    start = time.perf_counter()
+    benchmark.keep_gpu_busy(torch.device("cpu"), 5000)
+    assert time.perf_counter() - start < 1
