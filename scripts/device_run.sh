@@ -10,7 +10,7 @@
 #   scripts/device_run.sh masks        build + benchmarks/bench_masks.py (the attention-mask figures)
 #   scripts/device_run.sh tune         build + benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
 #   scripts/device_run.sh ncu          build + Nsight Compute stall profiles of the sm90 forward, no mask
-#                                      and padding mask (D=64, N=${NCU_SEQLEN:-4096}), when ncu is installed there, and
+#                                      and padding mask (D=${NCU_HEADDIM:-64}, N=${NCU_SEQLEN:-4096}), when ncu is installed there, and
 #                                      per-SASS-instruction counts of both (ncu_source_*.csv)
 #   scripts/device_run.sh all          build + test + bench
 # Steps combine with "+", e.g. guard+test+large+fuzz. Each step runs under its own timeout so one hang cannot
@@ -72,10 +72,10 @@ if has ncu; then
   if [[ -z $NCU ]]; then echo "ncu: not installed on this machine"; else
     for c in "no mask" "padding mask"; do
       run "ncu_${c// /_}" 240 "$NCU" --clock-control none --section SpeedOfLight --section WarpStateStats \
-        --section SchedulerStats --section InstructionStats --section SourceCounters -k regex:fwd_kernel --launch-skip 1 --launch-count 1 python3 scripts/dev/mask_profile.py 64 ${NCU_SEQLEN:-4096} "$c"
+        --section SchedulerStats --section InstructionStats --section SourceCounters -k regex:fwd_kernel --launch-skip 1 --launch-count 1 python3 scripts/dev/mask_profile.py ${NCU_HEADDIM:-64} ${NCU_SEQLEN:-4096} "$c"
       # Per-SASS-instruction execution counts and stall samples (CSV), to place the difference.
       timeout 240 "$NCU" --clock-control none --section SourceCounters -k regex:fwd_kernel --launch-skip 1 \
-        --launch-count 1 --page source --print-source sass --csv python3 scripts/dev/mask_profile.py 64 ${NCU_SEQLEN:-4096} "$c" \
+        --launch-count 1 --page source --print-source sass --csv python3 scripts/dev/mask_profile.py ${NCU_HEADDIM:-64} ${NCU_SEQLEN:-4096} "$c" \
         > "$OUT/ncu_source_${c// /_}.csv" 2> "$OUT/ncu_source_${c// /_}.err" || status=1
     done
   fi
