@@ -5,7 +5,9 @@
 # scripts/dev/fwd_timing.py on each in turn, ROUNDS times, so both see the same GPU and clocks.
 # Lines are prefixed with "trial" or "baseline". Logs under $OUT.
 #   scripts/dev/ab_fwd.sh [DIMS] [SEQLENS] [ROUNDS]     e.g. scripts/dev/ab_fwd.sh 64,128 512,1024,4096 2
-# ROUNDS=0 only builds; SKIP_BUILD=1 times the trees built by an earlier call.
+# ROUNDS=0 only builds; SKIP_BUILD=1 times the trees built by an earlier call. AB_CMD replaces the
+# timing command (run in each tree with $name set), e.g.
+#   AB_CMD='python3 benchmarks/bench_masks.py --head-dims 64 --out $OUT/masks_$name' scripts/dev/ab_fwd.sh
 set -uo pipefail
 dims=${1:-64,128}
 seqlens=${2:-512,1024,2048,4096}
@@ -28,7 +30,8 @@ fi
 for ((r = 1; r <= rounds; ++r)); do
   for name in trial baseline; do
     tree=.; [[ $name == baseline ]] && tree=baseline
-    (cd "$tree" && PYTHONPATH=$PWD python3 scripts/dev/fwd_timing.py "$dims" "$seqlens") 2>&1 |
+    (cd "$tree" && export PYTHONPATH=$PWD name OUT &&
+      if [[ -n ${AB_CMD:-} ]]; then eval "$AB_CMD"; else python3 scripts/dev/fwd_timing.py "$dims" "$seqlens"; fi) 2>&1 |
       sed -u "s/^/$name /" | tee -a "$OUT/ab_fwd.txt"
   done
 done
