@@ -520,7 +520,54 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kCount], const float (&c
   for (int i = 0; i < kCount; ++i) o[i] *= correction[(i % 4) / 2];
 }
 
-// O * out_scale / rowsum and the natural-log LSE of this thread's two rows, straight to global memory.
+// Stores this thread's share of two output rows (row0 and row0 + 8; valid: inside seqlen_q), already
+// scaled by inv, as 16-byte row segments. In the accumulator layout the four lanes of a quad hold two
+// columns each of every 8-column group; a 4 x 4 transpose over the quad (two shuffle stages) gives
+// each lane all 8 columns of one group in every 4, so a warp's store covers 8 rows x 64 contiguous
+// bytes instead of 8 rows x 16 bytes, with a quarter of the store instructions. Needs head_dim % 8
+// == 0 and 16-byte aligned rows. The shuffles run on every lane, valid row or not.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void store_rows_16b(T* out, int64_t row_stride, const float (&o)[kHeadDim / 2],
+                                               const float (&inv)[2], const bool (&valid)[2], int row0,
+                                               int head_dim, int lane) {
+  using Ops = sm80::ElementOps<T>;
+  const int q = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int c = 0; c < kHeadDim / 32; ++c) {
+      uint32_t v[4];  // v[i]: columns (4c + i) * 8 + 2q, +1
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int j = 4 * c + i;
+        v[i] = Ops::pack(o[4 * j + 2 * half] * inv[half], o[4 * j + 2 * half + 1] * inv[half]);
+      }
+#pragma unroll
+      for (int m = 1; m <= 2; m *= 2) {
+        const bool upper = (q & m) != 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (i & m) continue;
+          const uint32_t recv = __shfl_xor_sync(0xffffffff, upper ? v[i] : v[i | m], m);
+          if (upper) {
+            v[i] = recv;
+          } else {
+            v[i | m] = recv;
+          }
+        }
+      }
+      // Now v[i]: columns (4c + q) * 8 + 2i, +1.
+      const int col = (4 * c + q) * 8;
+      if (valid[half] && col < head_dim) {
+        st_global_u32x4(out + static_cast<int64_t>(row0 + 8 * half) * row_stride + col, v[0], v[1], v[2], v[3]);
+      }
+    }
+  }
+}
+
+// O * out_scale / rowsum and the natural-log LSE of this thread's two rows, straight to global memory:
+// in 16-byte row segments where head_dim and the output's alignment allow (store_rows_16b), else two
+// elements per store.
 template <typename T, int kHeadDim, int kBlockN>
 __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (&o)[kHeadDim / 2],
                                                const OnlineSoftmax<kBlockN>& softmax, int head, int batch,
@@ -529,23 +576,36 @@ __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (
   const AttentionShape& sh = p.shape;
   T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head;  // [Lq, D]
   float* lse = p.lse + (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;      // [Lq]
+  float inv[2];
+  bool valid[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float sum = softmax.row_sum[half];
     sum += __shfl_xor_sync(0xffffffff, sum, 1);
     sum += __shfl_xor_sync(0xffffffff, sum, 2);
     const int row = row0 + half * 8;
-    if (row >= sh.seqlen_q) continue;
+    valid[half] = row < sh.seqlen_q;
     // A NaN score makes sum NaN, and NaN must reach out and lse: test for exactly 0 (no key).
-    const float inv = sum == 0.f ? 0.f : out_scale / sum;
-    if (lane % 4 == 0) {
+    inv[half] = sum == 0.f ? 0.f : out_scale / sum;
+    if (valid[half] && lane % 4 == 0) {
       lse[row] = sum == 0.f ? -INFINITY : (softmax.row_max[half] + log2f(sum)) * 0.6931471805599453f;
     }
-    T* out_row = out + row * p.out_strides.row;
+  }
+  const bool rows_16b = sh.head_dim % 8 == 0 &&
+                        ((reinterpret_cast<uintptr_t>(out) |
+                          static_cast<uintptr_t>(p.out_strides.row * static_cast<int64_t>(sizeof(T)))) % 16) == 0;
+  if (rows_16b) {
+    store_rows_16b<T, kHeadDim>(out, p.out_strides.row, o, inv, valid, row0, sh.head_dim, lane);
+    return;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (!valid[half]) continue;
+    T* out_row = out + (row0 + half * 8) * p.out_strides.row;
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
       const int col = j * 8 + (lane % 4) * 2;
-      const float v0 = o[4 * j + 2 * half] * inv, v1 = o[4 * j + 2 * half + 1] * inv;
+      const float v0 = o[4 * j + 2 * half] * inv[half], v1 = o[4 * j + 2 * half + 1] * inv[half];
       if (col + 1 < sh.head_dim) {
         if (sh.head_dim % 2 == 0) {
           *reinterpret_cast<uint32_t*>(out_row + col) = Ops::pack(v0, v1);

@@ -128,6 +128,12 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// 16 bytes to global memory (16-byte aligned) in one store: written as PTX so that the compiler cannot
+// split it into narrower stores, which it did for some of the forward's output segments.
+__device__ __forceinline__ void st_global_u32x4(void* ptr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
 // ---- shared memory through 32-bit shared-window addresses (smem_u32): plain ld/st.shared, where a
 // pointer that has lost its address space would compile to generic loads and stores ----
 
