@@ -53,7 +53,8 @@
 namespace flashattn {
 namespace sm90 {
 
-template <int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2, int kQStages_ = 1>
+template <int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2, int kQStages_ = 1,
+          bool kStagedOutput_ = false>
 struct FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;  // tile width: the real head dim is <= this
   static constexpr int kConsumers = kConsumers_;
@@ -63,6 +64,9 @@ struct FwdConfig {
   // Q buffers: with 2, the producer loads the next tile's Q while this tile still reads its own, so
   // the consumer warpgroups need not finish a tile together (see kStaggered).
   static constexpr int kQStages = kQStages_;
+  // With a staged output each consumer warpgroup writes its 64 output rows into shared memory and one
+  // of its threads stores them with TMA (write_epilogue); without, the threads store them themselves.
+  static constexpr bool kStagedOutput = kStagedOutput_;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // After setmaxnreg; 24 stay with the producer. Three consumers share what two would have.
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
@@ -74,9 +78,11 @@ struct FwdConfig {
   static constexpr int kKVColBlockBytes = kBlockN * 128;  // one [kBlockN][64] column block
   static constexpr int kQBytes = kColBlocks * kQColBlockBytes;
   static constexpr int kKVBytes = kColBlocks * kKVColBlockBytes;
-  // The Q buffers, then the K ring, then the V ring, then the mbarriers; +1024 to align the base for
-  // the swizzle.
-  static constexpr int kBarriersOffset = kQStages * kQBytes + 2 * kStages * kKVBytes;
+  static constexpr int kOutBytes = kColBlocks * 64 * 128;  // one warpgroup's [kColBlocks][64][64] output rows
+  // The Q buffers, the K ring, the V ring, the output staging (one buffer per consumer warpgroup),
+  // then the mbarriers; +1024 to align the base for the swizzle.
+  static constexpr int kOutOffset = kQStages * kQBytes + 2 * kStages * kKVBytes;
+  static constexpr int kBarriersOffset = kOutOffset + (kStagedOutput ? kConsumers * kOutBytes : 0);
   static constexpr int kSmemBytes = 1024 + kBarriersOffset + (2 * kQStages + 4 * kStages) * 8;
 
   static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
@@ -87,9 +93,11 @@ struct FwdConfig {
 
 template <int kHeadDim>
 struct DefaultFwdConfig;
-template <> struct DefaultFwdConfig<64> { using type = FwdConfig<64, 128, 4>; };
-template <> struct DefaultFwdConfig<96> { using type = FwdConfig<96, 128, 2>; };
-template <> struct DefaultFwdConfig<128> { using type = FwdConfig<128, 128, 3>; };
+// Widths 64-128 stage the output in shared memory for a TMA store; at 128 that costs the third K/V
+// stage. At 192 and 256 it does not fit beside the ring.
+template <> struct DefaultFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true>; };
+template <> struct DefaultFwdConfig<96> { using type = FwdConfig<96, 128, 2, 2, 1, true>; };
+template <> struct DefaultFwdConfig<128> { using type = FwdConfig<128, 128, 2, 2, 1, true>; };
 template <> struct DefaultFwdConfig<192> { using type = FwdConfig<192, 96, 2>; };
 template <> struct DefaultFwdConfig<256> { using type = FwdConfig<256, 80, 2>; };
 // Host code reads the tile shape from fwd_tiles.h; it must agree with the configurations above.
@@ -111,7 +119,7 @@ template <int kHeadDim>
 struct LongRowFwdConfig {
   using type = typename DefaultFwdConfig<kHeadDim>::type;
 };
-template <> struct LongRowFwdConfig<64> { using type = FwdConfig<64, 128, 4, 3, 2>; };
+template <> struct LongRowFwdConfig<64> { using type = FwdConfig<64, 128, 4, 3, 2, true>; };
 
 // Whether a shape's rows are long enough for LongRowFwdConfig. Measured on the H200 (bf16, B * N =
 // 16k): three consumers gain 5-12% without causal masking from N = 2k, and 4-8% with it from 4k; below
@@ -121,11 +129,14 @@ inline bool uses_long_row_config(const AttentionShape& sh) {
   return std::min(sh.seqlen_q, sh.seqlen_k) >= (sh.is_causal ? 4096 : 2048);
 }
 
-// The masked variant's configurations: the default ones, but whole multiples of 32 keys per step.
+// The masked variant's configurations: whole multiples of 32 keys per step, the output stored by the
+// threads (its registers and shared memory are as they were before the staged output).
 template <int kHeadDim>
-struct MaskedFwdConfig {
-  using type = typename DefaultFwdConfig<kHeadDim>::type;
-};
+struct MaskedFwdConfig;
+template <> struct MaskedFwdConfig<64> { using type = FwdConfig<64, 128, 4>; };
+template <> struct MaskedFwdConfig<96> { using type = FwdConfig<96, 128, 2>; };
+template <> struct MaskedFwdConfig<128> { using type = FwdConfig<128, 128, 3>; };
+template <> struct MaskedFwdConfig<192> { using type = FwdConfig<192, 96, 2>; };
 template <> struct MaskedFwdConfig<256> { using type = FwdConfig<256, 64, 2>; };
 static_assert(MaskedFwdConfig<64>::type::kBlockN == masked_fwd_keys_per_step(64) &&
                   MaskedFwdConfig<96>::type::kBlockN == masked_fwd_keys_per_step(96) &&
@@ -136,6 +147,7 @@ static_assert(MaskedFwdConfig<64>::type::kBlockN == masked_fwd_keys_per_step(64)
 
 struct FwdTensorMaps {
   CUtensorMap q, k, v;  // [B, L, H, D] read in [rows][64] boxes, 128-byte swizzle
+  CUtensorMap out;      // [B, Lq, Hq, D] written in [64][64] boxes (configurations with kStagedOutput)
 };
 
 // The mbarriers of one CTA, in shared memory after the tiles.
@@ -520,32 +532,149 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kCount], const float (&c
   for (int i = 0; i < kCount; ++i) o[i] *= correction[(i % 4) / 2];
 }
 
-// O * out_scale / rowsum and the natural-log LSE of this thread's two rows, straight to global memory.
+// One 16-byte row segment of this thread's output: columns (4c + lane % 4) * 8 .. + 7 of its row
+// row0 + 8 half, scaled by inv and packed (v[i]: columns + 2i, + 2i + 1). In the accumulator layout the
+// four lanes of a quad hold two columns each of every 8-column group; a 4 x 4 transpose over the quad
+// (two shuffle stages) gives each lane all 8 columns of one group in every 4. Every lane of the warp
+// must call it (the shuffles), valid row or not.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void quad_row_segment(const float (&o)[kHeadDim / 2], float inv, int half, int c, int lane,
+                                                 uint32_t (&v)[4]) {
+  using Ops = sm80::ElementOps<T>;
+  const int q = lane % 4;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // v[i]: columns (4c + i) * 8 + 2q, +1
+    const int j = 4 * c + i;
+    v[i] = Ops::pack(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+  }
+#pragma unroll
+  for (int m = 1; m <= 2; m *= 2) {
+    const bool upper = (q & m) != 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (i & m) continue;
+      const uint32_t recv = __shfl_xor_sync(0xffffffff, upper ? v[i] : v[i | m], m);
+      if (upper) {
+        v[i] = recv;
+      } else {
+        v[i | m] = recv;
+      }
+    }
+  }
+}
+
+// Stores this thread's share of two output rows (row0 and row0 + 8; valid: inside seqlen_q) in
+// 16-byte row segments: a warp's store covers 8 rows x 64 contiguous bytes instead of 8 rows x 16
+// bytes, with a quarter of the store instructions. Needs head_dim % 8 == 0 and 16-byte aligned rows.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void store_rows_16b(T* out, int64_t row_stride, const float (&o)[kHeadDim / 2],
+                                               const float (&inv)[2], const bool (&valid)[2], int row0,
+                                               int head_dim, int lane) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int c = 0; c < kHeadDim / 32; ++c) {
+      uint32_t v[4];
+      quad_row_segment<T, kHeadDim>(o, inv[half], half, c, lane, v);
+      const int col = (4 * c + lane % 4) * 8;
+      if (valid[half] && col < head_dim) {
+        st_global_u32x4(out + static_cast<int64_t>(row0 + 8 * half) * row_stride + col, v[0], v[1], v[2], v[3]);
+      }
+    }
+  }
+}
+
+// Where a consumer warpgroup's output goes through shared memory: its [kColBlocks][64][64] buffer
+// (128-byte swizzle, the layout TMA reads) and the output tensor map; the named barrier id that its
+// 128 threads synchronise on.
+struct OutputStaging {
+  const CUtensorMap* map = nullptr;  // null: the threads store their rows themselves
+  unsigned char* buffer = nullptr;
+  int barrier = 0;
+};
+
+// Writes a warpgroup's 64 output rows (from first_row) into its staging buffer and has one thread
+// store them with TMA (rows past seqlen_q and columns past head_dim are not written). The buffer is
+// reused once the previous tile's store has read it.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void store_rows_staged(const OutputStaging& staging, const float (&o)[kHeadDim / 2],
+                                                  const float (&inv)[2], int row0, int first_row, int head,
+                                                  int batch, int lane) {
+  constexpr int kColBlocks = (kHeadDim + 63) / 64;
+  const bool leader = threadIdx.x % 128 == 0;
+  if (leader) bulk_wait_read();
+  named_barrier_sync(staging.barrier, 128);
+  const uint32_t buffer = smem_u32(staging.buffer);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row0 - first_row + 8 * half;  // row in the warpgroup's 64
+#pragma unroll
+    for (int c = 0; c < kHeadDim / 32; ++c) {
+      uint32_t v[4];
+      quad_row_segment<T, kHeadDim>(o, inv[half], half, c, lane, v);
+      const int segment = 4 * c + lane % 4;  // 16-byte column segment of the row
+      const uint32_t addr = buffer + (segment / 8) * (64 * 128) + r * 128 + (((segment % 8) ^ (r % 8)) << 4);
+      st_shared_u32x4(addr, v[0], v[1], v[2], v[3]);
+    }
+  }
+  fence_proxy_async_shared();
+  named_barrier_sync(staging.barrier, 128);
+  if (leader) {
+#pragma unroll
+    for (int cb = 0; cb < kColBlocks; ++cb) {
+      tma_store_4d(staging.map, staging.buffer + cb * (64 * 128), cb * 64, first_row, head, batch);
+    }
+    bulk_commit();
+  }
+}
+
+// O * out_scale / rowsum and the natural-log LSE of this thread's two rows. The output goes through
+// shared memory and TMA (store_rows_staged) where the configuration stages it and the tensor map could
+// be made; else straight from the registers, in 16-byte row segments where head_dim and the output's
+// alignment allow (store_rows_16b), else two elements per store.
 template <typename T, int kHeadDim, int kBlockN>
 __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (&o)[kHeadDim / 2],
                                                const OnlineSoftmax<kBlockN>& softmax, int head, int batch,
-                                               int row0, int lane, float out_scale) {
+                                               int row0, int first_row, int lane, float out_scale,
+                                               const OutputStaging& staging) {
   using Ops = sm80::ElementOps<T>;
   const AttentionShape& sh = p.shape;
   T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head;  // [Lq, D]
   float* lse = p.lse + (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;      // [Lq]
+  float inv[2];
+  bool valid[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float sum = softmax.row_sum[half];
     sum += __shfl_xor_sync(0xffffffff, sum, 1);
     sum += __shfl_xor_sync(0xffffffff, sum, 2);
     const int row = row0 + half * 8;
-    if (row >= sh.seqlen_q) continue;
+    valid[half] = row < sh.seqlen_q;
     // A NaN score makes sum NaN, and NaN must reach out and lse: test for exactly 0 (no key).
-    const float inv = sum == 0.f ? 0.f : out_scale / sum;
-    if (lane % 4 == 0) {
+    inv[half] = sum == 0.f ? 0.f : out_scale / sum;
+    if (valid[half] && lane % 4 == 0) {
       lse[row] = sum == 0.f ? -INFINITY : (softmax.row_max[half] + log2f(sum)) * 0.6931471805599453f;
     }
-    T* out_row = out + row * p.out_strides.row;
+  }
+  if (staging.map != nullptr) {
+    store_rows_staged<T, kHeadDim>(staging, o, inv, row0, first_row, head, batch, lane);
+    return;
+  }
+  const bool rows_16b = sh.head_dim % 8 == 0 &&
+                        ((reinterpret_cast<uintptr_t>(out) |
+                          static_cast<uintptr_t>(p.out_strides.row * static_cast<int64_t>(sizeof(T)))) % 16) == 0;
+  if (rows_16b) {
+    store_rows_16b<T, kHeadDim>(out, p.out_strides.row, o, inv, valid, row0, sh.head_dim, lane);
+    return;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (!valid[half]) continue;
+    T* out_row = out + (row0 + half * 8) * p.out_strides.row;
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
       const int col = j * 8 + (lane % 4) * 2;
-      const float v0 = o[4 * j + 2 * half] * inv, v1 = o[4 * j + 2 * half + 1] * inv;
+      const float v0 = o[4 * j + 2 * half] * inv[half], v1 = o[4 * j + 2 * half + 1] * inv[half];
       if (col + 1 < sh.head_dim) {
         if (sh.head_dim % 2 == 0) {
           *reinterpret_cast<uint32_t*>(out_row + col) = Ops::pack(v0, v1);
@@ -584,7 +713,8 @@ __device__ __forceinline__ int release_tile(FwdBarriers<Cfg>& bars, const FwdPar
 
 template <typename T, typename Cfg, bool kMasked>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdTensorMaps maps,
-                                                               const FwdParams p, int tiles_per_unit) {
+                                                               const FwdParams p, int tiles_per_unit,
+                                                               bool staged_output) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Built for another architecture too (sm_80): never launched there (see sm90/api.h).
   __trap();
@@ -652,6 +782,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     }
   };
   if (kStaggered && consumer > 0) named_barrier_sync(kStaggerBarrier + consumer - 1, 256);
+  // The output staging of this warpgroup (named barrier 4 + consumer: after the stagger barriers).
+  OutputStaging staging;
+  if (Cfg::kStagedOutput && staged_output) {
+    staging.map = &maps.out;
+    staging.buffer = base + Cfg::kOutOffset + consumer * Cfg::kOutBytes;
+    staging.barrier = 4 + consumer;
+  }
 
   for (int unit = blockIdx.x; unit < sched.num_units(sh); unit += gridDim.x)
   for (int i = 0; i < sched.tiles_in(unit); ++i) {
@@ -811,10 +948,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       ++q_iter;
     }
     // Meanwhile the producer is already loading the next tile's Q and first key blocks.
-    write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, t.head, t.batch, row0, lane,
-                                              dropout ? p.dropout.keep_scale : 1.f);
+    write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, t.head, t.batch, row0, first_row, lane,
+                                              dropout ? p.dropout.keep_scale : 1.f, staging);
     release_next_consumer();  // a first tile without visible keys
   }
+  // The shared memory must outlive this warpgroup's last TMA store.
+  if (staging.map != nullptr && threadIdx.x % 128 == 0) bulk_wait();
 #endif
 }
 
@@ -826,6 +965,10 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   if (err == cudaSuccess) err = make_tensor_map(&maps.k, p.k, sh, sh.seqlen_k, sh.heads_kv, p.k_strides, Cfg::kBlockN);
   if (err == cudaSuccess) err = make_tensor_map(&maps.v, p.v, sh, sh.seqlen_k, sh.heads_kv, p.v_strides, Cfg::kBlockN);
   if (err != cudaSuccess) return err;
+  // The staged output needs a tensor map of out (16-byte aligned rows); without one the threads store.
+  const bool staged_output =
+      Cfg::kStagedOutput &&
+      make_tensor_map(&maps.out, p.out, sh, sh.seqlen_q, sh.heads_q, p.out_strides, 64) == cudaSuccess;
   const int64_t num_tiles = static_cast<int64_t>((sh.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * sh.heads_q * sh.batch;
   if (num_tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
   // Persistent CTAs, at most one per SM (see FwdSchedule); tiles go in pairs unless they all fit in
@@ -844,7 +987,7 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   auto kernel = fwd_kernel<T, Cfg, kMasked>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p, tiles_per_unit);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p, tiles_per_unit, staged_output);
   return cudaGetLastError();
 }
 

@@ -106,6 +106,17 @@ __device__ __forceinline__ void tma_load_tile(unsigned char* smem, const CUtenso
   for (int cb = 0; cb < kColBlocks; ++cb) tma_load_4d(smem + cb * col_block_bytes, map, bar, cb * 64, row, head, batch);
 }
 
+// Stores the box at coordinates (col, row, head, batch) of a 4-D tensor map from shared memory,
+// asynchronously (a bulk group: bulk_commit, then bulk_wait_read before the buffer is written again).
+// Elements past the tensor's extent are not written.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* smem, int col, int row, int head,
+                                             int batch) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(smem)), "r"(col), "r"(row), "r"(head), "r"(batch)
+               : "memory");
+}
+
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -128,6 +139,12 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// 16 bytes to global memory (16-byte aligned) in one store: written as PTX so that the compiler cannot
+// split it into narrower stores, which it did for some of the forward's output segments.
+__device__ __forceinline__ void st_global_u32x4(void* ptr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
 // ---- shared memory through 32-bit shared-window addresses (smem_u32): plain ld/st.shared, where a
 // pointer that has lost its address space would compile to generic loads and stores ----
 
@@ -140,6 +157,9 @@ __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y)
 __device__ __forceinline__ void st_shared_f32x4(uint32_t addr, float4 v) {
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
                : "memory");
+}
+__device__ __forceinline__ void st_shared_u32x4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
 __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
   float2 v;
