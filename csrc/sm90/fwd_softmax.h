@@ -1,0 +1,91 @@
+// The online softmax of the sm90 forward, in registers: each thread holds two rows of a consumer
+// warpgroup's 64 x kBlockN score tile in the wgmma accumulator layout (s[4j + 2 half + c] is row
+// row0 + 8 half, key 8j + 2 (lane % 4) + c), and their running max and sum; dropout's zeroing of
+// probabilities, and the rescaling of the older O rows when the max grows.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/dropout.h"
+
+namespace flashattn {
+namespace sm90 {
+
+// Running max (in base-2 units: scores times their scale) and partial sum (this thread's columns only)
+// of this thread's two rows.
+template <int kBlockN>
+struct OnlineSoftmax {
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+
+  // Turns scores into exp2(s * scale - max) in place (one FFMA and one EX2 per score; the scale must be
+  // positive: scale * log2 e for raw scores, 1 for scores already in base-2 units) and returns the
+  // factor the older O rows must be scaled by. Since a positive scale keeps the order of the scores,
+  // the max of s * scale is (the max of s) * scale: one multiply per row.
+  __device__ __forceinline__ void update(float (&s)[kBlockN / 2], float scale, float (&correction)[2]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float block_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]));
+      }
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffff, block_max, 1));
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffff, block_max, 2));
+      const float new_max = fmaxf(row_max[half], block_max * scale);
+      // A row that has seen no key yet keeps max -inf; subtracting 0 then keeps its exp2 at 0.
+      const float base = new_max == -INFINITY ? 0.f : new_max;
+      correction[half] = exp2f(row_max[half] - base);
+      row_max[half] = new_max;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float& x = s[4 * j + 2 * half + c];
+          x = exp2f(fmaf(x, scale, -base));
+          sum += x;
+        }
+      }
+      row_sum[half] = row_sum[half] * correction[half] + sum;
+    }
+  }
+};
+
+// Zeroes the probabilities of key block n0 (a multiple of 32) that dropout drops. s[4j + 2 half + c]
+// is row row0 + 8 half (row0 % 16 < 8), key n0 + 8j + 2 (lane % 4) + c, so for each 32 keys g and each
+// c this thread holds one whole keep-mask octet. The calls run in a loop that is not unrolled,
+// collecting keep bits, so that they add no registers to the softmax's.
+template <int kBlockN>
+__device__ __forceinline__ void drop_probabilities(float (&s)[kBlockN / 2], const DropoutRow& rng, int row0, int n0,
+                                                   int lane) {
+  static_assert(kBlockN % 32 == 0 && kBlockN / 2 <= 64, "whole octets; one keep bit per score in 64 bits");
+  uint64_t keep = 0;  // bit 16g + 8c + 2i + h: s[4 (4g + i) + 2h + c]
+#pragma unroll 1
+  for (int g = 0; g < kBlockN / 32; ++g) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      keep |= static_cast<uint64_t>(rng.octet(row0, n0 + 32 * g + 2 * (lane % 4) + c)) << (16 * g + 8 * c);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int bit = 16 * (j / 4) + 8 * (e % 2) + 2 * (j % 4) + e / 2;
+      if (!((keep >> bit) & 1)) s[4 * j + e] = 0.f;
+    }
+  }
+}
+
+template <int kCount>
+__device__ __forceinline__ void rescale_rows(float (&o)[kCount], const float (&correction)[2]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) o[i] *= correction[(i % 4) / 2];
+}
+
+}  // namespace sm90
+}  // namespace flashattn
