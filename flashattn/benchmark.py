@@ -15,12 +15,14 @@ Before timing a config, flashattn's output is compared with SDPA's flash backend
 FLOPs: forward 4 * B * H * N^2 * D, halved for causal; backward 2.5x the forward.
 
 Timing: triton's do_bench (CUDA events, L2 flushed before each call, median) with a time budget per
-measurement: ``--warmup`` ms of warm-up, then as many calls as fit in ``--rep`` ms (at least one). With
-the default 50 ms every figure is the median over at least 25 ms of measured calls (a call longer than
-25 ms is timed once, a 5 ms call 10 times, a 0.2 ms call some 250 times). Before a config's first
-timing the GPU runs matrix products for ``--settle`` ms (default 200): a config can follow seconds in
-which the GPU idled (inputs, first calls, FlexAttention's compilation or loading), and an idle H200
-drops its SM clock (345 MHz at rest), which a 10 ms warm-up may not bring back.
+measurement: ``--warmup`` ms of warm-up, then as many calls as fit in the measurement's share of
+``--rep`` ms (at least one call). The methods of a config are timed in ``--rounds`` rounds (default 3),
+every method once per round, round r starting one method later than round r - 1, each measurement
+with rep / rounds ms of calls; a figure is the median of the method's rounds. Timing the methods one
+after the other instead lets the GPU's clock changes fall on one method: an idle H200 sits at 345 MHz
+and needs a moment to come back, and power capping (seen at 1590-1830 MHz in bench runs) follows a
+power-hungry stretch. ``--settle`` ms of matrix products before a config's first timing (default 0)
+is there to experiment with: at 200 ms it set off power capping that cost the next method 5-13%.
 
 FlexAttention is compiled with dynamic shapes by default: one compilation per (dtype, head dim, heads,
 causal) serves every sequence length and mode (dynamo adds one for the batch of 1 at N = 16k, as it
@@ -331,6 +333,34 @@ def timed_fn(forward, mode, q, k, v, dout):
     raise ValueError(mode)
 
 
+def time_round_robin(impls, mode, q, k, v, dout, opts, device, status):
+    """Median ms of each method's `mode` call, timed in ``--rounds`` rounds of every method in turn (round r
+    starts with the method after round r - 1's first), each round with the whole warm-up and rep /
+    rounds ms of calls; a method's figure is the median of its rounds. The GPU's clocks move over a
+    run (idle clocks after a pause; power capping after a power-hungry stretch, which lowers whatever
+    comes next): rounds in turn give every method the same share of each condition. A method that
+    fails is left out, with its error in status[name]."""
+    rounds = max(1, getattr(opts, "rounds", 1))
+    names = list(impls)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            if name not in times:
+                continue  # failed in an earlier round
+            try:
+                fn = timed_fn(impls[name], mode, q, k, v, dout)
+                times[name].append(time_ms(fn, opts.warmup, opts.rep / rounds, device))
+            except Exception as exc:  # noqa: BLE001
+                status[name] = "failed: " + short_error(exc)
+                del times[name]
+                if opts.verbose:
+                    traceback.print_exc()
+            finally:
+                fn = None
+    return {name: statistics.median(ms) for name, ms in times.items()}
+
+
 # --------------------------------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------------------------------
@@ -436,18 +466,9 @@ def run_config(dtype_name, head_dim, seqlen, causal, modes, impl_names, opts, de
     rows = []
     for mode in modes:
         row = dict(config, mode=mode, ms={}, tflops={}, status=dict(status))
-        for name, forward in impls.items():
-            try:
-                fn = timed_fn(forward, mode, q, k, v, dout)
-                ms = time_ms(fn, opts.warmup, opts.rep, device)
-                row["ms"][name] = ms
-                row["tflops"][name] = FLOPS_FACTOR[mode] * fwd_flops / (ms * 1e-3) / 1e12
-            except Exception as exc:  # noqa: BLE001
-                row["status"][name] = "failed: " + short_error(exc)
-                if opts.verbose:
-                    traceback.print_exc()
-            finally:
-                fn = None
+        for name, ms in time_round_robin(impls, mode, q, k, v, dout, opts, device, row["status"]).items():
+            row["ms"][name] = ms
+            row["tflops"][name] = FLOPS_FACTOR[mode] * fwd_flops / (ms * 1e-3) / 1e12
         if getattr(opts, "memory", False):
             row["peak_mib"], row["memory_status"] = {}, {}
             measured = {name: impls[name] for name in impls}
@@ -843,9 +864,12 @@ def parse_args(argv=None):
     p.add_argument("--rep", type=float, default=50,
                    help="time budget of the measured calls per measurement, ms (default 50: the median then covers "
                         "at least 25 ms of calls, or a single call longer than that)")
-    p.add_argument("--settle", type=float, default=200,
-                   help="ms of matrix products on the GPU before each config's timings, so that its clocks are "
-                        "up after idle time (default 200; 0: none)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds in which every method of a config is timed in turn, each with rep / rounds ms of "
+                        "calls; a figure is the median of its rounds (default 3)")
+    p.add_argument("--settle", type=float, default=0,
+                   help="ms of matrix products on the GPU before each config's timings (default 0: none; on the "
+                        "H200 200 ms of them set off power capping that lowered the next method's figure by 5-13%%)")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="configs not started after this many seconds are not run; they are reported as skipped")
     p.add_argument("--flex-static", action="store_true",
@@ -867,6 +891,8 @@ def parse_args(argv=None):
             p.error(f"--{flag} must be at least 1")
     if args.warmup < 0 or args.rep <= 0:
         p.error("--warmup must be at least 0 and --rep more than 0")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     if args.settle < 0:
         p.error("--settle must be at least 0")
     if args.time_budget is not None and args.time_budget <= 0:

@@ -448,7 +448,7 @@ def test_bench_settles_the_gpu_before_each_configs_first_timing(monkeypatch):
     settles = [i for i, e in enumerate(events) if e[0] == "settle"]
     assert len(settles) == 4 and all(events[i] == ("settle", 7.0) for i in settles)
     assert all(events[i + 1] == ("time",) for i in settles)
-    assert benchmark.parse_args([]).settle == 200
+    assert benchmark.parse_args([]).settle == 0
     with pytest.raises(SystemExit):
         benchmark.parse_args(["--settle", "-1"])
 
@@ -457,3 +457,40 @@ def test_keep_gpu_busy_is_a_no_op_off_cuda():
     start = time.perf_counter()
     benchmark.keep_gpu_busy(torch.device("cpu"), 5000)
     assert time.perf_counter() - start < 1
+
+
+def test_bench_times_the_methods_in_rotating_rounds(monkeypatch):
+    # Every method is timed once per round, each round starting one method later, with rep / rounds ms;
+    # a figure is the median of its method's rounds.
+    calls = []
+    fake_ms = {"a": [5.0, 1.0, 2.0], "b": [7.0, 9.0, 8.0], "c": [3.0, 3.0, 30.0]}
+    forwards = {name: (lambda q, k, v, name=name: name) for name in fake_ms}
+
+    def fake_time_ms(fn, warmup, rep, device):
+        name = fn()
+        calls.append((name, rep))
+        return fake_ms[name][sum(1 for c in calls if c[0] == name) - 1]
+
+    monkeypatch.setattr(benchmark, "time_ms", fake_time_ms)
+    opts = _tiny_args("--rounds", "3", "--rep", "6")
+    status = {}
+    ms = benchmark.time_round_robin(forwards, "fwd", None, None, None, None, opts, "cpu", status)
+    assert [c[0] for c in calls] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert all(rep == 2.0 for _, rep in calls)
+    assert ms == {"a": 2.0, "b": 8.0, "c": 3.0} and status == {}
+
+
+def test_bench_round_robin_drops_a_failing_method(monkeypatch):
+    def fake_time_ms(fn, warmup, rep, device):
+        if fn() == "bad":
+            raise RuntimeError("boom")
+        return 1.0
+
+    monkeypatch.setattr(benchmark, "time_ms", fake_time_ms)
+    forwards = {"good": lambda q, k, v: "good", "bad": lambda q, k, v: "bad"}
+    status = {}
+    ms = benchmark.time_round_robin(forwards, "fwd", None, None, None, None, _tiny_args("--rounds", "2"), "cpu",
+                                    status)
+    assert ms == {"good": 1.0} and status["bad"].startswith("failed: RuntimeError: boom")
+    with pytest.raises(SystemExit):
+        benchmark.parse_args(["--rounds", "0"])
