@@ -4,7 +4,9 @@ On compute capability 9.0 the forward and backward run the sm90 path (TMA + wgmm
 they cover and the sm80 path for the rest; FLASHATTN_FORCE_SM80=1 (read on every call) forces the
 sm80 path. The main grid in test_gpu_attention.py runs whatever the default picks; this file runs the
 awkward shapes, forward and backward, under both settings so neither path goes untested on a Hopper
-GPU.
+GPU, and a third time with FLASHATTN_SM90_DIRECT_OUTPUT=1, where the sm90 forward writes its output
+from registers instead of through shared memory and a TMA store (the setting compute-sanitizer's
+initcheck runs under).
 """
 import itertools
 
@@ -23,6 +25,13 @@ LAYOUTS = ["contiguous", "bhsd", "padded", "unaligned"]
 HEAD_CONFIGS = [(2, 4, 4), (1, 8, 2)]
 
 
+def _select_path(monkeypatch, path):
+    if path == "sm80":
+        monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
+    elif path == "direct_output":
+        monkeypatch.setenv("FLASHATTN_SM90_DIRECT_OUTPUT", "1")
+
+
 def _cases():
     cases = []
     for i, (dtype, seqlens, causal) in enumerate(itertools.product(
@@ -36,11 +45,10 @@ def _cases():
     return cases
 
 
-@pytest.mark.parametrize("path", ["default", "sm80"])
+@pytest.mark.parametrize("path", ["default", "sm80", "direct_output"])
 @pytest.mark.parametrize("dtype,seqlens,causal,head_dim,layout,heads", _cases())
 def test_paths_match_oracle(monkeypatch, path, dtype, seqlens, causal, head_dim, layout, heads):
-    if path == "sm80":
-        monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
+    _select_path(monkeypatch, path)
     batch, heads_q, heads_kv = heads
     run_case(batch, seqlens[0], seqlens[1], heads_q, heads_kv, head_dim, dtype, causal, layout)
 
@@ -69,3 +77,18 @@ def test_sm90_forward_is_built_for_hopper():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("not a compute capability 9.0 GPU")
     assert flashattn.ops._C.compiled_with_sm90(), "built without sm_90a: the Hopper forward path is missing"
+
+
+@pytest.mark.parametrize("seqlens,head_dim,causal", [((300, 300), 64, False), ((1025, 999), 128, True),
+                                                     ((97, 203), 96, False), ((4100, 4100), 64, False),
+                                                     ((4100, 4100), 40, True)])
+def test_staged_and_direct_output_are_identical(monkeypatch, seqlens, head_dim, causal):
+    # The TMA-store epilogue and the stores from registers write the same values: bit for bit equal
+    # outputs and LSE (partial last tiles; the three-consumer long-row configuration at 4100 rows).
+    torch.manual_seed(0)
+    q = torch.randn(2, seqlens[0], 4, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, seqlens[1], 2, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    staged = torch.ops.flashattn.fwd(q, k, v, head_dim ** -0.5, causal, False)
+    monkeypatch.setenv("FLASHATTN_SM90_DIRECT_OUTPUT", "1")
+    direct = torch.ops.flashattn.fwd(q, k, v, head_dim ** -0.5, causal, False)
+    assert torch.equal(staged[0], direct[0]) and torch.equal(staged[1], direct[1])
