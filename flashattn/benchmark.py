@@ -862,8 +862,8 @@ def parse_args(argv=None):
                    help="a small subset: bf16, D 64/128, N 1024/4096/16384, fwd and bwd")
     p.add_argument("--warmup", type=float, default=10, help="warm-up per measurement, ms (default 10)")
     p.add_argument("--rep", type=float, default=50,
-                   help="time budget of the measured calls per measurement, ms (default 50: the median then covers "
-                        "at least 25 ms of calls, or a single call longer than that)")
+                   help="time budget of the measured calls of one method and config, ms, shared by its --rounds "
+                        "(default 50)")
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds in which every method of a config is timed in turn, each with rep / rounds ms of "
                         "calls; a figure is the median of its rounds (default 3)")

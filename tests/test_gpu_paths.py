@@ -58,8 +58,7 @@ def test_paths_match_oracle(monkeypatch, path, dtype, seqlens, causal, head_dim,
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
 def test_paths_on_long_rows(monkeypatch, path, head_dim, causal):
     # Many key and query blocks per CTA, so the rings of stages wrap several times, Lq != Lk, and GQA.
-    if path == "sm80":
-        monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
+    _select_path(monkeypatch, path)
     run_case(1, 2048, 1900, 4, 2, head_dim, torch.bfloat16, causal)
 
 
