@@ -85,6 +85,9 @@ struct FwdParams {
   TensorStrides q_strides, k_strides, v_strides, out_strides;
   MaskParams mask;
   DropoutParams dropout;  // applied to the probabilities after the softmax (the LSE is unchanged)
+  // One int32 of device memory the sm90 forward may use to hand out tiles (it zeroes it on the launch's
+  // stream before use); nullptr: a static schedule only.
+  int* tile_counter = nullptr;
 };
 
 // Rows of the backward's statistics workspaces are padded to a multiple of this many queries: the

@@ -52,6 +52,10 @@ for d in (64, 128):
 # warpgroups have no rows.
 q = torch.randn(1, 4, 4096, 64, device="cuda", dtype=torch.bfloat16)
 flashattn.scaled_dot_product_attention(q, q, q)
+# Causal with more query tiles than SMs: pairs, then the dynamic tail (every tile of it in the second).
+for b, h, n in ((8, 16, 1024), (1, 8, 4096)):
+    q = torch.randn(b, h, n, 64, device="cuda", dtype=torch.bfloat16)
+    flashattn.scaled_dot_product_attention(q, q, q, is_causal=True)
 torch.cuda.synchronize()
 print("guard: forward and backward ran")'
 if has guard; then

@@ -91,3 +91,66 @@ def test_staged_and_direct_output_are_identical(monkeypatch, seqlens, head_dim, 
     monkeypatch.setenv("FLASHATTN_SM90_DIRECT_OUTPUT", "1")
     direct = torch.ops.flashattn.fwd(q, k, v, head_dim ** -0.5, causal, False)
     assert torch.equal(staged[0], direct[0]) and torch.equal(staged[1], direct[1])
+
+
+# Causal shapes with more query tiles than SMs: the sm90 forward deals out pairs of query blocks and
+# hands the last (head, batch) rows' tiles out one by one, heaviest first, through a counter
+# (csrc/sm90/fwd_schedule.h). (batch, Lq, Lk, heads_q, heads_kv, head dim)
+DYNAMIC_TAIL_SHAPES = [
+    pytest.param(8, 1024, 1024, 16, 4, 64, id="pairs-then-tail"),
+    # Bottom-right alignment with Lq > Lk: the tail's lightest tiles see no key at all.
+    pytest.param(8, 1024, 300, 16, 4, 64, id="keyless-tiles"),
+    # Three consumer warpgroups (192-query tiles) and so few rows that every tile is dynamic.
+    pytest.param(1, 4096, 4096, 8, 8, 64, id="all-dynamic-long-rows"),
+    # An odd number of query blocks per row (a single-tile unit in each row's pairs), head dim 128.
+    pytest.param(2, 1400, 1400, 48, 16, 128, id="odd-query-blocks"),
+]
+
+
+@pytest.mark.parametrize("causal", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim", DYNAMIC_TAIL_SHAPES)
+def test_dynamic_tail_matches_oracle(causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim):
+    run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, causal)
+
+
+def _causal_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim):
+    torch.manual_seed(0)
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim", DYNAMIC_TAIL_SHAPES)
+def test_static_and_dynamic_schedules_are_identical(monkeypatch, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+                                                    head_dim):
+    # Which CTA runs a tile changes nothing in its arithmetic: the dynamic tail, run twice, and the
+    # static pairs (FLASHATTN_SM90_STATIC_SCHEDULE=1) give bit for bit the same output and LSE.
+    q, k, v = _causal_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)
+    scale = head_dim ** -0.5
+    first = torch.ops.flashattn.fwd(q, k, v, scale, True, True)
+    second = torch.ops.flashattn.fwd(q, k, v, scale, True, True)
+    monkeypatch.setenv("FLASHATTN_SM90_STATIC_SCHEDULE", "1")
+    static = torch.ops.flashattn.fwd(q, k, v, scale, True, True)
+    for other in (second, static):
+        assert torch.equal(first[0], other[0]) and torch.equal(first[1], other[1])
+
+
+def test_dynamic_tail_replays_in_a_cuda_graph():
+    # The counter is zeroed by a memset captured with the kernel: every replay hands out every tile
+    # again (an output filled with NaN between replays is rewritten whole).
+    q, k, v = _causal_inputs(8, 1024, 1024, 16, 4, 64)
+    eager = torch.ops.flashattn.fwd(q, k, v, 0.125, True, False)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.ops.flashattn.fwd(q, k, v, 0.125, True, False)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = torch.ops.flashattn.fwd(q, k, v, 0.125, True, False)
+    for _ in range(3):
+        captured[0].fill_(float("nan"))
+        captured[1].fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])

@@ -13,8 +13,8 @@ struct FastDivider {
   uint32_t divisor = 1, multiplier = 1, shift = 0;
 
   FastDivider() = default;
-  // divisor >= 1. One 64-bit division, once per kernel.
-  __device__ __forceinline__ explicit FastDivider(int d) : divisor(static_cast<uint32_t>(d)) {
+  // divisor >= 1. One 64-bit division, once per launch (on the host, or once per kernel).
+  __host__ __device__ __forceinline__ explicit FastDivider(int d) : divisor(static_cast<uint32_t>(d)) {
     while ((1u << shift) < divisor) ++shift;  // shift = ceil(log2(divisor))
     multiplier = static_cast<uint32_t>((uint64_t{1} << 32) * ((uint64_t{1} << shift) - divisor) / divisor + 1);
   }

@@ -1,7 +1,8 @@
 // Forward attention on the sm90 path: TMA, mbarriers, wgmma and warp specialisation (sm_90a only).
 //
 // Persistent CTAs (at most one per SM) walk the tiles, (64 x kConsumers-query block, query head,
-// batch), in pairs of equal causal cost where tiles differ in cost (FwdSchedule). 1 + kConsumers
+// batch), in pairs of equal causal cost where tiles differ in cost, the last rows' tiles one by one
+// from a shared counter (fwd_schedule.h). 1 + kConsumers
 // warpgroups (kConsumers = 2, or 3 for the long rows of LongRowFwdConfig):
 //   warpgroup 0, the producer: one thread issues TMA loads of each tile's Q block and of its K and V
 //     blocks into rings of kStages shared-memory stages. A stage is "full" when its bytes have landed
@@ -48,6 +49,7 @@
 #include "sm90/fast_divider.h"
 #include "sm90/fragments.h"
 #include "sm90/fwd_epilogue.h"
+#include "sm90/fwd_schedule.h"
 #include "sm90/fwd_softmax.h"
 #include "sm90/fwd_tiles.h"
 #include "sm90/ptx.h"
@@ -87,7 +89,7 @@ struct FwdConfig {
   // then the mbarriers; +1024 to align the base for the swizzle.
   static constexpr int kOutOffset = kQStages * kQBytes + 2 * kStages * kKVBytes;
   static constexpr int kBarriersOffset = kOutOffset + (kStagedOutput ? kConsumers * kOutBytes : 0);
-  static constexpr int kSmemBytes = 1024 + kBarriersOffset + (2 * kQStages + 4 * kStages) * 8;
+  static constexpr int kSmemBytes = 1024 + kBarriersOffset + (2 * kQStages + 4 * kStages) * 8 + kQStages * 8;
 
   static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma k16 steps");
@@ -154,71 +156,24 @@ struct FwdTensorMaps {
   CUtensorMap out;      // [B, Lq, Hq, D] written in [64][64] boxes (configurations with kStagedOutput)
 };
 
-// The mbarriers of one CTA, in shared memory after the tiles.
+// The mbarriers of one CTA, in shared memory after the tiles, and the tile index the producer passes
+// with each Q stage (fwd_schedule.h): written before q_full's arrival, read after its wait, rewritten
+// only after q_empty's.
 template <typename Cfg>
 struct FwdBarriers {
   uint64_t q_full[Cfg::kQStages], q_empty[Cfg::kQStages];
   uint64_t k_full[Cfg::kStages], v_full[Cfg::kStages];
   uint64_t k_empty[Cfg::kStages], v_empty[Cfg::kStages];
+  int q_tile[Cfg::kQStages];  // -1: no tile is left
 };
 
 // ---- producer ----
 
-// Which tiles a CTA runs. With kTilesPerUnit = 2, the query blocks of each (query head, batch) are
-// paired, block j with block num_m - 1 - j (the middle block alone when num_m is odd): under causal
-// masking, or a causal-shaped mask, every pair then costs the same, so CTA c can simply run pairs c, c
-// + gridDim.x, ... (heavier block first) and no SM is left with much more work than another, while each
-// CTA's next tile loads during its current tile's epilogue. Consecutive pairs share a head, so the CTAs
-// running at once read the same K and V (L2 hits). With 1, a unit is one tile (when the tiles fit in
-// one wave, pairing would only halve the CTAs; without causal masking or a mask every tile costs the
-// same). The divisions by the kernel's fixed counts go through FastDividers built once per CTA.
-struct FwdSchedule {
-  int num_m, units_per_head, tiles_per_unit;
-  FastDivider by_num_m, by_units_per_head, by_heads_q, by_group;
-
-  __device__ __forceinline__ FwdSchedule(const AttentionShape& sh, int block_m, int tiles_per_unit_)
-      : num_m((sh.seqlen_q + block_m - 1) / block_m),
-        units_per_head(tiles_per_unit_ == 2 ? (num_m + 1) / 2 : num_m),
-        tiles_per_unit(tiles_per_unit_),
-        by_num_m(max(num_m, 1)),
-        by_units_per_head(max(units_per_head, 1)),
-        by_heads_q(max(sh.heads_q, 1)),
-        by_group(max(sh.heads_q / max(sh.heads_kv, 1), 1)) {}
-  __device__ __forceinline__ int num_units(const AttentionShape& sh) const {
-    return units_per_head * sh.heads_q * sh.batch;
-  }
-  // Tiles in unit `unit` (1 or 2), and FwdTile::at's index of its tile `i`.
-  __device__ __forceinline__ int tiles_in(int unit) const {
-    return tiles_per_unit == 2 && 2 * by_units_per_head.mod(unit) + 1 != num_m ? 2 : 1;
-  }
-  __device__ __forceinline__ int tile(int unit, int i) const {
-    if (tiles_per_unit == 1) return unit;
-    const int whole = by_units_per_head.div(unit), j = unit - whole * units_per_head;
-    const int m_block = i == 0 ? num_m - 1 - j : j;
-    return whole * num_m + (num_m - 1 - m_block);
-  }
-};
-
-// One work tile: a block of kBlockM queries of one head of one batch entry. Tiles are numbered with
-// the query block fastest, the last query block first, so under causal masking the longest rows are
-// scheduled first and the short ones fill the tail.
-struct FwdTile {
-  int m0, head, kv_head, batch;
-  int num_n_blocks;  // key blocks the tile's queries can see (0: none)
-
-  template <int kBlockM, int kBlockN>
-  __device__ __forceinline__ static FwdTile at(int tile, const AttentionShape& sh, const FwdSchedule& sched) {
-    const int head_batch = sched.by_num_m.div(tile);  // head + heads_q * batch
-    FwdTile t;
-    t.m0 = (sched.num_m - 1 - (tile - head_batch * sched.num_m)) * kBlockM;
-    t.batch = sched.by_heads_q.div(head_batch);
-    t.head = head_batch - t.batch * sh.heads_q;
-    t.kv_head = sched.by_group.div(t.head);
-    const int key_end = visible_key_end(min(t.m0 + kBlockM, sh.seqlen_q), sh.seqlen_k, sh.is_causal, sh.causal_offset);
-    t.num_n_blocks = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
-    return t;
-  }
-};
+// Whether the variant ends its pairs in a dynamic tail (fwd_schedule.h). Not the masked one: its
+// producer, which also walks the mask's tile classes, has no registers to spare for the claim loop in
+// its 24 (ptxas spilled 76-168 bytes at every width).
+template <bool kMasked>
+constexpr bool kFwdDynamicTail = !kMasked;
 
 // The key blocks a tile visits: from block n on, the first one the mask does not exclude entirely
 // (all of them without a mask); num_n_blocks when none is left. The tile's classes are read
@@ -295,25 +250,37 @@ struct KeyBlockWalk {
   }
 };
 
-// Issued by one thread, for every tile of this CTA: Q once the consumers have released the previous
-// tile's Q, then K_n and V_n for every key block, each into its ring stage once the consumers have
-// released the stage's previous contents. The ring position runs on across tiles.
+// Issued by one thread, for every tile of this CTA (its static units, then what it claims of the
+// dynamic tail): the tile's index and Q into a Q stage once the consumers have released it, then K_n
+// and V_n for every key block, each into its ring stage once the consumers have released the stage's
+// previous contents. The ring position runs on across tiles. A tile without visible keys, and the
+// final -1, complete their Q stage without bytes.
 template <typename T, typename Cfg, bool kMasked>
 __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsigned char* q_smem,
                         unsigned char* k_smem, unsigned char* v_smem, const FwdParams& p, const FwdSchedule& sched) {
   const AttentionShape& sh = p.shape;
   int kv_iter = 0, q_iter = 0;
-  for (int unit = blockIdx.x; unit < sched.num_units(sh); unit += gridDim.x)
-  for (int i = 0; i < sched.tiles_in(unit); ++i) {
-    const FwdTile t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(sched.tile(unit, i), sh, sched);
-    KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
-    if (walk.next(0) >= t.num_n_blocks) continue;
+  // Names tile `tile` (-1: none left) to the consumers with the next Q stage, once they have released
+  // it, and loads Q and the tile's key blocks into it; a tile without visible keys (and -1) completes
+  // the stage without bytes.
+  auto run_tile = [&](int tile) {
     const int q_stage = q_iter % Cfg::kQStages, q_use = q_iter / Cfg::kQStages;
     if (q_use > 0) mbar_wait(&bars.q_empty[q_stage], (q_use - 1) & 1);
+    ++q_iter;
+    bars.q_tile[q_stage] = tile;
+    FwdTile t{};
+    if (tile >= 0) t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(tile, sh, sched);
+    KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
+    if (tile < 0 || walk.next(0) >= t.num_n_blocks) {
+      mbar_arrive(&bars.q_full[q_stage]);
+      return;
+    }
     mbar_arrive_expect_tx(&bars.q_full[q_stage], Cfg::kQBytes);
     tma_load_tile<Cfg::kColBlocks>(q_smem + q_stage * Cfg::kQBytes, &maps.q, &bars.q_full[q_stage], t.m0, t.head,
                                    t.batch, Cfg::kQColBlockBytes);
-    ++q_iter;
+    // Not unrolled: the producer has 24 registers, and the unrolled copies inlined twice (static and
+    // dynamic tiles) spilled 8-20 bytes. One thread's few extra instructions per key block cost nothing.
+#pragma unroll 1
     for (int n = walk.next(0); n < t.num_n_blocks; n = walk.next(n + 1), ++kv_iter) {
       const int stage = kv_iter % Cfg::kStages;
       const int use = kv_iter / Cfg::kStages;
@@ -326,6 +293,18 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
       tma_load_tile<Cfg::kColBlocks>(v_smem + stage * Cfg::kKVBytes, &maps.v, &bars.v_full[stage], n * Cfg::kBlockN, t.kv_head,
                      t.batch, Cfg::kKVColBlockBytes);
     }
+  };
+  for (int unit = blockIdx.x; unit < sched.static_units; unit += gridDim.x)
+  for (int i = 0; i < sched.tiles_in(unit); ++i) {
+    run_tile(sched.tile(unit, i));
+  }
+  if (kFwdDynamicTail<kMasked> && sched.dynamic_tiles > 0) {
+    for (int claim = 0; claim < sched.dynamic_tiles;) {
+      claim = atomicAdd(p.tile_counter, 1);
+      run_tile(claim < sched.dynamic_tiles ? sched.dynamic_tile(claim) : -1);
+    }
+  } else {
+    run_tile(-1);
   }
 }
 
@@ -463,9 +442,9 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
   }
 }
 
-// For a consumer warpgroup without rows in tile t: waits for and releases Q and every K/V stage of the
-// tile in the producer's order (waiting first keeps each arrival in its own phase). Returns the
-// number of key blocks visited.
+// For a consumer warpgroup without rows in tile t: releases Q (whose stage the caller has waited for)
+// and waits for and releases every K/V stage of the tile in the producer's order (waiting first keeps
+// each arrival in its own phase). Returns the number of key blocks visited.
 template <typename T, typename Cfg, bool kMasked>
 __device__ __forceinline__ int release_tile(FwdBarriers<Cfg>& bars, const FwdParams& p, const FwdTile& t, int kv_iter,
                                             int q_iter, bool warp_leader) {
@@ -473,13 +452,12 @@ __device__ __forceinline__ int release_tile(FwdBarriers<Cfg>& bars, const FwdPar
   int visits = 0;
   for (int n = walk.next(0); n < t.num_n_blocks; n = walk.next(n + 1), ++visits) {
     const int stage = (kv_iter + visits) % Cfg::kStages, phase = ((kv_iter + visits) / Cfg::kStages) & 1;
-    if (visits == 0) mbar_wait(&bars.q_full[q_iter % Cfg::kQStages], (q_iter / Cfg::kQStages) & 1);
     mbar_wait(&bars.k_full[stage], phase);
     if (warp_leader) mbar_arrive(&bars.k_empty[stage]);
     mbar_wait(&bars.v_full[stage], phase);
     if (warp_leader) mbar_arrive(&bars.v_empty[stage]);
   }
-  if (visits > 0 && warp_leader) mbar_arrive(&bars.q_empty[q_iter % Cfg::kQStages]);
+  if (warp_leader) mbar_arrive(&bars.q_empty[q_iter % Cfg::kQStages]);
   return visits;
 }
 
@@ -487,7 +465,7 @@ __device__ __forceinline__ int release_tile(FwdBarriers<Cfg>& bars, const FwdPar
 
 template <typename T, typename Cfg, bool kMasked>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdTensorMaps maps,
-                                                               const FwdParams p, int tiles_per_unit,
+                                                               const FwdParams p, const FwdSchedule sched,
                                                                bool staged_output) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Built for another architecture too (sm_80): never launched there (see sm90/api.h).
@@ -502,9 +480,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   unsigned char* k_smem = base + Cfg::kQStages * Cfg::kQBytes; // [kStages][kColBlocks][kBlockN][64]
   unsigned char* v_smem = k_smem + kStages * Cfg::kKVBytes;    // [kStages][kColBlocks][kBlockN][64]
   auto& bars = *reinterpret_cast<FwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
+  static_assert(1024 + Cfg::kBarriersOffset + sizeof(FwdBarriers<Cfg>) <= Cfg::kSmemBytes, "FwdBarriers' space");
 
   const AttentionShape& sh = p.shape;
-  const FwdSchedule sched(sh, kBlockM, tiles_per_unit);
   // Broadcast from lane 0: the compiler then knows the value is the same across the warp, so what
   // derives from it (each consumer's shared-memory tile addresses, its wgmma descriptors) lives in
   // uniform registers instead of being moved there before every wgmma.
@@ -564,9 +542,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     staging.barrier = 4 + consumer;
   }
 
-  for (int unit = blockIdx.x; unit < sched.num_units(sh); unit += gridDim.x)
-  for (int i = 0; i < sched.tiles_in(unit); ++i) {
-    const FwdTile t = FwdTile::at<kBlockM, kBlockN>(sched.tile(unit, i), sh, sched);
+  for (;;) {
+    // The producer names each tile with its Q stage, whose phase completes also for a tile without
+    // visible keys (without bytes), so every tile takes and releases one.
+    mbar_wait(&bars.q_full[q_iter % Cfg::kQStages], (q_iter / Cfg::kQStages) & 1);
+    const int tile = bars.q_tile[q_iter % Cfg::kQStages];
+    if (tile < 0) break;
+    const FwdTile t = FwdTile::at<kBlockM, kBlockN>(tile, sh, sched);
     const int row0 = t.m0 + row_in_tile;
     const int q_stage = q_iter % Cfg::kQStages;
     const unsigned char* q_tile_rows = q_rows + q_stage * Cfg::kQBytes;
@@ -576,9 +558,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       // tile's last 64 rows or more empty): it only releases the stages the others read. It starts
       // the next warpgroup first: that one's releases are what refill the stages waited on here.
       release_next_consumer();
-      const int visits = release_tile<T, Cfg, kMasked>(bars, p, t, kv_iter, q_iter, warp_leader);
-      kv_iter += visits;
-      q_iter += visits > 0;
+      kv_iter += release_tile<T, Cfg, kMasked>(bars, p, t, kv_iter, q_iter, warp_leader);
+      ++q_iter;
       continue;
     }
     float o[Cfg::kHeadDim / 2];
@@ -720,12 +701,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       if (warp_leader) mbar_arrive(&bars.v_empty[last]);
       kv_iter += n;
       ++q_iter;
+    } else {
+      if (warp_leader) mbar_arrive(&bars.q_empty[q_stage]);
+      ++q_iter;
     }
     // Meanwhile the producer is already loading the next tile's Q and first key blocks.
     write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, t.head, t.batch, row0, first_row, lane,
                                               dropout ? p.dropout.keep_scale : 1.f, staging);
     release_next_consumer();  // a first tile without visible keys
   }
+  release_next_consumer();  // no tile at all
   // The shared memory must outlive this warpgroup's last TMA store.
   if (staging.map != nullptr && threadIdx.x % 128 == 0) bulk_wait();
 #endif
@@ -750,7 +735,7 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   const int64_t num_tiles = static_cast<int64_t>((sh.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * sh.heads_q * sh.batch;
   if (num_tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
   // Persistent CTAs, at most one per SM (see FwdSchedule); tiles go in pairs unless they all fit in
-  // one wave.
+  // one wave, and pairs end in a dynamic tail when there is a counter for it.
   int device = 0, num_sms = 0;
   err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
@@ -762,10 +747,21 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   const int tiles_per_unit = num_tiles > num_sms && (sh.is_causal || kMasked) ? 2 : 1;
   const int64_t num_units = (tiles_per_unit == 2 ? (num_m + 1) / 2 : num_m) * static_cast<int64_t>(sh.heads_q) * sh.batch;
   const int grid = static_cast<int>(num_units < num_sms ? num_units : num_sms);
+  // FLASHATTN_SM90_STATIC_SCHEDULE=1 keeps every tile in the static pairs (read on every call: the
+  // tests compare the two schedules, and timing them needs no second build).
+  const char* static_schedule = std::getenv("FLASHATTN_SM90_STATIC_SCHEDULE");
+  const bool dynamic_tail = kFwdDynamicTail<kMasked> && tiles_per_unit == 2 && p.tile_counter != nullptr &&
+                            !(static_schedule != nullptr && static_schedule[0] == '1');
+  const int dynamic_heads = dynamic_tail ? fwd_dynamic_heads(sh, num_m, grid) : 0;
+  if (dynamic_heads > 0) {
+    err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+  }
+  const FwdSchedule sched(sh, Cfg::kBlockM, tiles_per_unit, dynamic_heads);
   auto kernel = fwd_kernel<T, Cfg, kMasked>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p, tiles_per_unit, staged_output);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p, sched, staged_output);
   return cudaGetLastError();
 }
 
