@@ -34,7 +34,9 @@ namespace sm90 {
 // S for a launch of `grid` CTAs over pairs: enough dynamic tiles for about four per CTA (the last
 // waves are what the pairs leave uneven), but no more rows than keep their K and V within about half
 // of the L2 (24 MiB; the heaviest-first order reads all S rows' keys at once, where the pairs read one
-// or two rows' at a time).
+// or two rows' at a time). 0 (no dynamic tail) when that cap leaves fewer than two tiles per CTA, too
+// few to even anything out: at head dim 256 it always does (192 tiles), and there the tail measured
+// -1% to +2%, within the noise (benchmarks/NOTES.md).
 inline int fwd_dynamic_heads(const AttentionShape& sh, int num_m, int grid) {
   if (num_m < 1) return 0;
   const int rows = sh.heads_q * sh.batch;
@@ -43,7 +45,8 @@ inline int fwd_dynamic_heads(const AttentionShape& sh, int num_m, int grid) {
   const int group = sh.heads_kv > 0 ? std::max(sh.heads_q / sh.heads_kv, 1) : 1;
   const int64_t kv_row_bytes = std::max<int64_t>(int64_t{4} * sh.seqlen_k * sh.head_dim, 1);  // K and V, 2 bytes each
   const int64_t for_l2 = std::max<int64_t>(1, (int64_t{24} << 20) / kv_row_bytes) * group;
-  return static_cast<int>(std::min<int64_t>({static_cast<int64_t>(rows), for_balance, for_l2}));
+  const int64_t s = std::min<int64_t>({static_cast<int64_t>(rows), for_balance, for_l2});
+  return s * num_m >= 2 * static_cast<int64_t>(grid) ? static_cast<int>(s) : 0;
 }
 
 // Built on the host and passed to the kernel by value, so that its fields and dividers are read from

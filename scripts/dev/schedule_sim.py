@@ -6,7 +6,7 @@ short-row fit in benchmarks/NOTES.md). Prints, per shape on the standard grid (B
   dynamic  pairs for all but the last S (head, batch) rows, then those rows' tiles one by one,
            heaviest first, each taken by whichever CTA is free first, with S as the kernel's host code
            picks it (fwd_dynamic_heads in csrc/sm90/fwd_schedule.h: about four tiles per CTA, capped so
-           the S rows' K and V fit in 24 MiB);
+           the S rows' K and V fit in 24 MiB; none when the cap leaves fewer than two per CTA);
   all      every tile dynamic (S = all rows; best balance, but K and V of every row read at once).
 Usage: schedule_sim.py [CTAs, default 132] [F, default 2.0]"""
 import heapq
@@ -37,7 +37,8 @@ def dynamic_rows(num_m, rows, seqlen_k, head_dim, grid=G, group=1):
     """fwd_dynamic_heads."""
     for_balance = math.ceil(4 * grid / num_m)
     for_l2 = max(1, (24 << 20) // (4 * seqlen_k * head_dim)) * group
-    return min(rows, for_balance, for_l2)
+    s = min(rows, for_balance, for_l2)
+    return s if s * num_m >= 2 * grid else 0
 
 
 for head_dim in (64, 128, 256):
