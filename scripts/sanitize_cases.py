@@ -95,6 +95,8 @@ FULL_CASES = [
     # long rows: the sm90 forward with three consumer warpgroups at tile width 64
     _case(1, 2100, 2048, 1, 1, 64, BF16, "none"),
     _case(1, 4096, 4096, 1, 1, 40, F16, "bottom_right"),
+    # causal with more tiles than SMs: pairs, then the sm90 forward's dynamic tail, whose last tiles see no key
+    _case(1, 1024, 300, 80, 16, 64, BF16, "bottom_right"),
     # attention masks: the masked kernels of both paths, tile skipping, the mask gradient
     _case(2, 97, 300, 2, 1, 64, BF16, "none", mask="bool"),
     _case(1, 300, 97, 2, 2, 128, F16, "bottom_right", mask="float"),
@@ -122,6 +124,7 @@ RACE_CASES = [
     _case(1, 129, 150, 2, 1, 40, F16, "top_left", "unaligned"),
     _case(1, 150, 129, 2, 1, 128, BF16, "bottom_right", "unaligned"),
     _case(1, 2048, 2048, 1, 1, 64, F16, "none"),  # three consumers; the last tile's third without rows
+    _case(1, 512, 512, 40, 8, 64, F16, "top_left"),  # more tiles than SMs: every tile from the dynamic tail
     _case(1, 129, 300, 2, 1, 64, F16, "none", mask="bool"),
     _case(1, 150, 300, 2, 1, 128, BF16, "top_left", mask="float"),
     _case(2, 129, 300, 2, 1, 64, F16, "none", mask="prefix"),
