@@ -264,14 +264,17 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
   // it, and loads Q and the tile's key blocks into it; a tile without visible keys (and -1) completes
   // the stage without bytes.
   auto run_tile = [&](int tile) {
+    // The tile and its first key block (with a mask, an L2 round trip for the class window) before the
+    // wait for the Q stage, so that Q's load starts as soon as the stage is free.
+    FwdTile t{};
+    if (tile >= 0) t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(tile, sh, sched);
+    KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
+    const bool has_keys = tile >= 0 && walk.next(0) < t.num_n_blocks;
     const int q_stage = q_iter % Cfg::kQStages, q_use = q_iter / Cfg::kQStages;
     if (q_use > 0) mbar_wait(&bars.q_empty[q_stage], (q_use - 1) & 1);
     ++q_iter;
     bars.q_tile[q_stage] = tile;
-    FwdTile t{};
-    if (tile >= 0) t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(tile, sh, sched);
-    KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
-    if (tile < 0 || walk.next(0) >= t.num_n_blocks) {
+    if (!has_keys) {
       mbar_arrive(&bars.q_full[q_stage]);
       return;
     }
