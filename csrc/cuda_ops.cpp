@@ -162,9 +162,13 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   if (use_sm90_fwd(q, p)) {
     const sm90::TileShape tile = sm90::fwd_tile_shape(p.shape.head_dim);
     set_mask({tile.queries, tile.keys});
-    // The counter of the causal schedule's dynamic tail (freed on this stream after the kernel).
-    const at::Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));
-    p.tile_counter = tile_counter.data_ptr<int>();
+    // The counter of the causal schedule's dynamic tail (freed on this stream after the kernel), for
+    // the only launches that may use it: causal, without a mask or dropout.
+    at::Tensor tile_counter;
+    if (is_causal && !attn_mask.has_value() && !dropout.enabled) {
+      tile_counter = at::empty({1}, q.options().dtype(at::kInt));
+      p.tile_counter = tile_counter.data_ptr<int>();
+    }
     const cudaError_t err = sm90::run_fwd(p, stream);
     if (err != cudaErrorNotSupported) {
       C10_CUDA_CHECK(err);
