@@ -9,7 +9,9 @@ same run:
                  flashattn vs SDPA's EFFICIENT_ATTENTION backend with the same mask
   dropout        dropout_p = 0.1 vs dropout_p = 0 (both flashattn, no mask)
 
-TFLOP/s use the unmasked FLOP count (causal: halved), so a ratio is a ratio of times.
+TFLOP/s use the unmasked FLOP count (causal: halved), so a ratio is a ratio of times. The two methods
+of a figure are timed in --rounds rotating rounds (flashattn.benchmark.rotating_medians; a figure is
+the median of its rounds), so that clock changes over the run fall on both alike.
 
   python3 benchmarks/bench_masks.py --out DIR      # writes DIR/masks.json and DIR/masks.md
 """
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flashattn  # noqa: E402
 from flashattn import ops  # noqa: E402
-from flashattn.benchmark import keep_gpu_busy, time_ms  # noqa: E402
+from flashattn.benchmark import rotating_medians, time_ms  # noqa: E402
 
 TOKENS, MODEL_DIM = 16384, 2048
 
@@ -55,9 +57,9 @@ def run_mode(fn, leaves, mode):
     return call
 
 
-def bench_one(head_dim, seqlen, warmup, rep):
+def bench_one(head_dim, seqlen, warmup, rep, rounds, dev="cuda"):
     batch, heads = TOKENS // seqlen, MODEL_DIM // head_dim
-    dev, dtype = "cuda", torch.bfloat16
+    dtype = torch.bfloat16
     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device=dev, dtype=dtype, requires_grad=True)
                for _ in range(3))
     scale = head_dim**-0.5
@@ -66,40 +68,45 @@ def bench_one(head_dim, seqlen, warmup, rep):
     keep[::2, ..., seqlen - seqlen // 10:] = False
     padding = keep.expand(batch, heads, seqlen, seqlen)
     dense = torch.randn(batch, heads, seqlen, seqlen, device=dev, dtype=dtype, requires_grad=True)
-    keep_gpu_busy(torch.device(dev), 200)  # clocks up before the first timing (see flashattn/benchmark.py)
     rows = []
 
-    def record(figure, mode, name, causal, fn, leaves):
-        ms = time_ms(run_mode(fn, leaves, mode), warmup, rep, torch.device(dev))
-        tflops = flops(batch, heads, seqlen, head_dim, causal, mode) / (ms * 1e-3) / 1e12
-        rows.append(dict(figure=figure, mode=mode, method=name, head_dim=head_dim, seqlen=seqlen, batch=batch,
-                         heads=heads, ms=ms, tflops=tflops))
+    def record(figure, mode, methods):
+        """methods: name -> (causal, fn, leaves), timed against each other in rotating rounds."""
+        calls = {name: run_mode(fn, leaves, mode) for name, (_, fn, leaves) in methods.items()}
+        status = {}
+        ms = rotating_medians(calls, lambda name: time_ms(calls[name], warmup, rep / rounds, torch.device(dev)),
+                              rounds, status)
+        for name, (causal, _, _) in methods.items():
+            row = dict(figure=figure, mode=mode, method=name, head_dim=head_dim, seqlen=seqlen, batch=batch,
+                       heads=heads)
+            if name in ms:
+                seconds = ms[name] * 1e-3
+                row.update(ms=ms[name], tflops=flops(batch, heads, seqlen, head_dim, causal, mode) / seconds / 1e12)
+            else:  # the method failed (e.g. a backend refused the case): report it, do not stop
+                row.update(error=status[name])
+            rows.append(row)
 
     qkv = [q, k, v]
+    rng_state = torch.tensor([1234, 5678], dtype=torch.int64, device=dev)
     for mode in ("fwd", "fwdbwd"):
-        record("causal_mask", mode, "flashattn is_causal", True, lambda: ops.fwd(q, k, v, scale, True, False)[0], qkv)
-        record("causal_mask", mode, "flashattn tril mask", True,
-               lambda: ops.fwd(q, k, v, scale, False, False, tril)[0], qkv)
-        record("padding_mask", mode, "flashattn no mask", False, lambda: ops.fwd(q, k, v, scale, False, False)[0], qkv)
-        record("padding_mask", mode, "flashattn padding mask", False,
-               lambda: ops.fwd(q, k, v, scale, False, False, padding)[0], qkv)
-        rng_state = torch.tensor([1234, 5678], dtype=torch.int64, device=dev)
-        record("dropout", mode, "flashattn p=0", False, lambda: ops.fwd(q, k, v, scale, False, False)[0], qkv)
-        record("dropout", mode, "flashattn p=0.1", False,
-               lambda: ops.attention(q, k, v, scale, False, False, dropout_p=0.1, rng_state=rng_state)[0], qkv)
+        record("causal_mask", mode, {
+            "flashattn is_causal": (True, lambda: ops.fwd(q, k, v, scale, True, False)[0], qkv),
+            "flashattn tril mask": (True, lambda: ops.fwd(q, k, v, scale, False, False, tril)[0], qkv)})
+        record("padding_mask", mode, {
+            "flashattn no mask": (False, lambda: ops.fwd(q, k, v, scale, False, False)[0], qkv),
+            "flashattn padding mask": (False, lambda: ops.fwd(q, k, v, scale, False, False, padding)[0], qkv)})
+        record("dropout", mode, {
+            "flashattn p=0": (False, lambda: ops.fwd(q, k, v, scale, False, False)[0], qkv),
+            "flashattn p=0.1": (False, lambda: ops.attention(q, k, v, scale, False, False, dropout_p=0.1,
+                                                             rng_state=rng_state)[0], qkv)})
     bhsd = [t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v)]
-    mode = "fwdbwd"
-    record("dense_float", mode, "flashattn dense float mask", False,
-           lambda: ops.fwd(q, k, v, scale, False, False, dense)[0], qkv + [dense])
 
     def efficient():
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION):
             return F.scaled_dot_product_attention(*bhsd, attn_mask=dense, scale=scale)
-    try:
-        record("dense_float", mode, "SDPA efficient dense float mask", False, efficient, bhsd + [dense])
-    except RuntimeError as exc:  # the backend refused the case: report it, do not stop
-        rows.append(dict(figure="dense_float", mode=mode, method="SDPA efficient dense float mask",
-                         head_dim=head_dim, seqlen=seqlen, error=str(exc).splitlines()[0]))
+    record("dense_float", "fwdbwd", {
+        "flashattn dense float mask": (False, lambda: ops.fwd(q, k, v, scale, False, False, dense)[0], qkv + [dense]),
+        "SDPA efficient dense float mask": (False, efficient, bhsd + [dense])})
     return rows
 
 
@@ -129,14 +136,15 @@ def main():
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--seqlens", default="1024,2048,4096,8192")
     parser.add_argument("--warmup", type=float, default=10)
-    parser.add_argument("--rep", type=float, default=50)
+    parser.add_argument("--rep", type=float, default=50, help="ms of timed calls per method, shared by its rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="rotating rounds per figure (default 3)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     start = time.time()
     rows = []
     for d in (int(x) for x in args.head_dims.split(",")):
         for n in (int(x) for x in args.seqlens.split(",")):
-            rows += bench_one(d, n, args.warmup, args.rep)
+            rows += bench_one(d, n, args.warmup, args.rep, max(1, args.rounds))
             torch.cuda.empty_cache()
     result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                   commit=os.environ.get("FLASHATTN_GIT_COMMIT", "unknown"), date=time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -333,32 +333,38 @@ def timed_fn(forward, mode, q, k, v, dout):
     raise ValueError(mode)
 
 
-def time_round_robin(impls, mode, q, k, v, dout, opts, device, status):
-    """Median ms of each method's `mode` call, timed in ``--rounds`` rounds of every method in turn (round r
-    starts with the method after round r - 1's first), each round with the whole warm-up and rep /
-    rounds ms of calls; a method's figure is the median of its rounds. The GPU's clocks move over a
-    run (idle clocks after a pause; power capping after a power-hungry stretch, which lowers whatever
-    comes next): rounds in turn give every method the same share of each condition. A method that
-    fails is left out, with its error in status[name]."""
-    rounds = max(1, getattr(opts, "rounds", 1))
-    names = list(impls)
+def rotating_medians(names, time_one, rounds, status, verbose=False):
+    """Median ms of each name's ``time_one(name)``, called in ``rounds`` rounds of every name in turn,
+    round r starting with the name after round r - 1's first. The GPU's clocks move over a run (idle
+    clocks after a pause; power capping after a power-hungry stretch, which lowers whatever comes
+    next): rounds in turn give every method the same share of each condition. A name whose call
+    raises is left out, with its error in status[name]."""
+    names = list(names)
     times = {name: [] for name in names}
-    for r in range(rounds):
+    for r in range(max(1, rounds)):
         for i in range(len(names)):
             name = names[(r + i) % len(names)]
             if name not in times:
                 continue  # failed in an earlier round
             try:
-                fn = timed_fn(impls[name], mode, q, k, v, dout)
-                times[name].append(time_ms(fn, opts.warmup, opts.rep / rounds, device))
+                times[name].append(time_one(name))
             except Exception as exc:  # noqa: BLE001
                 status[name] = "failed: " + short_error(exc)
                 del times[name]
-                if opts.verbose:
+                if verbose:
                     traceback.print_exc()
-            finally:
-                fn = None
     return {name: statistics.median(ms) for name, ms in times.items()}
+
+
+def time_round_robin(impls, mode, q, k, v, dout, opts, device, status):
+    """Median ms of each method's `mode` call, timed by rotating_medians in ``--rounds`` rounds, each
+    round with the whole warm-up and rep / rounds ms of calls."""
+    rounds = max(1, getattr(opts, "rounds", 1))
+
+    def time_one(name):
+        return time_ms(timed_fn(impls[name], mode, q, k, v, dout), opts.warmup, opts.rep / rounds, device)
+
+    return rotating_medians(impls, time_one, rounds, status, opts.verbose)
 
 
 # --------------------------------------------------------------------------------------------------
