@@ -547,9 +547,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
   for (;;) {
     // The producer names each tile with its Q stage, whose phase completes also for a tile without
-    // visible keys (without bytes), so every tile takes and releases one.
-    // Read by the warp's leader, the thread that releases the Q stage, and shuffled to the warp: a read
-    // by every lane would not be ordered before the leader's release (racecheck reports it).
+    // visible keys (without bytes), so every tile takes and releases one. The index is read by the
+    // warp's leader, the thread that releases the stage, and shuffled to the warp: a read by every lane
+    // would not be ordered before the leader's release (racecheck reports it).
     mbar_wait(&bars.q_full[q_iter % Cfg::kQStages], (q_iter / Cfg::kQStages) & 1);
     const int tile = __shfl_sync(0xffffffffu, warp_leader ? bars.q_tile[q_iter % Cfg::kQStages] : 0, 0);
     if (tile < 0) break;
