@@ -73,20 +73,32 @@ inline uint32_t dropout_threshold(double p) {
   return scaled >= 65535.0 ? 0xFFFFu : static_cast<uint32_t>(scaled);
 }
 
-// The keep bits of the octet {query0, query0 + 8} x {key0 + 8i, i < 4} (query0 % 16 < 8, key0 % 32 < 8)
-// of row group `bh` (batch * heads_q + head): bit 2i + h is (query0 + 8h, key0 + 8i).
+// The random words of the octet {query0, query0 + 8} x {key0 + 8i, i < 4} (query0 % 16 < 8, key0 % 32 < 8)
+// of row group `bh` (batch * heads_q + head): word i holds key0 + 8i, its low half query0, its high half
+// query0 + 8.
+FLASHATTN_HOST_DEVICE PhiloxWords dropout_octet_words(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t query0,
+                                                      uint32_t key0) {
+  return philox4x32_10(((key0 >> 5) << 3) | (key0 & 7), ((query0 >> 4) << 3) | (query0 & 7), bh,
+                       static_cast<uint32_t>(offset), static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
+// Whether the low (high) half of word w survives: (w & 0xFFFF) >= threshold, i.e. (w << 16) >= threshold << 16
+// (w >> 16 >= threshold, i.e. w >= threshold << 16). The shifted forms cost a kernel one compare per element.
+FLASHATTN_HOST_DEVICE bool dropout_keeps_low(uint32_t word, uint32_t threshold) { return (word << 16) >= (threshold << 16); }
+FLASHATTN_HOST_DEVICE bool dropout_keeps_high(uint32_t word, uint32_t threshold) { return word >= (threshold << 16); }
+
+// The keep bits of the octet {query0, query0 + 8} x {key0 + 8i, i < 4} of row group bh: bit 2i + h is
+// (query0 + 8h, key0 + 8i).
 FLASHATTN_HOST_DEVICE uint32_t dropout_octet(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t query0,
                                              uint32_t key0, uint32_t threshold) {
-  const PhiloxWords words = philox4x32_10(((key0 >> 5) << 3) | (key0 & 7), ((query0 >> 4) << 3) | (query0 & 7), bh,
-                                          static_cast<uint32_t>(offset), static_cast<uint32_t>(seed),
-                                          static_cast<uint32_t>(seed >> 32));
+  const PhiloxWords words = dropout_octet_words(seed, offset, bh, query0, key0);
   uint32_t bits = 0;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int i = 0; i < 4; ++i) {
-    bits |= static_cast<uint32_t>((words.w[i] & 0xFFFFu) >= threshold) << (2 * i);
-    bits |= static_cast<uint32_t>((words.w[i] >> 16) >= threshold) << (2 * i + 1);
+    bits |= static_cast<uint32_t>(dropout_keeps_low(words.w[i], threshold)) << (2 * i);
+    bits |= static_cast<uint32_t>(dropout_keeps_high(words.w[i], threshold)) << (2 * i + 1);
   }
   return bits;
 }
@@ -121,6 +133,10 @@ struct DropoutRow {
   FLASHATTN_HOST_DEVICE uint32_t octet(int query0, int key0) const {
     return dropout_octet(seed, offset, bh, static_cast<uint32_t>(query0), key_base + static_cast<uint32_t>(key0),
                          threshold);
+  }
+  // Its random words (dropout_octet_words), for kernels that test the halves themselves.
+  FLASHATTN_HOST_DEVICE PhiloxWords octet_words(int query0, int key0) const {
+    return dropout_octet_words(seed, offset, bh, static_cast<uint32_t>(query0), key_base + static_cast<uint32_t>(key0));
   }
 };
 

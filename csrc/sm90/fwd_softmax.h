@@ -57,26 +57,25 @@ struct OnlineSoftmax {
 
 // Zeroes the probabilities of key block n0 (a multiple of 32) that dropout drops. s[4j + 2 half + c]
 // is row row0 + 8 half (row0 % 16 < 8), key n0 + 8j + 2 (lane % 4) + c, so for each 32 keys g and each
-// c this thread holds one whole keep-mask octet. The calls run in a loop that is not unrolled,
-// collecting keep bits, so that they add no registers to the softmax's.
+// c this thread holds one whole keep-mask octet: word i of its call decides s[4 (4g + i) + c] (low
+// half) and s[4 (4g + i) + 2 + c] (high half). Each half is tested and applied where it is made, a
+// compare and a select per score (collecting keep bits first cost ~6 instructions per score more).
 template <int kBlockN>
 __device__ __forceinline__ void drop_probabilities(float (&s)[kBlockN / 2], const DropoutRow& rng, int row0, int n0,
                                                    int lane) {
-  static_assert(kBlockN % 32 == 0 && kBlockN / 2 <= 64, "whole octets; one keep bit per score in 64 bits");
-  uint64_t keep = 0;  // bit 16g + 8c + 2i + h: s[4 (4g + i) + 2h + c]
-#pragma unroll 1
+  static_assert(kBlockN % 32 == 0, "whole octets");
+#pragma unroll
   for (int g = 0; g < kBlockN / 32; ++g) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      keep |= static_cast<uint64_t>(rng.octet(row0, n0 + 32 * g + 2 * (lane % 4) + c)) << (16 * g + 8 * c);
-    }
-  }
+      const PhiloxWords words = rng.octet_words(row0, n0 + 32 * g + 2 * (lane % 4) + c);
 #pragma unroll
-  for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int bit = 16 * (j / 4) + 8 * (e % 2) + 2 * (j % 4) + e / 2;
-      if (!((keep >> bit) & 1)) s[4 * j + e] = 0.f;
+      for (int i = 0; i < 4; ++i) {
+        float& low = s[4 * (4 * g + i) + c];
+        float& high = s[4 * (4 * g + i) + 2 + c];
+        low = dropout_keeps_low(words.w[i], rng.threshold) ? low : 0.f;
+        high = dropout_keeps_high(words.w[i], rng.threshold) ? high : 0.f;
+      }
     }
   }
 }
