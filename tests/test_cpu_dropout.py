@@ -1,7 +1,8 @@
 """Attention dropout on the CPU: the keep-mask op, the kernels, and the public APIs.
 
-The keep-mask (csrc/common/dropout.h) is checked bit for bit against a Python Philox4x32-10 written
-from the published algorithm (itself checked on Random123's known-answer vectors), for its kept
+The keep-mask (csrc/common/dropout.h) is checked bit for bit against a Python Philox4x32 written
+from the published algorithm (its 10-round form checked on Random123's known-answer vectors; the
+keep-mask uses 7 rounds), for its kept
 fraction, and for being a pure function of (seed, offset, b, h, i, j). The kernels are checked against
 ``attention_reference`` under the keep-mask the op exposes (the oracle of GUIDE section 4 for low
 precision, gradcheck in float64), and the APIs for drawing, reproducing and passing on that mask.
@@ -19,17 +20,17 @@ from flashattn.reference import attention_reference
 from flashattn.testing import GRAD_FACTOR, OUT_FACTOR, assert_oracle
 
 # --------------------------------------------------------------------------------------------------
-# The keep-mask against a Python Philox4x32-10
+# The keep-mask against a Python Philox4x32
 # --------------------------------------------------------------------------------------------------
 
 MASK32 = 0xFFFFFFFF
 
 
-def philox4x32_10(counter, key):
-    """Philox4x32 with 10 rounds (Salmon et al., SC 2011) on Python ints: counter 4 words, key 2 words."""
+def philox4x32(counter, key, rounds):
+    """Philox4x32 with `rounds` rounds (Salmon et al., SC 2011) on Python ints: counter 4 words, key 2 words."""
     c0, c1, c2, c3 = counter
     k0, k1 = key
-    for _ in range(10):
+    for _ in range(rounds):
         p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
         c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & MASK32, p1 & MASK32, ((p0 >> 32) ^ c3 ^ k1) & MASK32, p0 & MASK32
         k0, k1 = (k0 + 0x9E3779B9) & MASK32, (k1 + 0xBB67AE85) & MASK32
@@ -38,9 +39,9 @@ def philox4x32_10(counter, key):
 
 def test_python_philox_matches_the_known_answers():
     # Random123's kat_vectors for philox4x32_10: zeros, all ones, and the digits of pi.
-    assert philox4x32_10((0, 0, 0, 0), (0, 0)) == (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)
-    assert philox4x32_10((MASK32,) * 4, (MASK32, MASK32)) == (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)
-    assert philox4x32_10((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0)) == (
+    assert philox4x32((0, 0, 0, 0), (0, 0), 10) == (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)
+    assert philox4x32((MASK32,) * 4, (MASK32, MASK32), 10) == (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)
+    assert philox4x32((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0), 10) == (
         0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)
 
 
@@ -59,7 +60,7 @@ def python_keep_mask(seed, offset, batch, heads, seqlen_q, seqlen_k, p):
                 t = (j >> 3) & 3
                 j0 = j - 8 * t
                 counter = (((j0 >> 5) << 3) | (j0 & 7), ((i0 >> 4) << 3) | (i0 & 7), bh, offset & MASK32)
-                words = philox4x32_10(counter, (seed & MASK32, seed >> 32))
+                words = philox4x32(counter, (seed & MASK32, seed >> 32), 7)
                 keep[bh // heads, bh % heads, i, j] = ((words[t] >> (16 * h)) & 0xFFFF) >= threshold
     return keep
 

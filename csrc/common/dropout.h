@@ -3,7 +3,7 @@
 //
 // The mask is a pure function of (seed, offset, batch * heads_q + head, query, key). Elements come in
 // octets: {q0, q0 + 8} x {k0, k0 + 8, k0 + 16, k0 + 24} with q0 % 16 < 8 and k0 % 32 < 8. One
-// Philox4x32-10 call per octet gives four 32-bit words; word i holds key k0 + 8i, its low 16 bits for
+// Philox4x32-7 call per octet gives four 32-bit words; word i holds key k0 + 8i, its low 16 bits for
 // query q0 and its high 16 bits for q0 + 8, and the element is kept iff those 16 bits are at least
 // `threshold` = floor(p * 2^16) (so the keep probability is 1 - threshold / 2^16, within 2^-16 of
 // 1 - p). A kept probability is scaled by 1 / (1 - p).
@@ -36,15 +36,16 @@ FLASHATTN_HOST_DEVICE uint32_t mul_hi_u32(uint32_t a, uint32_t b) {
 #endif
 }
 
-// Philox4x32 with 10 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011).
-FLASHATTN_HOST_DEVICE PhiloxWords philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                                               uint32_t k1) {
+// Philox4x32 with kRounds rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011).
+template <int kRounds>
+FLASHATTN_HOST_DEVICE PhiloxWords philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                                            uint32_t k1) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-  for (int round = 0; round < 10; ++round) {
+  for (int round = 0; round < kRounds; ++round) {
     const uint32_t hi0 = mul_hi_u32(kMul0, c0), lo0 = kMul0 * c0;
     const uint32_t hi1 = mul_hi_u32(kMul1, c2), lo1 = kMul1 * c2;
     const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
@@ -76,10 +77,16 @@ inline uint32_t dropout_threshold(double p) {
 // The random words of the octet {query0, query0 + 8} x {key0 + 8i, i < 4} (query0 % 16 < 8, key0 % 32 < 8)
 // of row group `bh` (batch * heads_q + head): word i holds key0 + 8i, its low half query0, its high half
 // query0 + 8.
+// The keep-mask's rounds. Salmon et al. find Philox4x32 with 7 rounds free of statistical failures in
+// TestU01's BigCrush (10 is their default, with a safety margin). Seven cost each score of the forward
+// ~30% less of the RNG's work, which dominates dropout's cost (benchmarks/NOTES.md).
+constexpr int kDropoutPhiloxRounds = 7;
+
 FLASHATTN_HOST_DEVICE PhiloxWords dropout_octet_words(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t query0,
                                                       uint32_t key0) {
-  return philox4x32_10(((key0 >> 5) << 3) | (key0 & 7), ((query0 >> 4) << 3) | (query0 & 7), bh,
-                       static_cast<uint32_t>(offset), static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  return philox4x32<kDropoutPhiloxRounds>(((key0 >> 5) << 3) | (key0 & 7), ((query0 >> 4) << 3) | (query0 & 7), bh,
+                                          static_cast<uint32_t>(offset), static_cast<uint32_t>(seed),
+                                          static_cast<uint32_t>(seed >> 32));
 }
 
 // Whether the low (high) half of word w survives: (w & 0xFFFF) >= threshold, i.e. (w << 16) >= threshold << 16
