@@ -5,7 +5,9 @@
 # scripts/dev/fwd_timing.py on each in turn, ROUNDS times, so both see the same GPU and clocks.
 # Lines are prefixed with "trial" or "baseline". Logs under $OUT.
 #   scripts/dev/ab_fwd.sh [DIMS] [SEQLENS] [ROUNDS]     e.g. scripts/dev/ab_fwd.sh 64,128 512,1024,4096 2
-# ROUNDS=0 only builds; SKIP_BUILD=1 times the trees built by an earlier call. AB_CMD replaces the
+# ROUNDS=0 only builds; SKIP_BUILD=1 times the trees built by an earlier call. AB_EXTRA names more
+# trees (folders made like baseline/, carried too), built and timed beside the two, under their names.
+# AB_CMD replaces the
 # timing command (run in each tree with $name set), e.g.
 #   AB_CMD='python3 benchmarks/bench_masks.py --head-dims 64 --out $OUT/masks_$name' scripts/dev/ab_fwd.sh
 set -uo pipefail
@@ -22,14 +24,17 @@ build() {  # build TREE NAME: in place, from scratch, half the cores each (both 
 }
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
   start=$(date +%s)
-  build . trial & trial_pid=$!
-  build baseline baseline & baseline_pid=$!
-  wait $trial_pid && wait $baseline_pid || exit 1
+  pids=()
+  for name in trial baseline ${AB_EXTRA:-}; do
+    tree=$name; [[ $name == trial ]] && tree=.
+    build "$tree" "$name" & pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || exit 1; done
   echo "builds: $(( $(date +%s) - start )) s"
 fi
 for ((r = 1; r <= rounds; ++r)); do
-  for name in trial baseline; do
-    tree=.; [[ $name == baseline ]] && tree=baseline
+  for name in trial baseline ${AB_EXTRA:-}; do
+    tree=$name; [[ $name == trial ]] && tree=.
     (cd "$tree" && export PYTHONPATH=$PWD name OUT &&
       if [[ -n ${AB_CMD:-} ]]; then eval "$AB_CMD"; else python3 scripts/dev/fwd_timing.py "$dims" "$seqlens"; fi) 2>&1 |
       sed -u "s/^/$name /" | tee -a "$OUT/ab_fwd.txt"
