@@ -69,10 +69,9 @@ bool sm90_allowed(const at::Tensor& q) {
 }
 
 bool use_sm90_fwd(const at::Tensor& q, const FwdParams& p) { return sm90_allowed(q) && sm90::fwd_supported(p); }
-// Dropout and deterministic mode run on the sm80 backward only (the sm90 one adds dq partials in any
-// order, and has no dropout).
+// Deterministic mode runs on the sm80 backward only (the sm90 one adds dq partials in any order).
 bool use_sm90_bwd(const at::Tensor& q, const BwdParams& p) {
-  return !p.dropout.enabled && !p.deterministic && sm90_allowed(q) && sm90::bwd_supported(p);
+  return !p.deterministic && sm90_allowed(q) && sm90::bwd_supported(p);
 }
 
 // DropoutParams for a checked (dropout_p, rng_state); disabled for dropout_p == 0.
@@ -317,7 +316,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   p.dk_strides = strides_of(dk);
   p.dv_strides = strides_of(dv);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const bool sm90 = use_sm90_bwd(q, p) && (!attn_mask.has_value() || sm90::bwd_masked_supported(p.shape.head_dim));
+  // A mask or dropout needs the masked variant, which the sm90 path has at some head dims only.
+  const bool sm90 = use_sm90_bwd(q, p) && ((!attn_mask.has_value() && !p.dropout.enabled) ||
+                                          sm90::bwd_masked_supported(p.shape.head_dim));
   at::Tensor classes;
   if (attn_mask.has_value()) {
     // Tile classes on the grid of the kernel that reads them. Deterministic mode needs every key block

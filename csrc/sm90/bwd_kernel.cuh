@@ -22,7 +22,8 @@
 // The kMasked variant applies params.mask (its tile classes on this kernel's 64-query x 128-key grid):
 // producer and consumers walk only the steps whose tile lets some key through (the same walk on both
 // sides, so the ring stays in step), steps whose tile needs it add the mask element by element to the
-// scores, and dS is written to params.dmask when that is set (the mask's gradient).
+// scores, and dS is written to params.dmask when that is set (the mask's gradient). Its kDropout
+// form also applies params.dropout (with or without a mask; sm90/bwd_dropout.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,6 +35,7 @@
 #include "params.h"
 #include "sm80/bwd_kernel.cuh"  // the preprocess and dq conversion kernels
 #include "sm80/mask_tile.h"     // MaskView: the attention mask of one (batch, head, query tile)
+#include "sm90/bwd_dropout.h"
 #include "sm90/class_bits.h"
 #include "sm90/fragments.h"
 #include "sm90/fwd_tiles.h"
@@ -321,7 +323,10 @@ __device__ __forceinline__ void write_dmask(const BwdParams& p, const float (&ds
   }
 }
 
-template <typename T, typename Cfg, bool kMasked>
+// kDropout (with kMasked only): the launch applies params.dropout. A variant of its own, so that the
+// masked kernel without dropout keeps its registers (at D=128 the Philox calls took ~90 bytes more
+// of spills).
+template <typename T, typename Cfg, bool kMasked, bool kDropout>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_constant__ BwdTensorMaps maps,
                                                                const BwdParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -405,6 +410,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     const int m0 = steps.m0<kBlockM>(step);
     const uint32_t q_tile = smem + Cfg::kQOffset + stage * Cfg::kQBytes;
     const uint32_t do_tile = smem + Cfg::kDoOffset + stage * Cfg::kQBytes;
+    // Dropout's keep bits, made before the GEMMs are issued, while their accumulators are not live
+    // (made under the GEMMs, the D=128 variant spilled 112 bytes; here 88).
+    uint32_t keep = 0;
+    if constexpr (kDropout) {
+      keep = backward_keep_bits(DropoutRow(p.dropout, batch, sh.heads_q, head), m0 + accumulator_col(0, lane),
+                                key0 + accumulator_row(0, warp_in_group, lane));
+    }
     float s[32], dp[32];
     mbar_wait(&bars.qdo_full[stage], (iter / kStages) & 1);
     wgmma_fence();
@@ -475,8 +487,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     load_query_columns(delta, stats + kBlockM * 4);
     wgmma_wait<0>();
     fence_registers(dp);
+    if constexpr (kDropout) {
+      apply_backward_dropout(s, dp, delta, keep, p.dropout.keep_scale);
+    } else {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) dp[i] = s[i] * (dp[i] - delta[2 * (i / 4) + i % 2]);  // dS^T
+      for (int i = 0; i < 32; ++i) dp[i] = s[i] * (dp[i] - delta[2 * (i / 4) + i % 2]);  // dS^T
+    }
 
     if constexpr (kMasked) {
       if (p.dmask != nullptr) write_dmask<T>(p, dp, batch, head, m0, key0, warp_in_group, lane);
@@ -568,7 +584,10 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
 
   err = sm80::launch_bwd_preprocess<T>(p, stream);
   if (err != cudaSuccess) return err;
-  auto kernel = bwd_kernel<T, Cfg, kMasked>;
+  auto kernel = bwd_kernel<T, Cfg, kMasked, false>;
+  if constexpr (kMasked) {
+    if (p.dropout.enabled) kernel = bwd_kernel<T, Cfg, true, true>;
+  }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);

@@ -91,7 +91,7 @@ bool bwd_masked_supported(int head_dim) {
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   const int width = bwd_tile_width(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
-  if (p.mask.kind != MaskKind::kNone) {
+  if (p.mask.kind != MaskKind::kNone || p.dropout.enabled) {  // the variant with both
 #define FLASHATTN_LAUNCH(D) \
   if (width == D) return bf16 ? launch_bwd_masked<__nv_bfloat16, D>(p, stream) : launch_bwd_masked<__half, D>(p, stream);
     FLASHATTN_SM90_BWD_MASKED_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
