@@ -9,8 +9,9 @@
 // 1 - p). A kept probability is scaled by 1 / (1 - p).
 //
 // Why this shape: the tensor-core fragments of every kernel give one thread rows (or columns) 8 apart
-// and, across its tiles, keys (or queries) 8 apart, so the forward (queries x keys) and the backward
-// (keys x queries) threads each hold whole octets and use all eight values of every call.
+// and, across its tiles, keys (or queries) 8 apart, so the forward threads (queries x keys, sm90 and
+// sm80) and the sm80 backward's (keys x queries) each hold whole octets and use all eight values of
+// every call. A thread of the sm90 backward holds two of an octet's four keys (sm90/bwd_dropout.h).
 //
 // Counter = ((k0 / 32) * 8 + k0 % 8, (q0 / 16) * 8 + q0 % 8, batch * heads_q + head, low 32 bits of
 // offset); Philox key = the 64-bit seed. Seed and offset come from a [2] int64 tensor (rng_state)
@@ -74,14 +75,14 @@ inline uint32_t dropout_threshold(double p) {
   return scaled >= 65535.0 ? 0xFFFFu : static_cast<uint32_t>(scaled);
 }
 
-// The random words of the octet {query0, query0 + 8} x {key0 + 8i, i < 4} (query0 % 16 < 8, key0 % 32 < 8)
-// of row group `bh` (batch * heads_q + head): word i holds key0 + 8i, its low half query0, its high half
-// query0 + 8.
 // The keep-mask's rounds. Salmon et al. find Philox4x32 with 7 rounds free of statistical failures in
 // TestU01's BigCrush (10 is their default, with a safety margin). Seven cost each score of the forward
 // ~30% less of the RNG's work, which dominates dropout's cost (benchmarks/NOTES.md).
 constexpr int kDropoutPhiloxRounds = 7;
 
+// The random words of the octet {query0, query0 + 8} x {key0 + 8i, i < 4} (query0 % 16 < 8, key0 % 32 < 8)
+// of row group `bh` (batch * heads_q + head): word i holds key0 + 8i, its low half query0, its high half
+// query0 + 8.
 FLASHATTN_HOST_DEVICE PhiloxWords dropout_octet_words(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t query0,
                                                       uint32_t key0) {
   return philox4x32<kDropoutPhiloxRounds>(((key0 >> 5) << 3) | (key0 & 7), ((query0 >> 4) << 3) | (query0 & 7), bh,
@@ -89,9 +90,12 @@ FLASHATTN_HOST_DEVICE PhiloxWords dropout_octet_words(uint64_t seed, uint64_t of
                                           static_cast<uint32_t>(seed >> 32));
 }
 
-// Whether the low (high) half of word w survives: (w & 0xFFFF) >= threshold, i.e. (w << 16) >= threshold << 16
-// (w >> 16 >= threshold, i.e. w >= threshold << 16). The shifted forms cost a kernel one compare per element.
-FLASHATTN_HOST_DEVICE bool dropout_keeps_low(uint32_t word, uint32_t threshold) { return (word << 16) >= (threshold << 16); }
+// Whether the low (high) half of word w survives: (w & 0xFFFF) >= threshold, i.e. (w << 16) >=
+// threshold << 16 (w >> 16 >= threshold, i.e. w >= threshold << 16). The shifted forms cost a kernel
+// one compare per element.
+FLASHATTN_HOST_DEVICE bool dropout_keeps_low(uint32_t word, uint32_t threshold) {
+  return (word << 16) >= (threshold << 16);
+}
 FLASHATTN_HOST_DEVICE bool dropout_keeps_high(uint32_t word, uint32_t threshold) { return word >= (threshold << 16); }
 
 // The keep bits of the octet {query0, query0 + 8} x {key0 + 8i, i < 4} of row group bh: bit 2i + h is
