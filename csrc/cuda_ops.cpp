@@ -161,6 +161,20 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   if (use_sm90_fwd(q, p)) {
     const sm90::TileShape tile = sm90::fwd_tile_shape(p.shape.head_dim);
     set_mask({tile.queries, tile.keys});
+    // A classified mask whose rows are broadcast over the queries (a padding mask): its rows that keep
+    // a prefix of the keys run as plain attention over that prefix (FwdParams::key_end).
+    at::Tensor key_rows;  // [key_end: B * Hq, masked_rows: B * Hq, masked_row_count: 1]
+    if (p.mask.tile_class != nullptr && !is_causal && !dropout.enabled && (p.mask.row_stride == 0 || s.seqlen_q == 1)) {
+      const int64_t rows = s.batch * s.heads_q;
+      key_rows = at::empty({2 * rows + 1}, q.options().dtype(at::kInt));
+      int* key_end = key_rows.data_ptr<int>();
+      C10_CUDA_CHECK(sm80::find_key_prefix_rows(p.mask, p.shape.element_type, static_cast<int>(s.batch),
+                                                static_cast<int>(s.heads_q), static_cast<int>(s.seqlen_k), key_end,
+                                                key_end + rows, key_end + 2 * rows, stream));
+      p.key_end = key_end;
+      p.masked_rows = key_end + rows;
+      p.masked_row_count = key_end + 2 * rows;
+    }
     // The counter of the causal schedule's dynamic tail (freed on this stream after the kernel), for
     // the only launches that may use it: causal, without a mask or dropout.
     at::Tensor tile_counter;
@@ -174,6 +188,7 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
       return;
     }
   }
+  p.key_end = p.masked_rows = p.masked_row_count = nullptr;  // the sm90 forward's alone
   set_mask(sm80::fwd_tile_shape(p.shape.head_dim));
   C10_CUDA_CHECK(sm80::run_fwd(p, stream));
 }

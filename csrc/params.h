@@ -85,6 +85,13 @@ struct FwdParams {
   TensorStrides q_strides, k_strides, v_strides, out_strides;
   MaskParams mask;
   DropoutParams dropout;  // applied to the probabilities after the softmax (the LSE is unchanged)
+  // The key-length form of a padding mask (sm90 forward only; nullptr: none). key_end[b * heads_q + h]
+  // >= 0: row (b, h)'s mask keeps exactly its first key_end keys, and the unmasked kernel runs the row
+  // with that length in place of seqlen_k, mask ignored; -1: the masked kernel runs the row. The masked
+  // kernel then runs only the rows listed in masked_rows[0 .. *masked_row_count) (same numbering).
+  const int* key_end = nullptr;
+  const int* masked_rows = nullptr;
+  const int* masked_row_count = nullptr;
   // One int32 of device memory the sm90 forward may use to hand out tiles (it zeroes it on the launch's
   // stream before use); nullptr: a static schedule only.
   int* tile_counter = nullptr;

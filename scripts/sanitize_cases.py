@@ -59,7 +59,9 @@ class Case:
     # "none"; "bool" (a (B, 1, Lq, Lk) random mask with whole tiles excluded, broadcast over heads);
     # "float" (a (1, Hq, Lq, Lk) additive mask with -inf entries, broadcast over batch, whose gradient
     # the backward writes); "prefix" (a (B, 1, 1, Lk) boolean padding mask keeping each sequence's first
-    # keys: key-prefix tiles)
+    # keys: key-prefix tiles); "padding" (a (3, 1, 1, Lk) boolean padding mask whose rows keep all keys,
+    # no key, and half the keys but one: the sm90 forward runs the first two in its unmasked kernel
+    # and the last in its masked kernel, each launch leaving the other's rows alone)
     mask: str = "none"
     dropout_p: float = 0.0  # with a fixed rng_state, so the CPU and GPU keep-masks are the same
 
@@ -104,6 +106,7 @@ FULL_CASES = [
     _case(1, 97, 203, 4, 2, 40, F16, "none", "unaligned", mask="float"),
     _case(2, 97, 300, 2, 1, 64, BF16, "none", mask="prefix"),
     _case(2, 150, 300, 2, 2, 128, F16, "top_left", mask="prefix"),
+    _case(3, 300, 300, 2, 2, 128, BF16, "none", mask="padding"),
     # dropout: the keep-mask regenerated in the forward (both paths) and the backward
     _case(2, 97, 300, 2, 1, 64, BF16, "none", dropout_p=0.2),
     _case(1, 300, 97, 2, 2, 128, F16, "bottom_right", mask="float", dropout_p=0.5),
@@ -128,6 +131,7 @@ RACE_CASES = [
     _case(1, 129, 300, 2, 1, 64, F16, "none", mask="bool"),
     _case(1, 150, 300, 2, 1, 128, BF16, "top_left", mask="float"),
     _case(2, 129, 300, 2, 1, 64, F16, "none", mask="prefix"),
+    _case(3, 129, 300, 2, 1, 64, F16, "none", mask="padding"),
     _case(1, 129, 300, 2, 1, 64, BF16, "none", dropout_p=0.2),
 ]
 
@@ -166,6 +170,10 @@ def _mask(case: Case, gen: torch.Generator, device):
     if case.mask == "prefix":
         lengths = torch.randint(1, lk + 1, (case.batch, 1, 1, 1), generator=gen)
         return (torch.arange(lk) < lengths).to(device).expand(full)
+    if case.mask == "padding":
+        keep = torch.arange(lk) < torch.tensor([lk, 0, lk // 2]).reshape(3, 1, 1, 1)
+        keep[2, ..., lk // 4] = False
+        return keep.to(device).expand(full)
     keep = torch.rand(lq, lk, generator=gen) < 0.7
     # Whole 64 x 64 tiles excluded, so both kernels skip tiles.
     tiles = torch.rand((lq + 63) // 64, (lk + 63) // 64, generator=gen) < 0.6

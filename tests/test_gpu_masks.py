@@ -43,14 +43,19 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
     all False, all True or random: every class of mask tile, on every kernel's tile grid), "prefix"
     (a (B, 1, 1, Lk) padding mask keeping each sequence's first keys: True / 0, else False / -inf, so
     the kernels' tiles are key prefixes), "prefix_rows" (the same per query row, (B, 1, Lq, Lk), with
-    row lengths that differ inside a tile, which is then no key prefix).
+    row lengths that differ inside a tile, which is then no key prefix), "padding_rows" and
+    "padding_heads" ((B, 1, 1, Lk) and (B, H, 1, Lk) masks whose rows cycle through key prefixes of
+    length 0, Lk, a random length and a whole number of 128-key blocks, which the sm90 forward runs as
+    plain attention over the prefix, and rows that are no prefix: one with a hole in its prefix, one
+    that keeps the last key after its padding or, for float masks, carries a value other than 0 / -inf).
     """
     full = (batch, heads_q, seqlen_q, seqlen_k)
     base_shape = {"qk": (seqlen_q, seqlen_k), "11qk": (1, 1, seqlen_q, seqlen_k), "b11k": (batch, 1, 1, seqlen_k),
                   "bhqk": full, "strided": full, "offset": (batch, 1, seqlen_q, seqlen_k),
                   "causal": (seqlen_q, seqlen_k), "blocks": (1, 1, seqlen_q, seqlen_k),
                   "empty_rows": (batch, 1, seqlen_q, seqlen_k), "tiles": (1, 1, seqlen_q, seqlen_k),
-                  "prefix": (batch, 1, 1, seqlen_k), "prefix_rows": (batch, 1, seqlen_q, seqlen_k)}[shape_name]
+                  "prefix": (batch, 1, 1, seqlen_k), "prefix_rows": (batch, 1, seqlen_q, seqlen_k),
+                  "padding_rows": (batch, 1, 1, seqlen_k), "padding_heads": (batch, heads_q, 1, seqlen_k)}[shape_name]
     alloc = (base_shape[:-1] + (2 * seqlen_k,) if shape_name == "strided" else
              base_shape[:-1] + (seqlen_k + 2,) if shape_name == "offset" else base_shape)
     keep = torch.rand(alloc, device=device) < 0.7
@@ -67,6 +72,18 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
         lengths = torch.randint(1, seqlen_k + 1, alloc[:-1] + (1,), device=device)
         lengths[0] = seqlen_k  # one sequence without padding
         keep = torch.arange(seqlen_k, device=device) < lengths
+    padding_row_kind = None
+    if shape_name in ("padding_rows", "padding_heads"):
+        rows = math.prod(alloc[:-1])
+        padding_row_kind = torch.arange(rows, device=device).reshape(alloc[:-1] + (1,)) % 6
+        lengths = torch.randint(1, seqlen_k + 1, alloc[:-1] + (1,), device=device)
+        lengths = torch.where(padding_row_kind == 0, 0, lengths)
+        lengths = torch.where(padding_row_kind == 1, seqlen_k, lengths)
+        lengths = torch.where(padding_row_kind == 3, max(seqlen_k // 256, 1) * 128 if seqlen_k > 128 else seqlen_k, lengths)
+        keys = torch.arange(seqlen_k, device=device)
+        keep = keys < lengths
+        keep = keep & ~((padding_row_kind == 4) & (keys == lengths // 2))  # a hole (a row of length 1 loses it)
+        keep = keep | ((padding_row_kind == 5) & (keys == seqlen_k - 1))  # a key after the padding
     if shape_name == "b11k":
         keep[..., 0] = True  # a padding mask keeps at least one key per sequence
     if shape_name == "empty_rows":
@@ -89,8 +106,10 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
         mask = mask.masked_fill(~keep & (torch.rand(alloc, device=device) < 0.3), float("-inf"))
         if shape_name in ("causal", "blocks", "empty_rows", "tiles"):
             mask = mask.masked_fill(~keep, float("-inf"))
-        if shape_name in ("prefix", "prefix_rows"):
+        if shape_name in ("prefix", "prefix_rows", "padding_rows", "padding_heads"):
             mask = torch.zeros_like(mask).masked_fill(~keep, float("-inf"))
+        if padding_row_kind is not None:  # rows of kind 5 also carry a value other than 0 / -inf
+            mask = mask.masked_fill((padding_row_kind == 5) & (torch.arange(seqlen_k, device=device) == 0), 0.5)
     def view(t):
         if shape_name == "offset":
             return t[..., 1:seqlen_k + 1].expand(full)
@@ -196,6 +215,23 @@ def test_mask_classes_over_many_tiles(kind, shape_name, seqlens, heads, head_dim
     tile classes 16 at a time (the forward per query tile, the backward per key block over its steps),
     so these cross several class windows, with tiles skipped, tiles read unmasked and tiles masked."""
     check_masked(1, seqlens[0], seqlens[1], heads[0], heads[1], head_dim, torch.bfloat16, causal, kind, shape_name,
+                 mask_grad=kind == "float")
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("shape_name", ["padding_rows", "padding_heads"])
+@pytest.mark.parametrize("head_dim,seqlens,dtype", [
+    (64, (97, 203), torch.bfloat16), (64, (2100, 2100), torch.float16), (96, (256, 300), torch.bfloat16),
+    (128, (300, 1100), torch.float16), (192, (1, 700), torch.bfloat16), (256, (517, 333), torch.float16),
+    (40, (200, 200), torch.bfloat16),
+])
+def test_padding_mask_rows(kind, shape_name, head_dim, seqlens, dtype):
+    """Padding masks whose rows are key prefixes (run by the sm90 forward as plain attention over
+    the prefix, in its unmasked kernel) beside rows that are not (run by its masked kernel in a
+    launch of their own), rows without keys among them (6 batch entries: every kind of row at least
+    once): out, LSE and grads against the reference.
+    (2100, 2100) at head dim 64 takes the three-consumer tiles of long rows."""
+    check_masked(6, seqlens[0], seqlens[1], 4, 2, head_dim, dtype, "none", kind, shape_name,
                  mask_grad=kind == "float")
 
 

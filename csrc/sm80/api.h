@@ -30,6 +30,15 @@ cudaError_t classify_mask_tiles(const MaskParams& mask, ElementType element_type
                                 int seqlen_q, int seqlen_k, unsigned char* out, unsigned char* out_key_count,
                                 cudaStream_t stream);
 
+// For each of the batch x heads rows r = b * heads + h of a mask whose rows are broadcast over the
+// queries (the query-0 row of (b, h) is read through mask's strides, 0 on broadcast dims): key_end[r] =
+// L when the row keeps exactly its first L keys (True / 0.0, the rest False / -inf; 0 <= L <= seqlen_k),
+// else -1, and each row with -1 listed in masked_rows[0 .. *masked_count) in no particular order.
+// masked_count is zeroed on the stream first. Arrays of batch * heads ints (masked_count: one).
+cudaError_t find_key_prefix_rows(const MaskParams& mask, ElementType element_type, int batch, int heads,
+                                 int seqlen_k, int* key_end, int* masked_rows, int* masked_count,
+                                 cudaStream_t stream);
+
 // Writes the dropout keep-mask (common/dropout.h) of `dropout` into keep [batch_heads, seqlen_q,
 // seqlen_k] contiguous (row group b * heads + h), true where the probability is kept.
 cudaError_t write_dropout_keep_mask(const DropoutParams& dropout, int64_t batch_heads, int seqlen_q, int seqlen_k,

@@ -62,9 +62,18 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const int width = tile_width(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
   const bool masked = p.mask.kind != MaskKind::kNone || p.dropout.enabled;  // the variant with both
+  // The key-length form of a padding mask: the masked variant runs the listed rows, then the unmasked
+  // one the others (disjoint rows of out and lse).
+  FwdParams key_rows = p;
+  key_rows.mask = MaskParams{};
 #define FLASHATTN_LAUNCH(D)                                                                                  \
   if (width == D) {                                                                                          \
-    if (masked) return bf16 ? launch_fwd_masked<__nv_bfloat16, D>(p, stream) : launch_fwd_masked<__half, D>(p, stream); \
+    if (masked) {                                                                                            \
+      const cudaError_t err =                                                                                \
+          bf16 ? launch_fwd_masked<__nv_bfloat16, D>(p, stream) : launch_fwd_masked<__half, D>(p, stream);   \
+      if (err != cudaSuccess || p.key_end == nullptr) return err;                                            \
+      return bf16 ? launch_fwd<__nv_bfloat16, D>(key_rows, stream) : launch_fwd<__half, D>(key_rows, stream); \
+    }                                                                                                        \
     return bf16 ? launch_fwd<__nv_bfloat16, D>(p, stream) : launch_fwd<__half, D>(p, stream);               \
   }
   FLASHATTN_SM90_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)

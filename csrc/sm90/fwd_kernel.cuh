@@ -22,6 +22,10 @@
 // units before the softmax (which then runs them with scale 1): a huge mask value such as finfo.min
 // must not meet the fused scale-and-subtract of raw scores, whose rounding residual at 1e30 is itself
 // about 1e22. Blocks the mask leaves alone go through the softmax as raw scores, as without a mask.
+// The kKeyEnds variant (no mask, no dropout) runs each (batch, head) row over its first
+// FwdParams::key_end keys, the key-length form of a padding mask, and leaves out the rows whose
+// key_end is -1 (not even their output is written): the masked variant, walking only those rows
+// (FwdParams::masked_rows), runs them in a launch of its own.
 // The kMasked variant also applies dropout (params.dropout, with or without a mask): after the softmax has summed P, each
 // probability is kept or zeroed by the keep-mask of common/dropout.h (this overlaps the PV GEMM of
 // the previous block), and the epilogue scales O by 1 / (1 - p).
@@ -165,6 +169,7 @@ struct FwdBarriers {
   uint64_t k_full[Cfg::kStages], v_full[Cfg::kStages];
   uint64_t k_empty[Cfg::kStages], v_empty[Cfg::kStages];
   int q_tile[Cfg::kQStages];  // -1: no tile is left
+  int q_key_end[Cfg::kQStages];  // the kKeyEnds variant: the tile's FwdParams::key_end
 };
 
 // ---- producer ----
@@ -255,7 +260,7 @@ struct KeyBlockWalk {
 // and V_n for every key block, each into its ring stage once the consumers have released the stage's
 // previous contents. The ring position runs on across tiles. A tile without visible keys, and the
 // final -1, complete their Q stage without bytes.
-template <typename T, typename Cfg, bool kMasked>
+template <typename T, typename Cfg, bool kMasked, bool kKeyEnds>
 __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsigned char* q_smem,
                         unsigned char* k_smem, unsigned char* v_smem, const FwdParams& p, const FwdSchedule& sched) {
   const AttentionShape& sh = p.shape;
@@ -267,13 +272,21 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
     // The tile and its first key block (with a mask, an L2 round trip for the class window) before the
     // wait for the Q stage, so that Q's load starts as soon as the stage is free.
     FwdTile t{};
-    if (tile >= 0) t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(tile, sh, sched);
+    int key_end = sh.seqlen_k;
+    if (tile >= 0) {
+      t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(tile, sh, sched);
+      if constexpr (kKeyEnds) {
+        key_end = p.key_end[t.batch * sh.heads_q + t.head];
+        t.limit_keys<Cfg::kBlockN>(key_end);
+      }
+    }
     KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
     const bool has_keys = tile >= 0 && walk.next(0) < t.num_n_blocks;
     const int q_stage = q_iter % Cfg::kQStages, q_use = q_iter / Cfg::kQStages;
     if (q_use > 0) mbar_wait(&bars.q_empty[q_stage], (q_use - 1) & 1);
     ++q_iter;
     bars.q_tile[q_stage] = tile;
+    if constexpr (kKeyEnds) bars.q_key_end[q_stage] = key_end;
     if (!has_keys) {
       mbar_arrive(&bars.q_full[q_stage]);
       return;
@@ -297,9 +310,19 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
                      t.batch, Cfg::kKVColBlockBytes);
     }
   };
-  for (int unit = blockIdx.x; unit < sched.static_units; unit += gridDim.x)
-  for (int i = 0; i < sched.tiles_in(unit); ++i) {
-    run_tile(sched.tile(unit, i));
+  if (kMasked && p.masked_rows != nullptr) {
+    // Only the listed rows' units, dealt out as the static ones are (no dynamic tail in this variant).
+    const int units = *p.masked_row_count * sched.units_per_head;
+    for (int v = blockIdx.x; v < units; v += gridDim.x) {
+      const int row = sched.by_units_per_head.div(v);
+      const int unit = p.masked_rows[row] * sched.units_per_head + (v - row * sched.units_per_head);
+      for (int i = 0; i < sched.tiles_in(unit); ++i) run_tile(sched.tile(unit, i));
+    }
+  } else {
+    for (int unit = blockIdx.x; unit < sched.static_units; unit += gridDim.x)
+    for (int i = 0; i < sched.tiles_in(unit); ++i) {
+      run_tile(sched.tile(unit, i));
+    }
   }
   if (kFwdDynamicTail<kMasked> && sched.dynamic_tiles > 0) {
     for (int claim = 0; claim < sched.dynamic_tiles;) {
@@ -466,7 +489,7 @@ __device__ __forceinline__ int release_tile(FwdBarriers<Cfg>& bars, const FwdPar
 
 // ---- the kernel ----
 
-template <typename T, typename Cfg, bool kMasked>
+template <typename T, typename Cfg, bool kMasked, bool kKeyEnds>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdTensorMaps maps,
                                                                const FwdParams p, const FwdSchedule sched,
                                                                bool staged_output) {
@@ -511,7 +534,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) produce<T, Cfg, kMasked>(maps, bars, q_smem, k_smem, v_smem, p, sched);
+    if (threadIdx.x == 0) produce<T, Cfg, kMasked, kKeyEnds>(maps, bars, q_smem, k_smem, v_smem, p, sched);
     return;
   }
   registers_increase<Cfg::kConsumerRegisters>();
@@ -553,7 +576,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     mbar_wait(&bars.q_full[q_iter % Cfg::kQStages], (q_iter / Cfg::kQStages) & 1);
     const int tile = __shfl_sync(0xffffffffu, warp_leader ? bars.q_tile[q_iter % Cfg::kQStages] : 0, 0);
     if (tile < 0) break;
-    const FwdTile t = FwdTile::at<kBlockM, kBlockN>(tile, sh, sched);
+    FwdTile t = FwdTile::at<kBlockM, kBlockN>(tile, sh, sched);
+    // Keys from row_key_end on are masked (seqlen_k, or the row's FwdParams::key_end).
+    int row_key_end = sh.seqlen_k;
+    if constexpr (kKeyEnds) {
+      row_key_end = __shfl_sync(0xffffffffu, warp_leader ? bars.q_key_end[q_iter % Cfg::kQStages] : 0, 0);
+      if (row_key_end < 0) {  // a row of the masked launch: nothing to compute or write here
+        if (warp_leader) mbar_arrive(&bars.q_empty[q_iter % Cfg::kQStages]);
+        ++q_iter;
+        release_next_consumer();
+        continue;
+      }
+      t.limit_keys<kBlockN>(row_key_end);
+    }
     const int row0 = t.m0 + row_in_tile;
     const int q_stage = q_iter % Cfg::kQStages;
     const unsigned char* q_tile_rows = q_rows + q_stage * Cfg::kQBytes;
@@ -581,7 +616,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     // A block n0 needs the length/causal mask when n0 + kBlockN > seqlen_k or (causal) n0 + kBlockN - 1 >
     // first_row + causal_offset; both hold from one block on, so it is one comparison with that block.
     const int last_row_key = first_row + sh.causal_offset;  // the last key this warpgroup's first row sees
-    const int edge_block = min(sh.seqlen_k / kBlockN,
+    const int edge_block = min(row_key_end / kBlockN,
                                !sh.is_causal ? INT_MAX : last_row_key + 1 >= 0 ? (last_row_key + 1) / kBlockN : 0);
     // Masks block `block`'s scores; returns the scale the softmax must apply to them. A block whose
     // mask tile is a key prefix ending at key_end (>= 0) takes the length test up to key_end instead of
@@ -597,7 +632,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           return 1.f;  // already in base-2 units
         }
       } else {
-        if (needs_mask) mask_scores<kBlockN>(s, n0, row0, lane, sh, sh.seqlen_k);
+        if (needs_mask) mask_scores<kBlockN>(s, n0, row0, lane, sh, row_key_end);
       }
       return sh.scale_log2;
     };
@@ -721,7 +756,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 #endif
 }
 
-template <typename T, typename Cfg, bool kMasked = false>
+template <typename T, typename Cfg, bool kMasked = false, bool kKeyEnds = false>
 cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   const AttentionShape& sh = p.shape;
   FwdTensorMaps maps;
@@ -763,7 +798,7 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   const FwdSchedule sched(sh, Cfg::kBlockM, tiles_per_unit, dynamic_heads);
-  auto kernel = fwd_kernel<T, Cfg, kMasked>;
+  auto kernel = fwd_kernel<T, Cfg, kMasked, kKeyEnds>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p, sched, staged_output);
@@ -774,10 +809,15 @@ template <typename T, int kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   using Default = typename DefaultFwdConfig<kHeadDim>::type;
   using LongRows = typename LongRowFwdConfig<kHeadDim>::type;
+  const bool key_ends = p.key_end != nullptr;
   if constexpr (!std::is_same_v<LongRows, Default>) {
-    if (uses_long_row_config(p.shape)) return launch_fwd_with_config<T, LongRows>(p, stream);
+    if (uses_long_row_config(p.shape)) {
+      return key_ends ? launch_fwd_with_config<T, LongRows, false, true>(p, stream)
+                      : launch_fwd_with_config<T, LongRows>(p, stream);
+    }
   }
-  return launch_fwd_with_config<T, Default>(p, stream);
+  return key_ends ? launch_fwd_with_config<T, Default, false, true>(p, stream)
+                  : launch_fwd_with_config<T, Default>(p, stream);
 }
 
 template <typename T, int kHeadDim>

@@ -108,6 +108,11 @@ struct FwdTile {
     t.num_n_blocks = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
     return t;
   }
+  // Leaves out the blocks from key `key_end` on (a row of FwdParams::key_end; < 0: all of them).
+  template <int kBlockN>
+  __device__ __forceinline__ void limit_keys(int key_end) {
+    num_n_blocks = min(num_n_blocks, key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0);
+  }
 };
 
 }  // namespace sm90
