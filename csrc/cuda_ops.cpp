@@ -133,6 +133,25 @@ bool worth_classifying(const at::Tensor& mask, const CheckedShape& s) {
   return batch_broadcast || head_broadcast;
 }
 
+// The key-length form of a padding mask m (rows broadcast over the queries; sm80::find_key_prefix_rows):
+// an int32 tensor [key_end: B * Hq, masked_rows: B * Hq, masked_row_count: 1], computed on the stream.
+at::Tensor find_key_prefix_rows(const MaskParams& m, const CheckedShape& s, ElementType element_type,
+                                const at::Tensor& like, cudaStream_t stream) {
+  const int64_t rows = s.batch * s.heads_q;
+  at::Tensor key_rows = at::empty({2 * rows + 1}, like.options().dtype(at::kInt));
+  int* key_end = key_rows.data_ptr<int>();
+  C10_CUDA_CHECK(sm80::find_key_prefix_rows(m, element_type, static_cast<int>(s.batch), static_cast<int>(s.heads_q),
+                                            static_cast<int>(s.seqlen_k), key_end, key_end + rows, key_end + 2 * rows,
+                                            stream));
+  return key_rows;
+}
+
+// Whether a mask is a candidate for its key-length form: classified, and its rows broadcast over the
+// queries. Causal masking and dropout keep the masked kernels.
+bool key_length_candidate(const MaskParams& m, const CheckedShape& s, bool is_causal, bool dropout) {
+  return m.tile_class != nullptr && !is_causal && !dropout && (m.row_stride == 0 || s.seqlen_q == 1);
+}
+
 // One forward pass of q over k and v (some key range of the caller's) into out and lse.
 void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s, double scale,
               bool is_causal, const std::optional<at::Tensor>& attn_mask, const DropoutParams& dropout,
@@ -163,17 +182,13 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
     set_mask({tile.queries, tile.keys});
     // A classified mask whose rows are broadcast over the queries (a padding mask): its rows that keep
     // a prefix of the keys run as plain attention over that prefix (FwdParams::key_end).
-    at::Tensor key_rows;  // [key_end: B * Hq, masked_rows: B * Hq, masked_row_count: 1]
-    if (p.mask.tile_class != nullptr && !is_causal && !dropout.enabled && (p.mask.row_stride == 0 || s.seqlen_q == 1)) {
+    at::Tensor key_rows;
+    if (key_length_candidate(p.mask, s, is_causal, dropout.enabled)) {
+      key_rows = find_key_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
       const int64_t rows = s.batch * s.heads_q;
-      key_rows = at::empty({2 * rows + 1}, q.options().dtype(at::kInt));
-      int* key_end = key_rows.data_ptr<int>();
-      C10_CUDA_CHECK(sm80::find_key_prefix_rows(p.mask, p.shape.element_type, static_cast<int>(s.batch),
-                                                static_cast<int>(s.heads_q), static_cast<int>(s.seqlen_k), key_end,
-                                                key_end + rows, key_end + 2 * rows, stream));
-      p.key_end = key_end;
-      p.masked_rows = key_end + rows;
-      p.masked_row_count = key_end + 2 * rows;
+      p.key_end = key_rows.data_ptr<int>();
+      p.masked_rows = p.key_end + rows;
+      p.masked_row_count = p.key_end + 2 * rows;
     }
     // The counter of the causal schedule's dynamic tail (freed on this stream after the kernel), for
     // the only launches that may use it: causal, without a mask or dropout.
@@ -347,6 +362,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
       dmask->zero_();  // tiles the kernel skips have a zero gradient
       p.dmask = dmask->data_ptr();
     }
+  }
+  // The key-length form (BwdParams::key_end) where every GQA group's query heads share their mask row
+  // (the mask is broadcast over heads, or there are no groups) and no mask gradient is written.
+  at::Tensor key_rows;
+  if (sm90 && attn_mask.has_value() && p.dmask == nullptr && key_length_candidate(p.mask, s, is_causal, p.dropout.enabled) &&
+      (p.mask.head_stride == 0 || s.heads_q == s.heads_kv)) {
+    key_rows = find_key_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
+    p.key_end = key_rows.data_ptr<int>();
   }
   if (sm90) {
     const cudaError_t err = sm90::run_bwd(p, stream);

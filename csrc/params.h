@@ -136,6 +136,10 @@ struct BwdParams {
   // [B, Hq, Lq, Lk] contiguous in the mask's element type, zeroed by the host (skipped tiles stay 0).
   void* dmask = nullptr;
   DropoutParams dropout;  // the forward's: the keep-mask is regenerated, never stored
+  // The key-length form of a padding mask (sm90 backward only, as FwdParams::key_end; nullptr: none),
+  // equal over each GQA group's query heads: the masked kernel runs the (batch, kv head) groups whose
+  // key_end is -1, the unmasked kernel the others over their first key_end keys.
+  const int* key_end = nullptr;
   // With an additive mask (sm80/saturated_rows.h): the preprocess reads the caller's dout from
   // dout_caller, scales the rows whose LSE is saturated, and writes all rows to `dout`, then a
   // [B, Lq, Hq, D] workspace. nullptr: `dout` is the caller's, read as is.

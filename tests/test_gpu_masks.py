@@ -218,21 +218,22 @@ def test_mask_classes_over_many_tiles(kind, shape_name, seqlens, heads, head_dim
                  mask_grad=kind == "float")
 
 
-@pytest.mark.parametrize("kind", ["bool", "float"])
-@pytest.mark.parametrize("shape_name", ["padding_rows", "padding_heads"])
+@pytest.mark.parametrize("kind,mask_grad", [("bool", False), ("float", False), ("float", True)])
+@pytest.mark.parametrize("shape_name,heads", [("padding_rows", (4, 2)), ("padding_heads", (4, 4))])
 @pytest.mark.parametrize("head_dim,seqlens,dtype", [
     (64, (97, 203), torch.bfloat16), (64, (2100, 2100), torch.float16), (96, (256, 300), torch.bfloat16),
     (128, (300, 1100), torch.float16), (192, (1, 700), torch.bfloat16), (256, (517, 333), torch.float16),
     (40, (200, 200), torch.bfloat16),
 ])
-def test_padding_mask_rows(kind, shape_name, head_dim, seqlens, dtype):
-    """Padding masks whose rows are key prefixes (run by the sm90 forward as plain attention over
-    the prefix, in its unmasked kernel) beside rows that are not (run by its masked kernel in a
-    launch of their own), rows without keys among them (6 batch entries: every kind of row at least
-    once): out, LSE and grads against the reference.
-    (2100, 2100) at head dim 64 takes the three-consumer tiles of long rows."""
-    check_masked(6, seqlens[0], seqlens[1], 4, 2, head_dim, dtype, "none", kind, shape_name,
-                 mask_grad=kind == "float")
+def test_padding_mask_rows(kind, mask_grad, shape_name, heads, head_dim, seqlens, dtype):
+    """Padding masks whose rows are key prefixes (run by the sm90 forward, and by the sm90 backward
+    where a GQA group's heads share the row and no mask gradient is asked for, as plain attention over
+    the prefix in the unmasked kernels) beside rows that are not (run by the masked kernels in launches
+    of their own), rows without keys among them (6 batch entries: every kind of row at least once):
+    out, LSE and grads against the reference. (2100, 2100) at head dim 64 takes the forward's
+    three-consumer tiles of long rows."""
+    check_masked(6, seqlens[0], seqlens[1], heads[0], heads[1], head_dim, dtype, "none", kind, shape_name,
+                 mask_grad=mask_grad)
 
 
 @pytest.mark.parametrize("shape_name", ["11qk", "b11k", "bhqk", "strided"])

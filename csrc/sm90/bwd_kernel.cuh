@@ -24,6 +24,9 @@
 // sides, so the ring stays in step), steps whose tile needs it add the mask element by element to the
 // scores, and dS is written to params.dmask when that is set (the mask's gradient). Its kDropout
 // form also applies params.dropout (with or without a mask; sm90/bwd_dropout.h).
+// With BwdParams::key_end (a padding mask whose rows are key prefixes), the masked kernel leaves the
+// (batch, kv head) groups with a key_end >= 0 to a second launch, the kKeyEnds variant (no mask), which
+// runs them over their first key_end keys; each launch writes only its own groups' dK and dV.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -326,7 +329,7 @@ __device__ __forceinline__ void write_dmask(const BwdParams& p, const float (&ds
 // kDropout (with kMasked only): the launch applies params.dropout. A form of its own, so that the
 // masked kernel without dropout keeps its registers (at D=128, one kernel for both spilled 88 bytes
 // against 24 without the Philox calls).
-template <typename T, typename Cfg, bool kMasked, bool kDropout>
+template <typename T, typename Cfg, bool kMasked, bool kDropout, bool kKeyEnds = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_constant__ BwdTensorMaps maps,
                                                                const BwdParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -343,11 +346,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int kv_head = static_cast<int>((blockIdx.x / num_n_blocks) % sh.heads_kv);
   const int batch = static_cast<int>(blockIdx.x / num_n_blocks / sh.heads_kv);
   const int n0 = n_block * kBlockN;
+  // Keys from row_keys_end on are masked: seqlen_k, or the group's BwdParams::key_end.
+  int row_keys_end = sh.seqlen_k;
+  if constexpr (kMasked || kKeyEnds) {
+    if (p.key_end != nullptr) {
+      const int key_end = p.key_end[batch * sh.heads_q + kv_head * (sh.heads_q / sh.heads_kv)];
+      if (kMasked ? key_end >= 0 : key_end < 0) return;  // the other launch's group (before any barrier)
+      if constexpr (kKeyEnds) row_keys_end = key_end;
+    }
+  }
   BwdSteps steps;
   steps.group = sh.heads_q / sh.heads_kv;
   const int first_query = first_query_seeing(n0, sh.is_causal, sh.causal_offset);
   steps.m_begin = first_query / kBlockM;
   steps.num_m = first_query < sh.seqlen_q ? (sh.seqlen_q + kBlockM - 1) / kBlockM - steps.m_begin : 0;
+  if (kKeyEnds && n0 >= row_keys_end) steps.num_m = 0;  // no key of the block is kept: dK = dV = 0
   // Broadcast from lane 0: the compiler then knows the value is the same across the warp, so what
   // derives from it (each consumer's shared-memory tile addresses, its wgmma descriptors) lives in
   // uniform registers instead of being moved there before every wgmma.
@@ -403,7 +416,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     const bool needs_elements = walk.needs_elements(step);
     const int key_end = needs_elements ? walk.prefix_key_end(step, kBlockN) : -1;
     const bool mask_needed = needs_elements && key_end < 0;
-    const int keys_end = key_end >= 0 ? key_end : sh.seqlen_k;
+    const int keys_end = key_end >= 0 ? key_end : kKeyEnds ? row_keys_end : sh.seqlen_k;
     const int next = walk.next(step + 1);
     const int stage = iter % kStages;
     const int head = steps.head(step, kv_head);
@@ -593,6 +606,16 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
+  if constexpr (kMasked) {
+    if (p.key_end != nullptr) {  // the groups the masked kernel left, over their key prefixes
+      auto key_end_kernel = bwd_kernel<T, Cfg, false, false, true>;
+      err = cudaFuncSetAttribute(key_end_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+      if (err != cudaSuccess) return err;
+      key_end_kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
+      err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+  }
   return sm80::launch_bwd_convert_dq<T>(p, stream);
 }
 

@@ -310,19 +310,16 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
                      t.batch, Cfg::kKVColBlockBytes);
     }
   };
-  if (kMasked && p.masked_rows != nullptr) {
-    // Only the listed rows' units, dealt out as the static ones are (no dynamic tail in this variant).
-    const int units = *p.masked_row_count * sched.units_per_head;
-    for (int v = blockIdx.x; v < units; v += gridDim.x) {
+  // With FwdParams::masked_rows (the masked variant), only the listed rows' units, dealt out alike.
+  const bool listed_rows = kMasked && p.masked_rows != nullptr;
+  const int units = listed_rows ? *p.masked_row_count * sched.units_per_head : sched.static_units;
+  for (int v = blockIdx.x; v < units; v += gridDim.x) {
+    int unit = v;
+    if (listed_rows) {
       const int row = sched.by_units_per_head.div(v);
-      const int unit = p.masked_rows[row] * sched.units_per_head + (v - row * sched.units_per_head);
-      for (int i = 0; i < sched.tiles_in(unit); ++i) run_tile(sched.tile(unit, i));
+      unit = p.masked_rows[row] * sched.units_per_head + (v - row * sched.units_per_head);
     }
-  } else {
-    for (int unit = blockIdx.x; unit < sched.static_units; unit += gridDim.x)
-    for (int i = 0; i < sched.tiles_in(unit); ++i) {
-      run_tile(sched.tile(unit, i));
-    }
+    for (int i = 0; i < sched.tiles_in(unit); ++i) run_tile(sched.tile(unit, i));
   }
   if (kFwdDynamicTail<kMasked> && sched.dynamic_tiles > 0) {
     for (int claim = 0; claim < sched.dynamic_tiles;) {
