@@ -152,6 +152,28 @@ bool key_length_candidate(const MaskParams& m, const CheckedShape& s, bool is_ca
   return m.tile_class != nullptr && !is_causal && !dropout && (m.row_stride == 0 || s.seqlen_q == 1);
 }
 
+// Whether a mask is a candidate for the causal form of its key lengths (sm80::find_causal_prefix_rows):
+// classified, with a row per query, and no causal masking or dropout of the call's own.
+bool causal_length_candidate(const MaskParams& m, const CheckedShape& s, bool is_causal, bool dropout) {
+  return m.tile_class != nullptr && !is_causal && !dropout && m.row_stride != 0 && s.seqlen_q > 1;
+}
+
+// The diagonal a causal-shaped mask is tested against: bottom-right (query q sees keys up to q + Lk - Lq,
+// as a mask over a key cache is built) when Lq <= Lk, else top-left (torch.tril of an Lq x Lk matrix).
+int64_t mask_causal_offset(const CheckedShape& s) { return s.seqlen_q <= s.seqlen_k ? s.seqlen_k - s.seqlen_q : 0; }
+
+// The causal form of a mask m's key lengths: an int32 tensor laid out as sm80::find_causal_prefix_rows's
+// workspace ([key_end: B * Hq, masked_rows: B * Hq, masked_row_count: 1, ...]), computed on the stream.
+at::Tensor find_causal_prefix_rows(const MaskParams& m, const CheckedShape& s, ElementType element_type,
+                                   const at::Tensor& like, cudaStream_t stream) {
+  const int batch = static_cast<int>(s.batch), heads = static_cast<int>(s.heads_q);
+  at::Tensor key_rows = at::empty({sm80::causal_prefix_workspace_ints(batch, heads, m)}, like.options().dtype(at::kInt));
+  C10_CUDA_CHECK(sm80::find_causal_prefix_rows(m, element_type, batch, heads, static_cast<int>(s.seqlen_q),
+                                               static_cast<int>(s.seqlen_k), static_cast<int>(mask_causal_offset(s)),
+                                               key_rows.data_ptr<int>(), stream));
+  return key_rows;
+}
+
 // One forward pass of q over k and v (some key range of the caller's) into out and lse.
 void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s, double scale,
               bool is_causal, const std::optional<at::Tensor>& attn_mask, const DropoutParams& dropout,
@@ -181,19 +203,25 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
     const sm90::TileShape tile = sm90::fwd_tile_shape(p.shape.head_dim);
     set_mask({tile.queries, tile.keys});
     // A classified mask whose rows are broadcast over the queries (a padding mask): its rows that keep
-    // a prefix of the keys run as plain attention over that prefix (FwdParams::key_end).
+    // a prefix of the keys run as plain attention over that prefix (FwdParams::key_end). One with a
+    // row per query: its (batch, head) slices that are causal masks, alone or with right padding, run
+    // as causal attention over their key prefix (FwdParams::key_end_causal).
     at::Tensor key_rows;
-    if (key_length_candidate(p.mask, s, is_causal, dropout.enabled)) {
-      key_rows = find_key_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
+    const bool padding_form = key_length_candidate(p.mask, s, is_causal, dropout.enabled);
+    p.key_end_causal = !padding_form && causal_length_candidate(p.mask, s, is_causal, dropout.enabled);
+    if (padding_form || p.key_end_causal) {
+      key_rows = padding_form ? find_key_prefix_rows(p.mask, s, p.shape.element_type, q, stream)
+                              : find_causal_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
       const int64_t rows = s.batch * s.heads_q;
       p.key_end = key_rows.data_ptr<int>();
       p.masked_rows = p.key_end + rows;
       p.masked_row_count = p.key_end + 2 * rows;
+      p.key_end_causal_offset = static_cast<int>(mask_causal_offset(s));
     }
     // The counter of the causal schedule's dynamic tail (freed on this stream after the kernel), for
-    // the only launches that may use it: causal, without a mask or dropout.
+    // the only launches that may use it: causal without a mask or dropout, and the causal form's.
     at::Tensor tile_counter;
-    if (is_causal && !attn_mask.has_value() && !dropout.enabled) {
+    if ((is_causal && !attn_mask.has_value() && !dropout.enabled) || p.key_end_causal) {
       tile_counter = at::empty({1}, q.options().dtype(at::kInt));
       p.tile_counter = tile_counter.data_ptr<int>();
     }
@@ -204,6 +232,7 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
     }
   }
   p.key_end = p.masked_rows = p.masked_row_count = nullptr;  // the sm90 forward's alone
+  p.key_end_causal = false;
   set_mask(sm80::fwd_tile_shape(p.shape.head_dim));
   C10_CUDA_CHECK(sm80::run_fwd(p, stream));
 }
@@ -363,13 +392,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
       p.dmask = dmask->data_ptr();
     }
   }
-  // The key-length form (BwdParams::key_end) where every GQA group's query heads share their mask row
-  // (the mask is broadcast over heads, or there are no groups) and no mask gradient is written.
+  // The key-length form (BwdParams::key_end, padding or causal, as in the forward) where every GQA
+  // group's query heads share their mask row (the mask is broadcast over heads, or there are no groups)
+  // and no mask gradient is written.
   at::Tensor key_rows;
-  if (sm90 && attn_mask.has_value() && p.dmask == nullptr && key_length_candidate(p.mask, s, is_causal, p.dropout.enabled) &&
-      (p.mask.head_stride == 0 || s.heads_q == s.heads_kv)) {
-    key_rows = find_key_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
-    p.key_end = key_rows.data_ptr<int>();
+  if (sm90 && attn_mask.has_value() && p.dmask == nullptr && (p.mask.head_stride == 0 || s.heads_q == s.heads_kv)) {
+    if (key_length_candidate(p.mask, s, is_causal, p.dropout.enabled)) {
+      key_rows = find_key_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
+      p.key_end = key_rows.data_ptr<int>();
+    } else if (causal_length_candidate(p.mask, s, is_causal, p.dropout.enabled)) {
+      key_rows = find_causal_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
+      p.key_end = key_rows.data_ptr<int>();
+      p.key_end_causal = true;
+      p.key_end_causal_offset = static_cast<int>(mask_causal_offset(s));
+    }
   }
   if (sm90) {
     const cudaError_t err = sm90::run_bwd(p, stream);

@@ -92,6 +92,10 @@ struct FwdParams {
   const int* key_end = nullptr;
   const int* masked_rows = nullptr;
   const int* masked_row_count = nullptr;
+  // The causal form of key_end (a causal mask, alone or with right padding): the unmasked kernel runs
+  // the rows with key_end >= 0 with causal masking at this diagonal offset as well.
+  bool key_end_causal = false;
+  int key_end_causal_offset = 0;
   // One int32 of device memory the sm90 forward may use to hand out tiles (it zeroes it on the launch's
   // stream before use); nullptr: a static schedule only.
   int* tile_counter = nullptr;
@@ -138,8 +142,11 @@ struct BwdParams {
   DropoutParams dropout;  // the forward's: the keep-mask is regenerated, never stored
   // The key-length form of a padding mask (sm90 backward only, as FwdParams::key_end; nullptr: none),
   // equal over each GQA group's query heads: the masked kernel runs the (batch, kv head) groups whose
-  // key_end is -1, the unmasked kernel the others over their first key_end keys.
+  // key_end is -1, the unmasked kernel the others over their first key_end keys (causal at
+  // key_end_causal_offset as well with key_end_causal: the causal form, as in FwdParams).
   const int* key_end = nullptr;
+  bool key_end_causal = false;
+  int key_end_causal_offset = 0;
   // With an additive mask (sm80/saturated_rows.h): the preprocess reads the caller's dout from
   // dout_caller, scales the rows whose LSE is saturated, and writes all rows to `dout`, then a
   // [B, Lq, Hq, D] workspace. nullptr: `dout` is the caller's, read as is.

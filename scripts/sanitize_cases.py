@@ -61,7 +61,10 @@ class Case:
     # the backward writes); "prefix" (a (B, 1, 1, Lk) boolean padding mask keeping each sequence's first
     # keys: key-prefix tiles); "padding" (a (3, 1, 1, Lk) boolean padding mask whose rows keep all keys,
     # no key, and half the keys but one: the sm90 forward runs the first two in its unmasked kernel
-    # and the last in its masked kernel, each launch leaving the other's rows alone)
+    # and the last in its masked kernel, each launch leaving the other's rows alone); "causal_padding"
+    # (a (3, 1, Lq, Lk) boolean causal mask on the bottom-right diagonal (Lq <= Lk): alone, with right
+    # padding, and with a hole in one row: the sm90 kernels run the first two as causal attention over
+    # their key prefix and the last in their masked kernels)
     mask: str = "none"
     dropout_p: float = 0.0  # with a fixed rng_state, so the CPU and GPU keep-masks are the same
 
@@ -107,6 +110,8 @@ FULL_CASES = [
     _case(2, 97, 300, 2, 1, 64, BF16, "none", mask="prefix"),
     _case(2, 150, 300, 2, 2, 128, F16, "top_left", mask="prefix"),
     _case(3, 300, 300, 2, 2, 128, BF16, "none", mask="padding"),
+    _case(3, 300, 300, 2, 2, 128, BF16, "none", mask="causal_padding"),
+    _case(3, 129, 300, 2, 2, 64, F16, "none", mask="causal_padding"),
     # dropout: the keep-mask regenerated in the forward (both paths) and the backward
     _case(2, 97, 300, 2, 1, 64, BF16, "none", dropout_p=0.2),
     _case(1, 300, 97, 2, 2, 128, F16, "bottom_right", mask="float", dropout_p=0.5),
@@ -132,6 +137,7 @@ RACE_CASES = [
     _case(1, 150, 300, 2, 1, 128, BF16, "top_left", mask="float"),
     _case(2, 129, 300, 2, 1, 64, F16, "none", mask="prefix"),
     _case(3, 129, 300, 2, 1, 64, F16, "none", mask="padding"),
+    _case(3, 129, 300, 2, 2, 64, F16, "none", mask="causal_padding"),
     _case(1, 129, 300, 2, 1, 64, BF16, "none", dropout_p=0.2),
 ]
 
@@ -173,6 +179,11 @@ def _mask(case: Case, gen: torch.Generator, device):
     if case.mask == "padding":
         keep = torch.arange(lk) < torch.tensor([lk, 0, lk // 2]).reshape(3, 1, 1, 1)
         keep[2, ..., lk // 4] = False
+        return keep.to(device).expand(full)
+    if case.mask == "causal_padding":
+        queries, keys = torch.arange(lq).reshape(lq, 1), torch.arange(lk)
+        keep = (keys <= queries + lk - lq) & (keys < torch.tensor([lk, lk // 2, lk]).reshape(3, 1, 1, 1))
+        keep[2, :, lq // 2, 0] = False
         return keep.to(device).expand(full)
     keep = torch.rand(lq, lk, generator=gen) < 0.7
     # Whole 64 x 64 tiles excluded, so both kernels skip tiles.

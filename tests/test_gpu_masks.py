@@ -47,7 +47,12 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
     "padding_heads" ((B, 1, 1, Lk) and (B, H, 1, Lk) masks whose rows cycle through key prefixes of
     length 0, Lk, a random length and a whole number of 128-key blocks, which the sm90 forward runs as
     plain attention over the prefix, and rows that are no prefix: one with a hole in its prefix, one
-    that keeps the last key after its padding or, for float masks, carries a value other than 0 / -inf).
+    that keeps the last key after its padding or, for float masks, carries a value other than 0 / -inf),
+    "causal_rows" ((B, 1, Lq, Lk) causal masks on the diagonal the sm90 forward tests for, bottom-right
+    when Lq <= Lk, else top-left: batch entries cycle through causal alone, causal with right padding
+    at a random length, at length 0 and at a whole number of 128-key blocks, which that forward runs as
+    causal attention over the key prefix, and masks that are not of that form: causal with padding and
+    a hole in one row, causal with one row keeping a key past the diagonal).
     """
     full = (batch, heads_q, seqlen_q, seqlen_k)
     base_shape = {"qk": (seqlen_q, seqlen_k), "11qk": (1, 1, seqlen_q, seqlen_k), "b11k": (batch, 1, 1, seqlen_k),
@@ -55,7 +60,8 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
                   "causal": (seqlen_q, seqlen_k), "blocks": (1, 1, seqlen_q, seqlen_k),
                   "empty_rows": (batch, 1, seqlen_q, seqlen_k), "tiles": (1, 1, seqlen_q, seqlen_k),
                   "prefix": (batch, 1, 1, seqlen_k), "prefix_rows": (batch, 1, seqlen_q, seqlen_k),
-                  "padding_rows": (batch, 1, 1, seqlen_k), "padding_heads": (batch, heads_q, 1, seqlen_k)}[shape_name]
+                  "padding_rows": (batch, 1, 1, seqlen_k), "padding_heads": (batch, heads_q, 1, seqlen_k),
+                  "causal_rows": (batch, 1, seqlen_q, seqlen_k)}[shape_name]
     alloc = (base_shape[:-1] + (2 * seqlen_k,) if shape_name == "strided" else
              base_shape[:-1] + (seqlen_k + 2,) if shape_name == "offset" else base_shape)
     keep = torch.rand(alloc, device=device) < 0.7
@@ -84,6 +90,18 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
         keep = keys < lengths
         keep = keep & ~((padding_row_kind == 4) & (keys == lengths // 2))  # a hole (a row of length 1 loses it)
         keep = keep | ((padding_row_kind == 5) & (keys == seqlen_k - 1))  # a key after the padding
+    if shape_name == "causal_rows":
+        offset = seqlen_k - seqlen_q if seqlen_q <= seqlen_k else 0
+        kind_of = torch.arange(batch, device=device).reshape(batch, 1, 1, 1) % 6
+        lengths = torch.randint(1, seqlen_k + 1, (batch, 1, 1, 1), device=device)
+        lengths = torch.where((kind_of == 0) | (kind_of == 5), seqlen_k, lengths)
+        lengths = torch.where(kind_of == 2, 0, lengths)
+        lengths = torch.where(kind_of == 4, max(seqlen_k // 256, 1) * 128 if seqlen_k > 128 else seqlen_k, lengths)
+        queries = torch.arange(seqlen_q, device=device).reshape(seqlen_q, 1)
+        keys = torch.arange(seqlen_k, device=device)
+        keep = (keys <= queries + offset) & (keys < lengths)
+        keep = keep & ~((kind_of == 3) & (queries == seqlen_q // 2) & (keys == 0))  # a hole
+        keep = keep | ((kind_of == 5) & (queries == seqlen_q // 3) & (keys == seqlen_k - 1))  # past the diagonal
     if shape_name == "b11k":
         keep[..., 0] = True  # a padding mask keeps at least one key per sequence
     if shape_name == "empty_rows":
@@ -106,7 +124,7 @@ def make_mask_source(kind, shape_name, batch, heads_q, seqlen_q, seqlen_k, dtype
         mask = mask.masked_fill(~keep & (torch.rand(alloc, device=device) < 0.3), float("-inf"))
         if shape_name in ("causal", "blocks", "empty_rows", "tiles"):
             mask = mask.masked_fill(~keep, float("-inf"))
-        if shape_name in ("prefix", "prefix_rows", "padding_rows", "padding_heads"):
+        if shape_name in ("prefix", "prefix_rows", "padding_rows", "padding_heads", "causal_rows"):
             mask = torch.zeros_like(mask).masked_fill(~keep, float("-inf"))
         if padding_row_kind is not None:  # rows of kind 5 also carry a value other than 0 / -inf
             mask = mask.masked_fill((padding_row_kind == 5) & (torch.arange(seqlen_k, device=device) == 0), 0.5)
@@ -233,6 +251,23 @@ def test_padding_mask_rows(kind, mask_grad, shape_name, heads, head_dim, seqlens
     out, LSE and grads against the reference. (2100, 2100) at head dim 64 takes the forward's
     three-consumer tiles of long rows."""
     check_masked(6, seqlens[0], seqlens[1], heads[0], heads[1], head_dim, dtype, "none", kind, shape_name,
+                 mask_grad=mask_grad)
+
+
+@pytest.mark.parametrize("kind,mask_grad", [("bool", False), ("float", False), ("float", True)])
+@pytest.mark.parametrize("head_dim,seqlens,heads,dtype", [
+    (64, (97, 203), (4, 2), torch.bfloat16), (64, (2100, 2100), (2, 2), torch.float16),
+    (96, (300, 300), (4, 4), torch.bfloat16), (128, (203, 97), (4, 1), torch.float16),
+    (128, (1100, 1100), (2, 2), torch.bfloat16), (192, (1, 700), (2, 2), torch.bfloat16),
+    (256, (333, 517), (2, 1), torch.float16), (40, (200, 200), (2, 2), torch.bfloat16),
+])
+def test_causal_mask_rows(kind, mask_grad, head_dim, seqlens, heads, dtype):
+    """Causal masks, alone and with right padding (run by the sm90 forward as causal attention over the
+    key prefix in its unmasked kernel), beside masks of the same shape that are not of that form (run
+    by the masked kernel in a launch of its own), batch entries without keys among them: out, LSE and
+    grads against the reference. (2100, 2100) at head dim 64 takes the causal forward's long-row tiles;
+    (203, 97) the top-left diagonal, (1, 700) a single query (the padding form's case)."""
+    check_masked(6, seqlens[0], seqlens[1], heads[0], heads[1], head_dim, dtype, "none", kind, "causal_rows",
                  mask_grad=mask_grad)
 
 

@@ -39,6 +39,18 @@ cudaError_t find_key_prefix_rows(const MaskParams& mask, ElementType element_typ
                                  int seqlen_k, int* key_end, int* masked_rows, int* masked_count,
                                  cudaStream_t stream);
 
+// The causal form of a mask with a row per query (row stride != 0): for each batch x heads row r = b *
+// heads + h, key_end[r] = L when every query q of that (b, h) keeps exactly its first
+// clamp(min(q + causal_offset + 1, L), 0, seqlen_k) keys (True / 0.0, the rest False / -inf: causal
+// attention over the first L keys), else -1, and each row with -1 listed in masked_rows[0 ..
+// *masked_count). workspace holds causal_prefix_workspace_ints ints: [key_end: batch * heads,
+// masked_rows: batch * heads, masked_count: 1, per-slice statistics]; each distinct mask slice (strides
+// 0 on broadcast dims) is read once.
+int causal_prefix_workspace_ints(int batch, int heads, const MaskParams& mask);
+cudaError_t find_causal_prefix_rows(const MaskParams& mask, ElementType element_type, int batch, int heads,
+                                    int seqlen_q, int seqlen_k, int causal_offset, int* workspace,
+                                    cudaStream_t stream);
+
 // Writes the dropout keep-mask (common/dropout.h) of `dropout` into keep [batch_heads, seqlen_q,
 // seqlen_k] contiguous (row group b * heads + h), true where the probability is kept.
 cudaError_t write_dropout_keep_mask(const DropoutParams& dropout, int64_t batch_heads, int seqlen_q, int seqlen_k,

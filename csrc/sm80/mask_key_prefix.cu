@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "sm80/api.h"
-#include "sm80/ptx.h"
+#include "sm80/mask_elements.h"
 
 namespace flashattn {
 namespace sm80 {
@@ -24,23 +24,11 @@ __global__ void __launch_bounds__(kPrefixThreads) find_key_prefix_rows_kernel(co
                                                                              int* masked_rows, int* masked_count) {
   const int r = blockIdx.x;
   const int64_t first = static_cast<int64_t>(r / heads) * m.batch_stride + static_cast<int64_t>(r % heads) * m.head_stride;
-  const unsigned char* bytes = static_cast<const unsigned char*>(m.data);
-  const T* values = static_cast<const T*>(m.data);
-  const float* floats = static_cast<const float*>(m.data);
   // Whether some element is neither neutral nor excluded; the last neutral and the first excluded key.
   bool mixed = false;
   int last_neutral = -1, first_excluded = seqlen_k;
   for (int c = threadIdx.x; c < seqlen_k; c += kPrefixThreads) {
-    const int64_t offset = first + c * m.col_stride;
-    bool neutral, excluded;
-    if (m.kind == MaskKind::kBool) {
-      neutral = bytes[offset] != 0;
-      excluded = !neutral;
-    } else {
-      const float value = m.kind == MaskKind::kAdditiveFloat32 ? floats[offset] : ElementOps<T>::to_float(values[offset]);
-      neutral = value == 0.f;
-      excluded = value == -INFINITY;  // NaN is neither: it must reach the output through the masked kernel
-    }
+    const auto [neutral, excluded] = read_mask_element<T>(m, first + c * m.col_stride);
     mixed |= !neutral && !excluded;
     if (neutral) last_neutral = c;  // c increases: the thread's last one
     if (excluded) first_excluded = min(first_excluded, c);

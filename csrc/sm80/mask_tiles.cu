@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "sm80/api.h"
-#include "sm80/ptx.h"
+#include "sm80/mask_elements.h"
 
 namespace flashattn {
 namespace sm80 {
@@ -39,9 +39,6 @@ __global__ void __launch_bounds__(kClassifyThreads) classify_mask_tiles_kernel(c
   const int head = static_cast<int>(batch_head % heads);
   const int64_t batch = batch_head / heads;
   const int64_t first = batch * m.batch_stride + head * m.head_stride;  // element (batch, head, 0, 0)
-  const unsigned char* bytes = static_cast<const unsigned char*>(m.data);
-  const T* values = static_cast<const T*>(m.data);
-  const float* floats = static_cast<const float*>(m.data);
 
   const int q0 = query_tile * m.tile_q, k0 = key_tile * m.tile_k;
   const int rows = m.row_stride == 0 ? 1 : min(m.tile_q, seqlen_q - q0);
@@ -53,22 +50,25 @@ __global__ void __launch_bounds__(kClassifyThreads) classify_mask_tiles_kernel(c
   bool mixed = false;
   int last_neutral = -1, first_excluded = cols;
   // A thread stops once the tile is known to need its elements and not to be a key prefix.
-  for (int r = warp; r < rows && !(visible && not_neutral && (mixed || last_neutral > first_excluded));
-       r += kClassifyThreads / 32) {
+  auto settled = [&]() { return visible && not_neutral && (mixed || last_neutral > first_excluded); };
+  // A boolean tile of whole 16-byte row segments: 16 elements per load, thread t reading segments t,
+  // t + kClassifyThreads, ... in row-major order. Other tiles: one element per load.
+  const int segments = cols / kBoolVectorKeys;
+  const bool vector_rows = cols % kBoolVectorKeys == 0 && (rows == 1 || m.row_stride % 16 == 0) &&
+                           bool_vector_aligned(m, first + q0 * m.row_stride + k0);
+  for (int i = threadIdx.x; vector_rows && i < rows * segments && !settled(); i += kClassifyThreads) {
+    const int r = i / segments, c = i % segments * kBoolVectorKeys;
+    const uint32_t keep = bool_keep_bits16(m, first + (q0 + r) * m.row_stride + k0 + c);
+    visible |= keep != 0;
+    not_neutral |= keep != 0xffffu;
+    if (keep != 0) last_neutral = max(last_neutral, c + 31 - __clz(keep));
+    if (keep != 0xffffu) first_excluded = min(first_excluded, c + __ffs(~keep) - 1);
+  }
+  for (int r = warp; !vector_rows && r < rows && !settled(); r += kClassifyThreads / 32) {
     const int64_t row = first + (q0 + r) * m.row_stride + k0 * m.col_stride;
 #pragma unroll 4
     for (int c = lane; c < cols; c += 32) {
-      const int64_t offset = row + c * m.col_stride;
-      bool neutral, excluded;
-      if (m.kind == MaskKind::kBool) {
-        neutral = bytes[offset] != 0;
-        excluded = !neutral;
-      } else {
-        const float value =
-            m.kind == MaskKind::kAdditiveFloat32 ? floats[offset] : ElementOps<T>::to_float(values[offset]);
-        neutral = value == 0.f;
-        excluded = value == -INFINITY;  // NaN counts as visible: it must reach the output
-      }
+      const auto [neutral, excluded] = read_mask_element<T>(m, row + c * m.col_stride);
       visible |= !excluded;
       not_neutral |= !neutral;
       mixed |= !neutral && !excluded;

@@ -608,10 +608,15 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   if constexpr (kMasked) {
     if (p.key_end != nullptr) {  // the groups the masked kernel left, over their key prefixes
+      BwdParams key_rows = p;
+      if (p.key_end_causal) {  // causal attention over them
+        key_rows.shape.is_causal = true;
+        key_rows.shape.causal_offset = p.key_end_causal_offset;
+      }
       auto key_end_kernel = bwd_kernel<T, Cfg, false, false, true>;
       err = cudaFuncSetAttribute(key_end_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
       if (err != cudaSuccess) return err;
-      key_end_kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
+      key_end_kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, key_rows);
       err = cudaGetLastError();
       if (err != cudaSuccess) return err;
     }

@@ -62,10 +62,14 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const int width = tile_width(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
   const bool masked = p.mask.kind != MaskKind::kNone || p.dropout.enabled;  // the variant with both
-  // The key-length form of a padding mask: the masked variant runs the listed rows, then the unmasked
-  // one the others (disjoint rows of out and lse).
+  // The key-length form of a padding or causal mask: the masked variant runs the listed rows, then the
+  // unmasked one the others (disjoint rows of out and lse), causal in the causal form.
   FwdParams key_rows = p;
   key_rows.mask = MaskParams{};
+  if (p.key_end_causal) {
+    key_rows.shape.is_causal = true;
+    key_rows.shape.causal_offset = p.key_end_causal_offset;
+  }
 #define FLASHATTN_LAUNCH(D)                                                                                  \
   if (width == D) {                                                                                          \
     if (masked) {                                                                                            \
