@@ -3,7 +3,8 @@
 CUDNN_ATTENTION backends, each method's two timed in the same rotating rounds (bf16, B*N = 16k tokens,
 H*D = 2048, no mask, not causal). The ratio is p = 0.1 speed over p = 0 speed, per method.
 
-  python3 scripts/dev/dropout_anchors.py [--head-dims 64,128] [--seqlens 1024,4096] > table.md
+  python3 scripts/dev/dropout_anchors.py [--head-dims 64,128] [--seqlens 1024,4096] [--methods flashattn]
+      [--modes fwd] > table.md
 """
 import argparse
 import os
@@ -42,6 +43,8 @@ def main():
     parser.add_argument("--seqlens", default="1024,4096")
     parser.add_argument("--rep", type=float, default=60, help="ms of timed calls per method and round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--methods", default="flashattn,sdpa_flash,sdpa_cudnn")
+    parser.add_argument("--modes", default="fwd,fwdbwd")
     args = parser.parse_args()
     print("| method | mode | D | N | p=0 TFLOP/s | p=0.1 TFLOP/s | ratio |")
     print("|---|---|---|---|--:|--:|--:|")
@@ -64,7 +67,8 @@ def main():
             methods = {"flashattn": (ours, [q, k, v]),
                        "sdpa_flash": (lambda p: sdpa(SDPBackend.FLASH_ATTENTION, p), bhsd),
                        "sdpa_cudnn": (lambda p: sdpa(SDPBackend.CUDNN_ATTENTION, p), bhsd)}
-            for mode in ("fwd", "fwdbwd"):
+            methods = {name: methods[name] for name in args.methods.split(",")}
+            for mode in args.modes.split(","):
                 flop = 4 * batch * heads * seqlen * seqlen * head_dim * (1.0 if mode == "fwd" else 3.5)
                 for name, (make, leaves) in methods.items():
                     calls = {p: timed(make(p), leaves, mode) for p in (0.0, 0.1)}
