@@ -158,19 +158,16 @@ bool causal_length_candidate(const MaskParams& m, const CheckedShape& s, bool is
   return m.tile_class != nullptr && !is_causal && !dropout && m.row_stride != 0 && s.seqlen_q > 1;
 }
 
-// The diagonal a causal-shaped mask is tested against: bottom-right (query q sees keys up to q + Lk - Lq,
-// as a mask over a key cache is built) when Lq <= Lk, else top-left (torch.tril of an Lq x Lk matrix).
-int64_t mask_causal_offset(const CheckedShape& s) { return s.seqlen_q <= s.seqlen_k ? s.seqlen_k - s.seqlen_q : 0; }
-
 // The causal form of a mask m's key lengths: an int32 tensor laid out as sm80::find_causal_prefix_rows's
 // workspace ([key_end: B * Hq, masked_rows: B * Hq, masked_row_count: 1, ...]), computed on the stream.
 at::Tensor find_causal_prefix_rows(const MaskParams& m, const CheckedShape& s, ElementType element_type,
                                    const at::Tensor& like, cudaStream_t stream) {
   const int batch = static_cast<int>(s.batch), heads = static_cast<int>(s.heads_q);
   at::Tensor key_rows = at::empty({sm80::causal_prefix_workspace_ints(batch, heads, m)}, like.options().dtype(at::kInt));
-  C10_CUDA_CHECK(sm80::find_causal_prefix_rows(m, element_type, batch, heads, static_cast<int>(s.seqlen_q),
-                                               static_cast<int>(s.seqlen_k), static_cast<int>(mask_causal_offset(s)),
-                                               key_rows.data_ptr<int>(), stream));
+  const int seqlen_q = static_cast<int>(s.seqlen_q), seqlen_k = static_cast<int>(s.seqlen_k);
+  C10_CUDA_CHECK(sm80::find_causal_prefix_rows(m, element_type, batch, heads, seqlen_q, seqlen_k,
+                                               causal_form_offset(seqlen_q, seqlen_k), key_rows.data_ptr<int>(),
+                                               stream));
   return key_rows;
 }
 
@@ -216,7 +213,6 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
       p.key_end = key_rows.data_ptr<int>();
       p.masked_rows = p.key_end + rows;
       p.masked_row_count = p.key_end + 2 * rows;
-      p.key_end_causal_offset = static_cast<int>(mask_causal_offset(s));
     }
     // The counter of the causal schedule's dynamic tail (freed on this stream after the kernel), for
     // the only launches that may use it: causal without a mask or dropout, and the causal form's.
@@ -404,7 +400,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
       key_rows = find_causal_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
       p.key_end = key_rows.data_ptr<int>();
       p.key_end_causal = true;
-      p.key_end_causal_offset = static_cast<int>(mask_causal_offset(s));
     }
   }
   if (sm90) {

@@ -40,6 +40,21 @@ struct AttentionShape {
   bool rows_aligned_16;
 };
 
+// The diagonal a mask's causal form is tested on (sm80::find_causal_prefix_rows) and run at: bottom-right
+// (query q sees keys up to q + Lk - Lq, as a mask over a key cache is built) when Lq <= Lk, else top-left
+// (torch.tril of an Lq x Lk matrix).
+inline int causal_form_offset(int seqlen_q, int seqlen_k) { return seqlen_q <= seqlen_k ? seqlen_k - seqlen_q : 0; }
+
+// The shape the unmasked kernels run a key-length form's rows with: sh itself for the padding form, with
+// causal masking at causal_form_offset for the causal form.
+inline AttentionShape key_end_shape(AttentionShape sh, bool causal_form) {
+  if (causal_form) {
+    sh.is_causal = true;
+    sh.causal_offset = causal_form_offset(sh.seqlen_q, sh.seqlen_k);
+  }
+  return sh;
+}
+
 // An attention mask read in place through its strides (0 on broadcast dims): element (b, h, i, j) of
 // a [B, Hq, Lq, Lk] view, at data + b * batch_stride + h * head_stride + i * row_stride + j * col_stride.
 enum class MaskKind : int {
@@ -93,9 +108,8 @@ struct FwdParams {
   const int* masked_rows = nullptr;
   const int* masked_row_count = nullptr;
   // The causal form of key_end (a causal mask, alone or with right padding): the unmasked kernel runs
-  // the rows with key_end >= 0 with causal masking at this diagonal offset as well.
+  // the rows with key_end >= 0 with causal masking as well (key_end_shape).
   bool key_end_causal = false;
-  int key_end_causal_offset = 0;
   // One int32 of device memory the sm90 forward may use to hand out tiles (it zeroes it on the launch's
   // stream before use); nullptr: a static schedule only.
   int* tile_counter = nullptr;
@@ -142,11 +156,10 @@ struct BwdParams {
   DropoutParams dropout;  // the forward's: the keep-mask is regenerated, never stored
   // The key-length form of a padding mask (sm90 backward only, as FwdParams::key_end; nullptr: none),
   // equal over each GQA group's query heads: the masked kernel runs the (batch, kv head) groups whose
-  // key_end is -1, the unmasked kernel the others over their first key_end keys (causal at
-  // key_end_causal_offset as well with key_end_causal: the causal form, as in FwdParams).
+  // key_end is -1, the unmasked kernel the others over their first key_end keys (causal as well with
+  // key_end_causal: the causal form, as in FwdParams).
   const int* key_end = nullptr;
   bool key_end_causal = false;
-  int key_end_causal_offset = 0;
   // With an additive mask (sm80/saturated_rows.h): the preprocess reads the caller's dout from
   // dout_caller, scales the rows whose LSE is saturated, and writes all rows to `dout`, then a
   // [B, Lq, Hq, D] workspace. nullptr: `dout` is the caller's, read as is.

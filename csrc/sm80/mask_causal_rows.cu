@@ -105,20 +105,24 @@ __global__ void causal_rows_kernel(const int* stats, int batch, int heads_q, boo
   if (!causal) masked_rows[atomicAdd(masked_count, 1)] = static_cast<int>(r);
 }
 
+// The mask's distinct (batch, head) slices: one along a broadcast dim (stride 0).
+int distinct_slices(int batch, int heads, const MaskParams& m) {
+  return (m.batch_stride != 0 ? batch : 1) * (m.head_stride != 0 ? heads : 1);
+}
+
 }  // namespace
 
 int causal_prefix_workspace_ints(int batch, int heads, const MaskParams& m) {
-  const int slices = (m.batch_stride != 0 ? batch : 1) * (m.head_stride != 0 ? heads : 1);
-  return 2 * batch * heads + 1 + kSliceStats * slices;
+  return 2 * batch * heads + 1 + kSliceStats * distinct_slices(batch, heads, m);
 }
 
 cudaError_t find_causal_prefix_rows(const MaskParams& m, ElementType element_type, int batch, int heads, int seqlen_q,
                                     int seqlen_k, int causal_offset, int* workspace, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(batch) * heads;
   if (rows > 0x3fffffff || seqlen_k < 1 || seqlen_q < 1) return cudaErrorInvalidValue;
-  const bool per_batch = m.batch_stride != 0, per_head = m.head_stride != 0;
-  const int slice_heads = per_head ? heads : 1;
-  const int slices = (per_batch ? batch : 1) * slice_heads;
+  const bool per_batch = m.batch_stride != 0;
+  const int slice_heads = m.head_stride != 0 ? heads : 1;
+  const int slices = distinct_slices(batch, heads, m);
   int* key_end = workspace;
   int* masked_rows = key_end + rows;
   int* masked_count = masked_rows + rows;

@@ -609,10 +609,7 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   if constexpr (kMasked) {
     if (p.key_end != nullptr) {  // the groups the masked kernel left, over their key prefixes
       BwdParams key_rows = p;
-      if (p.key_end_causal) {  // causal attention over them
-        key_rows.shape.is_causal = true;
-        key_rows.shape.causal_offset = p.key_end_causal_offset;
-      }
+      key_rows.shape = key_end_shape(p.shape, p.key_end_causal);  // causal in the causal form
       auto key_end_kernel = bwd_kernel<T, Cfg, false, false, true>;
       err = cudaFuncSetAttribute(key_end_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
       if (err != cudaSuccess) return err;

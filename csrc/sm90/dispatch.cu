@@ -66,10 +66,7 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   // unmasked one the others (disjoint rows of out and lse), causal in the causal form.
   FwdParams key_rows = p;
   key_rows.mask = MaskParams{};
-  if (p.key_end_causal) {
-    key_rows.shape.is_causal = true;
-    key_rows.shape.causal_offset = p.key_end_causal_offset;
-  }
+  key_rows.shape = key_end_shape(p.shape, p.key_end_causal);
 #define FLASHATTN_LAUNCH(D)                                                                                  \
   if (width == D) {                                                                                          \
     if (masked) {                                                                                            \
