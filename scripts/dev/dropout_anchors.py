@@ -14,27 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from bench_masks import MODEL_DIM, TOKENS, run_mode  # noqa: E402
 from flashattn import ops  # noqa: E402
 from flashattn.benchmark import rotating_medians, time_ms  # noqa: E402
-
-TOKENS, MODEL_DIM = 16384, 2048
-
-
-def timed(fn, leaves, mode):
-    if mode == "fwd":
-        def call():
-            with torch.no_grad():
-                fn()
-        return call
-    dout = []
-
-    def call():
-        out = fn()
-        if not dout:
-            dout.append(torch.randn_like(out))
-        torch.autograd.grad(out, leaves, dout[0])
-    return call
 
 
 def main():
@@ -71,7 +56,7 @@ def main():
             for mode in args.modes.split(","):
                 flop = 4 * batch * heads * seqlen * seqlen * head_dim * (1.0 if mode == "fwd" else 3.5)
                 for name, (make, leaves) in methods.items():
-                    calls = {p: timed(make(p), leaves, mode) for p in (0.0, 0.1)}
+                    calls = {p: run_mode(make(p), leaves, mode) for p in (0.0, 0.1)}
                     status = {}
                     ms = rotating_medians(calls, lambda p: time_ms(calls[p], 10, args.rep, torch.device("cuda")),
                                           args.rounds, status)
