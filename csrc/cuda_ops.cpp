@@ -87,9 +87,11 @@ DropoutParams make_dropout(double dropout_p, const std::optional<at::Tensor>& rn
 
 // MaskParams for `mask` ([B, Hq, Lq, Lk], checked), with tile classes on the kernel's `tile` grid when
 // `classify` is set: they are computed here into `classes`, which must outlive the launch (the
-// caching allocator keeps its memory for the stream's later work even after it is freed).
+// caching allocator keeps its memory for the stream's later work even after it is freed). With
+// causal_stats (find_causal_prefix_rows's, on the stream already), the slices of the causal form are
+// left unclassified: no masked kernel reads them.
 MaskParams make_mask(const at::Tensor& mask, const CheckedShape& s, ElementType element_type, sm80::TileShape tile,
-                     bool classify, at::Tensor& classes, cudaStream_t stream) {
+                     bool classify, at::Tensor& classes, cudaStream_t stream, const int* causal_stats = nullptr) {
   // CUDA inputs are 16-bit, so a float32 mask is never of q's own type.
   MaskParams m;
   m.kind = mask.scalar_type() == at::kBool    ? MaskKind::kBool
@@ -114,7 +116,7 @@ MaskParams make_mask(const at::Tensor& mask, const CheckedShape& s, ElementType 
   // [0]: the classes, [1]: the key counts of key-prefix tiles.
   classes = at::empty({2, batches, heads, tiles_q, m.class_row_stride}, mask.options().dtype(at::kByte));
   C10_CUDA_CHECK(sm80::classify_mask_tiles(m, element_type, static_cast<int>(batches), static_cast<int>(heads),
-                                           static_cast<int>(s.seqlen_q), static_cast<int>(s.seqlen_k),
+                                           static_cast<int>(s.seqlen_q), static_cast<int>(s.seqlen_k), causal_stats,
                                            classes[0].data_ptr<unsigned char>(),
                                            classes[1].data_ptr<unsigned char>(), stream));
   m.tile_class = classes[0].data_ptr<unsigned char>();
@@ -146,20 +148,22 @@ at::Tensor find_key_prefix_rows(const MaskParams& m, const CheckedShape& s, Elem
   return key_rows;
 }
 
-// Whether a mask is a candidate for its key-length form: classified, and its rows broadcast over the
-// queries. Causal masking and dropout keep the masked kernels.
-bool key_length_candidate(const MaskParams& m, const CheckedShape& s, bool is_causal, bool dropout) {
-  return m.tile_class != nullptr && !is_causal && !dropout && (m.row_stride == 0 || s.seqlen_q == 1);
+// Whether a mask is a candidate for its key-length form: one worth classifying (classified), and its
+// rows broadcast over the queries. Causal masking and dropout keep the masked kernels.
+bool key_length_candidate(const MaskParams& m, const CheckedShape& s, bool classified, bool is_causal, bool dropout) {
+  return classified && !is_causal && !dropout && (m.row_stride == 0 || s.seqlen_q == 1);
 }
 
 // Whether a mask is a candidate for the causal form of its key lengths (sm80::find_causal_prefix_rows):
 // classified, with a row per query, and no causal masking or dropout of the call's own.
-bool causal_length_candidate(const MaskParams& m, const CheckedShape& s, bool is_causal, bool dropout) {
-  return m.tile_class != nullptr && !is_causal && !dropout && m.row_stride != 0 && s.seqlen_q > 1;
+bool causal_length_candidate(const MaskParams& m, const CheckedShape& s, bool classified, bool is_causal,
+                             bool dropout) {
+  return classified && !is_causal && !dropout && m.row_stride != 0 && s.seqlen_q > 1;
 }
 
 // The causal form of a mask m's key lengths: an int32 tensor laid out as sm80::find_causal_prefix_rows's
-// workspace ([key_end: B * Hq, masked_rows: B * Hq, masked_row_count: 1, ...]), computed on the stream.
+// workspace ([key_end: B * Hq, masked_rows: B * Hq, masked_row_count: 1, per-slice statistics]),
+// computed on the stream. m needs no classes.
 at::Tensor find_causal_prefix_rows(const MaskParams& m, const CheckedShape& s, ElementType element_type,
                                    const at::Tensor& like, cudaStream_t stream) {
   const int batch = static_cast<int>(s.batch), heads = static_cast<int>(s.heads_q);
@@ -169,6 +173,11 @@ at::Tensor find_causal_prefix_rows(const MaskParams& m, const CheckedShape& s, E
                                                causal_form_offset(seqlen_q, seqlen_k), key_rows.data_ptr<int>(),
                                                stream));
   return key_rows;
+}
+
+// Where the per-slice statistics lie in find_causal_prefix_rows's tensor.
+const int* causal_stats_of(const at::Tensor& key_rows, const CheckedShape& s) {
+  return key_rows.data_ptr<int>() + sm80::causal_prefix_stats_offset(static_cast<int>(s.batch), static_cast<int>(s.heads_q));
 }
 
 // One forward pass of q over k and v (some key range of the caller's) into out and lse.
@@ -191,24 +200,27 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   at::Tensor classes;
   // A mask's tile classes are computed on the grid of the kernel that reads them.
-  auto set_mask = [&](sm80::TileShape tile) {
+  const bool classified = attn_mask.has_value() && worth_classifying(*attn_mask, s);
+  auto set_mask = [&](sm80::TileShape tile, const int* causal_stats) {
     if (attn_mask.has_value()) {
-      p.mask = make_mask(*attn_mask, s, p.shape.element_type, tile, worth_classifying(*attn_mask, s), classes, stream);
+      p.mask = make_mask(*attn_mask, s, p.shape.element_type, tile, classified, classes, stream, causal_stats);
     }
   };
   if (use_sm90_fwd(q, p)) {
     const sm90::TileShape tile = sm90::fwd_tile_shape(p.shape.head_dim);
-    set_mask({tile.queries, tile.keys});
     // A classified mask whose rows are broadcast over the queries (a padding mask): its rows that keep
     // a prefix of the keys run as plain attention over that prefix (FwdParams::key_end). One with a
     // row per query: its (batch, head) slices that are causal masks, alone or with right padding, run
-    // as causal attention over their key prefix (FwdParams::key_end_causal).
+    // as causal attention over their key prefix (FwdParams::key_end_causal); those are found first,
+    // from the mask's strides alone, so that the classes prepass can leave them out.
     at::Tensor key_rows;
-    const bool padding_form = key_length_candidate(p.mask, s, is_causal, dropout.enabled);
-    p.key_end_causal = !padding_form && causal_length_candidate(p.mask, s, is_causal, dropout.enabled);
+    if (attn_mask.has_value()) set_mask({0, 0}, nullptr);  // strides only
+    const bool padding_form = key_length_candidate(p.mask, s, classified, is_causal, dropout.enabled);
+    p.key_end_causal = !padding_form && causal_length_candidate(p.mask, s, classified, is_causal, dropout.enabled);
+    if (p.key_end_causal) key_rows = find_causal_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
+    set_mask({tile.queries, tile.keys}, p.key_end_causal ? causal_stats_of(key_rows, s) : nullptr);
+    if (padding_form) key_rows = find_key_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
     if (padding_form || p.key_end_causal) {
-      key_rows = padding_form ? find_key_prefix_rows(p.mask, s, p.shape.element_type, q, stream)
-                              : find_causal_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
       const int64_t rows = s.batch * s.heads_q;
       p.key_end = key_rows.data_ptr<int>();
       p.masked_rows = p.key_end + rows;
@@ -229,7 +241,7 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   }
   p.key_end = p.masked_rows = p.masked_row_count = nullptr;  // the sm90 forward's alone
   p.key_end_causal = false;
-  set_mask(sm80::fwd_tile_shape(p.shape.head_dim));
+  set_mask(sm80::fwd_tile_shape(p.shape.head_dim), nullptr);
   C10_CUDA_CHECK(sm80::run_fwd(p, stream));
 }
 
@@ -374,33 +386,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   // A mask or dropout needs the masked variant, which the sm90 path has at some head dims only.
   const bool sm90 = use_sm90_bwd(q, p) && ((!attn_mask.has_value() && !p.dropout.enabled) ||
                                           sm90::bwd_masked_supported(p.shape.head_dim));
-  at::Tensor classes;
+  at::Tensor classes, key_rows;
   if (attn_mask.has_value()) {
     // Tile classes on the grid of the kernel that reads them. Deterministic mode needs every key block
     // to take its dq turn at every query block: no skipping.
     const sm90::TileShape sm90_tile = sm90::bwd_tile_shape();
     const sm80::TileShape tile = sm90 ? sm80::TileShape{sm90_tile.queries, sm90_tile.keys}
                                       : sm80::bwd_tile_shape(p.shape.head_dim);
-    p.mask = make_mask(*attn_mask, s, p.shape.element_type, tile, !deterministic && worth_classifying(*attn_mask, s),
-                       classes, stream);
+    const bool classified = !deterministic && worth_classifying(*attn_mask, s);
+    p.mask = make_mask(*attn_mask, s, p.shape.element_type, tile, false, classes, stream);  // strides only
     if (dmask.has_value()) {
       dmask->zero_();  // tiles the kernel skips have a zero gradient
       p.dmask = dmask->data_ptr();
     }
-  }
-  // The key-length form (BwdParams::key_end, padding or causal, as in the forward) where every GQA
-  // group's query heads share their mask row (the mask is broadcast over heads, or there are no groups)
-  // and no mask gradient is written.
-  at::Tensor key_rows;
-  if (sm90 && attn_mask.has_value() && p.dmask == nullptr && (p.mask.head_stride == 0 || s.heads_q == s.heads_kv)) {
-    if (key_length_candidate(p.mask, s, is_causal, p.dropout.enabled)) {
-      key_rows = find_key_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
-      p.key_end = key_rows.data_ptr<int>();
-    } else if (causal_length_candidate(p.mask, s, is_causal, p.dropout.enabled)) {
-      key_rows = find_causal_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
-      p.key_end = key_rows.data_ptr<int>();
-      p.key_end_causal = true;
+    // The key-length form (BwdParams::key_end, padding or causal, as in the forward) where every GQA
+    // group's query heads share their mask row (the mask is broadcast over heads, or there are no
+    // groups) and no mask gradient is written. The causal form's slices are left out of the classes.
+    if (sm90 && p.dmask == nullptr && (p.mask.head_stride == 0 || s.heads_q == s.heads_kv)) {
+      if (key_length_candidate(p.mask, s, classified, is_causal, p.dropout.enabled)) {
+        key_rows = find_key_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
+        p.key_end = key_rows.data_ptr<int>();
+      } else if (causal_length_candidate(p.mask, s, classified, is_causal, p.dropout.enabled)) {
+        key_rows = find_causal_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
+        p.key_end = key_rows.data_ptr<int>();
+        p.key_end_causal = true;
+      }
     }
+    p.mask = make_mask(*attn_mask, s, p.shape.element_type, tile, classified, classes, stream,
+                       p.key_end_causal ? causal_stats_of(key_rows, s) : nullptr);
   }
   if (sm90) {
     const cudaError_t err = sm90::run_bwd(p, stream);

@@ -25,10 +25,12 @@ TileShape bwd_tile_shape(int head_dim);
 // mask.class_row_stride must be set) into out [batches, heads, ceil(seqlen_q / tile_q), class_row_stride]
 // contiguous, zeros past tiles_k, for batches x heads distinct (batch, head) slices of the mask (1 along
 // a broadcast dim), and the kept key count of each key-prefix tile (0 for the others) into
-// out_key_count, indexed alike. mask.tile_class and mask.tile_key_count are not read.
+// out_key_count, indexed alike. mask.tile_class and mask.tile_key_count are not read. causal_stats
+// (nullptr: none): find_causal_prefix_rows's per-slice statistics for the same slices, already computed
+// on the stream; the slices they give the causal form are left as zeros (the masked kernels skip them).
 cudaError_t classify_mask_tiles(const MaskParams& mask, ElementType element_type, int batches, int heads,
-                                int seqlen_q, int seqlen_k, unsigned char* out, unsigned char* out_key_count,
-                                cudaStream_t stream);
+                                int seqlen_q, int seqlen_k, const int* causal_stats, unsigned char* out,
+                                unsigned char* out_key_count, cudaStream_t stream);
 
 // For each of the batch x heads rows r = b * heads + h of a mask whose rows are broadcast over the
 // queries (the query-0 row of (b, h) is read through mask's strides, 0 on broadcast dims): key_end[r] =
@@ -44,9 +46,11 @@ cudaError_t find_key_prefix_rows(const MaskParams& mask, ElementType element_typ
 // clamp(min(q + causal_offset + 1, L), 0, seqlen_k) keys (True / 0.0, the rest False / -inf: causal
 // attention over the first L keys), else -1, and each row with -1 listed in masked_rows[0 ..
 // *masked_count). workspace holds causal_prefix_workspace_ints ints: [key_end: batch * heads,
-// masked_rows: batch * heads, masked_count: 1, per-slice statistics]; each distinct mask slice (strides
+// masked_rows: batch * heads, masked_count: 1, per-slice statistics from causal_prefix_stats_offset on]; each
+// distinct mask slice (strides
 // 0 on broadcast dims) is read once.
 int causal_prefix_workspace_ints(int batch, int heads, const MaskParams& mask);
+inline int causal_prefix_stats_offset(int batch, int heads) { return 2 * batch * heads + 1; }
 cudaError_t find_causal_prefix_rows(const MaskParams& mask, ElementType element_type, int batch, int heads,
                                     int seqlen_q, int seqlen_k, int causal_offset, int* workspace,
                                     cudaStream_t stream);

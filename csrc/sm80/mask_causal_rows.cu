@@ -17,6 +17,7 @@
 #include <algorithm>
 
 #include "sm80/api.h"
+#include "sm80/causal_slices.h"
 #include "sm80/mask_elements.h"
 
 namespace flashattn {
@@ -27,8 +28,6 @@ constexpr int kRowWarps = 8;
 constexpr int kKeysPerStep = 128;  // per warp and step: 4 elements per lane
 constexpr int kMaxCtas = 4096;     // the first pass loops over query rows beyond this many CTAs
 
-// Per distinct slice, 4 ints zeroed before the first pass; "+ 1" and "Lk -" make 0 mean "no row yet".
-enum SliceStat { kFailed = 0, kFullMaxPlus1 = 1, kLkMinusCutMin = 2, kCutMaxPlus1 = 3, kSliceStats = 4 };
 
 // Slice s = b * heads + h of the distinct slices (strides are 0 on broadcast dims).
 template <typename T>
@@ -96,13 +95,10 @@ __global__ void causal_rows_kernel(const int* stats, int batch, int heads_q, boo
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= static_cast<int64_t>(batch) * heads_q) return;
   const int b = static_cast<int>(r / heads_q), h = static_cast<int>(r % heads_q);
-  const int* st = stats + kSliceStats * ((per_batch ? b : 0) * slice_heads + (slice_heads > 1 ? h : 0));
-  const bool cut = st[kCutMaxPlus1] > 0;
-  const int length = cut ? st[kCutMaxPlus1] - 1 : seqlen_k;  // L
-  const bool causal = st[kFailed] == 0 && (!cut || seqlen_k - st[kLkMinusCutMin] == length) &&
-                      st[kFullMaxPlus1] - 1 <= length;
-  key_end[r] = causal ? length : -1;
-  if (!causal) masked_rows[atomicAdd(masked_count, 1)] = static_cast<int>(r);
+  const int key_end_of_slice = causal_slice_key_end(
+      stats + kSliceStats * ((per_batch ? b : 0) * slice_heads + (slice_heads > 1 ? h : 0)), seqlen_k);
+  key_end[r] = key_end_of_slice;
+  if (key_end_of_slice < 0) masked_rows[atomicAdd(masked_count, 1)] = static_cast<int>(r);
 }
 
 // The mask's distinct (batch, head) slices: one along a broadcast dim (stride 0).
@@ -126,7 +122,7 @@ cudaError_t find_causal_prefix_rows(const MaskParams& m, ElementType element_typ
   int* key_end = workspace;
   int* masked_rows = key_end + rows;
   int* masked_count = masked_rows + rows;
-  int* stats = masked_count + 1;
+  int* stats = workspace + causal_prefix_stats_offset(batch, heads);
   cudaError_t err = cudaMemsetAsync(masked_count, 0, sizeof(int) * (1 + kSliceStats * slices), stream);
   if (err != cudaSuccess || rows == 0) return err;
   const int row_groups = (seqlen_q + kRowWarps - 1) / kRowWarps;

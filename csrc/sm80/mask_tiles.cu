@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "sm80/api.h"
+#include "sm80/causal_slices.h"
 #include "sm80/mask_elements.h"
 
 namespace flashattn {
@@ -26,7 +27,8 @@ constexpr int kClassifyThreads = 256;
 template <typename T>
 __global__ void __launch_bounds__(kClassifyThreads) classify_mask_tiles_kernel(const MaskParams m, int heads,
                                                                                int seqlen_q, int seqlen_k,
-                                                                               int tiles_q, unsigned char* out,
+                                                                               int tiles_q, const int* causal_stats,
+                                                                               unsigned char* out,
                                                                                unsigned char* out_key_count) {
   const int64_t tile = blockIdx.x;
   const int key_tile = static_cast<int>(tile % m.class_row_stride);
@@ -36,6 +38,12 @@ __global__ void __launch_bounds__(kClassifyThreads) classify_mask_tiles_kernel(c
   }
   const int query_tile = static_cast<int>((tile / m.class_row_stride) % tiles_q);
   const int64_t batch_head = tile / m.class_row_stride / tiles_q;
+  // A slice that runs as causal attention over a key prefix (find_causal_prefix_rows) is never read
+  // by a masked kernel: its classes stay 0 unread.
+  if (causal_stats != nullptr && causal_slice_key_end(causal_stats + kSliceStats * batch_head, seqlen_k) >= 0) {
+    if (threadIdx.x == 0) out[tile] = out_key_count[tile] = 0;
+    return;
+  }
   const int head = static_cast<int>(batch_head % heads);
   const int64_t batch = batch_head / heads;
   const int64_t first = batch * m.batch_stride + head * m.head_stride;  // element (batch, head, 0, 0)
@@ -101,8 +109,8 @@ __global__ void __launch_bounds__(kClassifyThreads) classify_mask_tiles_kernel(c
 }  // namespace
 
 cudaError_t classify_mask_tiles(const MaskParams& m, ElementType element_type, int batches, int heads,
-                                int seqlen_q, int seqlen_k, unsigned char* out, unsigned char* out_key_count,
-                                cudaStream_t stream) {
+                                int seqlen_q, int seqlen_k, const int* causal_stats, unsigned char* out,
+                                unsigned char* out_key_count, cudaStream_t stream) {
   const int tiles_q = (seqlen_q + m.tile_q - 1) / m.tile_q;
   const int64_t tiles = static_cast<int64_t>(batches) * heads * tiles_q * m.class_row_stride;
   if (tiles == 0) return cudaSuccess;
@@ -112,10 +120,11 @@ cudaError_t classify_mask_tiles(const MaskParams& m, ElementType element_type, i
   }
   const unsigned grid = static_cast<unsigned>(tiles);
   if (m.kind == MaskKind::kBool || element_type == ElementType::kFloat16) {
-    classify_mask_tiles_kernel<__half><<<grid, kClassifyThreads, 0, stream>>>(m, heads, seqlen_q, seqlen_k, tiles_q, out, out_key_count);
+    classify_mask_tiles_kernel<__half><<<grid, kClassifyThreads, 0, stream>>>(m, heads, seqlen_q, seqlen_k, tiles_q,
+                                                                          causal_stats, out, out_key_count);
   } else {
     classify_mask_tiles_kernel<__nv_bfloat16>
-        <<<grid, kClassifyThreads, 0, stream>>>(m, heads, seqlen_q, seqlen_k, tiles_q, out, out_key_count);
+        <<<grid, kClassifyThreads, 0, stream>>>(m, heads, seqlen_q, seqlen_k, tiles_q, causal_stats, out, out_key_count);
   }
   return cudaGetLastError();
 }
