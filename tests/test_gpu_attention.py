@@ -42,9 +42,16 @@ def _dtype_id(dtype):
     return {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
 
 
-def run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal_mode, layout="contiguous"):
+def run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal_mode, layout="contiguous",
+             key_ramp=0.0):
+    """key_ramp: scores gain key_ramp * j / seqlen_k (in base-2 units, query-independent) at key j."""
     is_causal, bottom_right = CAUSAL_MODES[causal_mode]
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda", layout)
+    if key_ramp:
+        # Feature 0 carries the ramp: q's is 4 everywhere, k's grows along the keys.
+        ramp = torch.linspace(0, key_ramp, seqlen_k, device="cuda") * math.log(2) * math.sqrt(head_dim) / 4
+        q[..., 0] = 4
+        k[..., 0] = ramp[None, :, None].to(dtype)
     q.requires_grad_()
     k.requires_grad_()
     v.requires_grad_()
@@ -136,6 +143,17 @@ def test_empty_inputs(dtype, shape):
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     for g in (dq, dk, dv):
         assert torch.equal(g, torch.zeros_like(g))
+
+
+# Rows whose max keeps growing along the keys: by about 3 (base 2) per 128-key block, so the running
+# max is passed by less than a factor 2^8 over a few blocks before it moves, and by about 24 per block,
+# so it moves every block; falling scores leave it at the first block's.
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("key_ramp", [24.0, 192.0, -64.0])
+@pytest.mark.parametrize("causal_mode", ["none", "top_left"])
+def test_running_max_growing_along_keys(dtype, head_dim, key_ramp, causal_mode):
+    run_case(2, 1025, 1025, 4, 2, head_dim, dtype, causal_mode, key_ramp=key_ramp)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -700,17 +700,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           mbar_arrive(&bars.k_empty[stage]);
           if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
         }
+        bool moved;
         if constexpr (kPlain) {
-          softmax.update(s, sh.scale_log2, correction);
+          moved = softmax.update(s, sh.scale_log2, correction);
         } else {
-          softmax.update(s, apply_masks(block, block_needs, block_key_end), correction);
+          moved = softmax.update(s, apply_masks(block, block_needs, block_key_end), correction);
           apply_dropout(block);
         }
         wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
         fence_registers(o);
         fence_registers(prob);
         if (warp_leader) mbar_arrive(&bars.v_empty[prev]);
-        rescale_rows(o, correction);
+        // Warp-uniform, so that the common case (no row of the warp moved its base) skips the multiplies.
+        if (__any_sync(0xffffffff, moved)) rescale_rows(o, correction);
         accumulator_to_a<T, kBlockN>(prob, s);
       };
       for (; next < t.num_n_blocks; ++n) {

@@ -14,18 +14,25 @@
 namespace flashattn {
 namespace sm90 {
 
-// Running max (in base-2 units: scores times their scale) and partial sum (this thread's columns only)
-// of this thread's two rows.
+// The base each of this thread's two rows subtracts before exp2 (its running max, in base-2 units:
+// scores times their scale, possibly stale, see update) and partial sum (this thread's columns only).
 template <int kBlockN>
 struct OnlineSoftmax {
+  // A row's base moves only when a block's max exceeds it by more than this (base-2 units), so after
+  // its first blocks a row seldom needs its O accumulators rescaled. Probabilities then reach at most
+  // 2^kRebaseAbove: the float sums and O, and P in bf16 or fp16, hold them with the same relative
+  // rounding as values near 1, and the output and the LSE use the same base, so they are unchanged.
+  static constexpr float kRebaseAbove = 8.f;
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
 
-  // Turns scores into exp2(s * scale - max) in place (one FFMA and one EX2 per score; the scale must be
-  // positive: scale * log2 e for raw scores, 1 for scores already in base-2 units) and returns the
-  // factor the older O rows must be scaled by. Since a positive scale keeps the order of the scores,
-  // the max of s * scale is (the max of s) * scale: one multiply per row.
-  __device__ __forceinline__ void update(float (&s)[kBlockN / 2], float scale, float (&correction)[2]) {
+  // Turns scores into exp2(s * scale - base) in place (one FFMA and one EX2 per score; the scale must be
+  // positive: scale * log2 e for raw scores, 1 for scores already in base-2 units) and sets the factor
+  // the older O rows must be scaled by. Since a positive scale keeps the order of the scores, the max
+  // of s * scale is (the max of s) * scale: one multiply per row. Returns whether a row's base moved
+  // (otherwise both factors are 1 and O may be left alone).
+  __device__ __forceinline__ bool update(float (&s)[kBlockN / 2], float scale, float (&correction)[2]) {
+    bool moved = false;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float block_max = -INFINITY;
@@ -35,11 +42,14 @@ struct OnlineSoftmax {
       }
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffff, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffff, block_max, 2));
-      const float new_max = fmaxf(row_max[half], block_max * scale);
-      // A row that has seen no key yet keeps max -inf; subtracting 0 then keeps its exp2 at 0.
-      const float base = new_max == -INFINITY ? 0.f : new_max;
-      correction[half] = exp2f(row_max[half] - base);
-      row_max[half] = new_max;
+      const float candidate = block_max * scale;
+      // -inf + kRebaseAbove is -inf: a row's first block with a visible key always moves it.
+      const bool moves = candidate > row_max[half] + kRebaseAbove;
+      correction[half] = moves ? exp2f(row_max[half] - candidate) : 1.f;
+      if (moves) row_max[half] = candidate;
+      moved |= moves;
+      // A row that has seen no key yet keeps base -inf; subtracting 0 then keeps its exp2 at 0.
+      const float base = row_max[half] == -INFINITY ? 0.f : row_max[half];
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
@@ -52,6 +62,7 @@ struct OnlineSoftmax {
       }
       row_sum[half] = row_sum[half] * correction[half] + sum;
     }
+    return moved;
   }
 };
 
