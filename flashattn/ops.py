@@ -41,8 +41,9 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     ``dropout_p == 0``). ``heads`` counts query heads. For tests and debugging: it is quadratic in memory.
 
 This module adds what the Python side of the dispatcher needs: fake (meta) kernels so the ops can be
-traced by ``torch.compile`` and ``torch.export``, and an autograd formula for ``fwd`` that calls ``bwd``
-(with ``deterministic=False``; dropout_p and rng_state travel from the forward to the backward).
+traced by ``torch.compile`` and ``torch.export``, and an autograd kernel for ``fwd`` whose backward calls
+``bwd`` (with ``deterministic=False``; dropout_p and rng_state travel from the forward to the backward),
+registered as ``torch.library.register_autograd`` would register it.
 :func:`attention` is ``fwd`` with autograd that can ask for the deterministic backward instead and that
 draws an ``rng_state`` for dropout; :func:`draw_rng_state` and :func:`dropout_keep_mask` are the
 dropout helpers.
@@ -232,13 +233,42 @@ def _input_grads(ctx, grad_out, deterministic):
     return dq, dk, dv, dmask
 
 
-def _fwd_backward(ctx, grad_out, grad_lse):
-    # grad_lse is ignored: lse is marked non-differentiable.
-    dq, dk, dv, dmask = _input_grads(ctx, grad_out, False)
-    return dq, dk, dv, None, None, None, dmask, None, None
+class _FwdAutograd(torch.autograd.Function):
+    """fwd's autograd formula: the forward below the autograd key, the backward through ``bwd``. The
+    dispatch key set travels last, so ctx.needs_input_grad keeps fwd's argument positions."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, keyset):
+        with torch._C._AutoDispatchBelowAutograd():
+            output = fwd.redispatch(keyset & torch._C._after_autograd_keyset, q, k, v, scale, is_causal,
+                                    causal_bottom_right, attn_mask, dropout_p, rng_state)
+        _fwd_setup_context(ctx, (q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state),
+                           output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        # grad_lse is ignored: lse is marked non-differentiable.
+        dq, dk, dv, dmask = _input_grads(ctx, grad_out, False)
+        return dq, dk, dv, None, None, None, dmask, None, None, None
 
 
-torch.library.register_autograd("flashattn::fwd", _fwd_backward, setup_context=_fwd_setup_context)
+def _fwd_autograd_kernel(keyset, q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0,
+                         rng_state=None):
+    # What torch.library.register_autograd registers, without its generic wrapper, which rebuilds the
+    # op's defaulted arguments from the schema on every call (tens of microseconds of host time per
+    # forward in grad mode). The dispatcher leaves out arguments equal to their defaults.
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                    (attn_mask is not None and attn_mask.requires_grad)):
+        return _FwdAutograd.apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state,
+                                  keyset)
+    with torch._C._AutoDispatchBelowAutograd():
+        return fwd.redispatch(keyset & torch._C._after_autograd_keyset, q, k, v, scale, is_causal,
+                              causal_bottom_right, attn_mask, dropout_p, rng_state)
+
+
+_autograd_library = torch.library.Library("flashattn", "IMPL")  # kept alive: dropping it unregisters
+_autograd_library.impl("fwd", _fwd_autograd_kernel, "Autograd", with_keyset=True)
 
 
 class _FwdWithDeterministicBwd(torch.autograd.Function):
