@@ -206,8 +206,9 @@ def scaled_dot_product_attention(
     batch = 1
     for size in lead_shape:
         batch *= size
-    q, k, v = (t.reshape((batch,) + tuple(t.shape[-3:])) for t in (query, key, value))  # (N, H, L, E)
-    q, k, v = (_contiguous_last_dim(t.transpose(1, 2)) for t in (q, k, v))  # (N, L, H, E) views
+    if ndim != 4:  # (4-dim inputs are (N, H, L, E) already; a reshape costs host time even as a view)
+        query, key, value = (t.reshape((batch,) + tuple(t.shape[-3:])) for t in (query, key, value))  # (N, H, L, E)
+    q, k, v = (_contiguous_last_dim(t.transpose(1, 2)) for t in (query, key, value))  # (N, L, H, E) views
     mask = None
     if attn_mask is not None:
         mask = _mask_for_kernels(attn_mask, lead_shape, batch, q.size(2), q.size(1), k.size(1))  # (N, Hq, L, S)
@@ -217,7 +218,8 @@ def scaled_dot_product_attention(
     out, _ = ops.attention(q, k, v, float(scale), bool(is_causal), False, deterministic, mask,
                            float(dropout_p))  # (N, L, Hq, E)
     out = out.transpose(1, 2)  # (N, Hq, L, E)
-    out = out.reshape(lead_shape + tuple(out.shape[1:]))
+    if ndim != 4:
+        out = out.reshape(lead_shape + tuple(out.shape[1:]))
     if ndim == 2:
         out = out.squeeze(0)
     return out
