@@ -7,20 +7,13 @@ its instructions take, not only on their count; this shows whether two kernels r
   python3 scripts/dev/clock_power.py [--configs 128:4096:0,64:512:1] [--seconds 3]
 """
 import argparse
-import os
 import statistics
 import subprocess
-import sys
 import time
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-import flashattn  # noqa: E402
-
-TOKENS, MODEL_DIM = 16384, 2048
+from forward_pair import forward_pairs
 QUERY = "clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
 
 
@@ -60,22 +53,9 @@ def main():
     args = parser.parse_args()
     print("| D | N | causal | impl | GPU us/call | TFLOP/s | SM MHz median (min-max) | W median (max) | C max | reasons |")
     print("|---|---|---|---|--:|--:|---|---|--:|---|")
-    for config in args.configs.split(","):
-        head_dim, seqlen, causal = map(int, config.split(":"))
-        batch, heads = TOKENS // seqlen, MODEL_DIM // head_dim
-        q, k, v = (torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16)
-                   for _ in range(3))
-        flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
-
-        def ours():
-            flashattn.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-
-        for impl, call in (("flashattn", ours), ("sdpa_cudnn", cudnn), ("flashattn", ours)):
-            samples, calls, ms = sampled_while(call, args.seconds)
+    for head_dim, seqlen, causal, flops, calls in forward_pairs(args.configs):
+        for impl in ("flashattn", "sdpa_cudnn", "flashattn"):  # ours before and after: a drift shows
+            samples, _, ms = sampled_while(calls[impl], args.seconds)
             if not samples:
                 print(f"| {head_dim} | {seqlen} | {causal} | {impl} | {ms * 1e3:.1f} | no samples |")
                 continue

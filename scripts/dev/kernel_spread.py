@@ -7,18 +7,11 @@ kernels besides the attention one (memsets, prepasses) show what a call adds aro
   python3 scripts/dev/kernel_spread.py [--configs 64:512:1,64:1024:1,128:4096:0] [--calls 100]
 """
 import argparse
-import os
 import statistics
-import sys
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-import flashattn  # noqa: E402
-
-TOKENS, MODEL_DIM = 16384, 2048
+from forward_pair import forward_pairs
 
 
 def kernel_times(call, calls):
@@ -53,20 +46,8 @@ def main():
     args = parser.parse_args()
     print("| D | N | causal | impl | kernel | calls | min us | p10 | median | p90 | max |")
     print("|---|---|---|---|---|--:|--:|--:|--:|--:|--:|")
-    for config in args.configs.split(","):
-        head_dim, seqlen, causal = map(int, config.split(":"))
-        batch, heads = TOKENS // seqlen, MODEL_DIM // head_dim
-        q, k, v = (torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16)
-                   for _ in range(3))
-
-        def ours():
-            flashattn.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-
-        for impl, call in (("flashattn", ours), ("sdpa_cudnn", cudnn)):
+    for head_dim, seqlen, causal, _, calls in forward_pairs(args.configs):
+        for impl, call in calls.items():
             for name, times in kernel_times(call, args.calls).items():
                 cells = " | ".join(f"{t:.1f}" for t in quantiles(times))
                 print(f"| {head_dim} | {seqlen} | {causal} | {impl} | {name[:60]} | {len(times)} | {cells} |",
