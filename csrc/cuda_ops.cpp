@@ -180,6 +180,23 @@ const int* causal_stats_of(const at::Tensor& key_rows, const CheckedShape& s) {
   return key_rows.data_ptr<int>() + sm80::causal_prefix_stats_offset(static_cast<int>(s.batch), static_cast<int>(s.heads_q));
 }
 
+// The key-length form of mask m (its strides are enough) for a call of the sm90 kernels, computed on
+// the stream: find_key_prefix_rows's tensor for a padding mask, find_causal_prefix_rows's for a mask
+// with a row per query (*causal_form set), or an undefined tensor when neither candidate applies.
+at::Tensor find_key_length_form(const MaskParams& m, const CheckedShape& s, ElementType element_type, bool classified,
+                                bool is_causal, bool dropout, const at::Tensor& like, cudaStream_t stream,
+                                bool* causal_form) {
+  *causal_form = false;
+  if (key_length_candidate(m, s, classified, is_causal, dropout)) {
+    return find_key_prefix_rows(m, s, element_type, like, stream);
+  }
+  if (causal_length_candidate(m, s, classified, is_causal, dropout)) {
+    *causal_form = true;
+    return find_causal_prefix_rows(m, s, element_type, like, stream);
+  }
+  return at::Tensor();
+}
+
 // One forward pass of q over k and v (some key range of the caller's) into out and lse.
 void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s, double scale,
               bool is_causal, const std::optional<at::Tensor>& attn_mask, const DropoutParams& dropout,
@@ -211,16 +228,17 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
     // A classified mask whose rows are broadcast over the queries (a padding mask): its rows that keep
     // a prefix of the keys run as plain attention over that prefix (FwdParams::key_end). One with a
     // row per query: its (batch, head) slices that are causal masks, alone or with right padding, run
-    // as causal attention over their key prefix (FwdParams::key_end_causal); those are found first,
-    // from the mask's strides alone, so that the classes prepass can leave them out.
+    // as causal attention over their key prefix (FwdParams::key_end_causal). Both forms are found from
+    // the mask's strides alone, before the classes, so that the classes prepass can leave out the causal
+    // form's slices.
     at::Tensor key_rows;
-    if (attn_mask.has_value()) set_mask({0, 0}, nullptr);  // strides only
-    const bool padding_form = key_length_candidate(p.mask, s, classified, is_causal, dropout.enabled);
-    p.key_end_causal = !padding_form && causal_length_candidate(p.mask, s, classified, is_causal, dropout.enabled);
-    if (p.key_end_causal) key_rows = find_causal_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
+    if (attn_mask.has_value()) {
+      set_mask({0, 0}, nullptr);  // strides only
+      key_rows = find_key_length_form(p.mask, s, p.shape.element_type, classified, is_causal, dropout.enabled, q,
+                                      stream, &p.key_end_causal);
+    }
     set_mask({tile.queries, tile.keys}, p.key_end_causal ? causal_stats_of(key_rows, s) : nullptr);
-    if (padding_form) key_rows = find_key_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
-    if (padding_form || p.key_end_causal) {
+    if (key_rows.defined()) {
       const int64_t rows = s.batch * s.heads_q;
       p.key_end = key_rows.data_ptr<int>();
       p.masked_rows = p.key_end + rows;
@@ -403,14 +421,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     // group's query heads share their mask row (the mask is broadcast over heads, or there are no
     // groups) and no mask gradient is written. The causal form's slices are left out of the classes.
     if (sm90 && p.dmask == nullptr && (p.mask.head_stride == 0 || s.heads_q == s.heads_kv)) {
-      if (key_length_candidate(p.mask, s, classified, is_causal, p.dropout.enabled)) {
-        key_rows = find_key_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
-        p.key_end = key_rows.data_ptr<int>();
-      } else if (causal_length_candidate(p.mask, s, classified, is_causal, p.dropout.enabled)) {
-        key_rows = find_causal_prefix_rows(p.mask, s, p.shape.element_type, q, stream);
-        p.key_end = key_rows.data_ptr<int>();
-        p.key_end_causal = true;
-      }
+      key_rows = find_key_length_form(p.mask, s, p.shape.element_type, classified, is_causal, p.dropout.enabled, q,
+                                      stream, &p.key_end_causal);
+      if (key_rows.defined()) p.key_end = key_rows.data_ptr<int>();
     }
     p.mask = make_mask(*attn_mask, s, p.shape.element_type, tile, classified, classes, stream,
                        p.key_end_causal ? causal_stats_of(key_rows, s) : nullptr);

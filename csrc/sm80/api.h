@@ -46,9 +46,8 @@ cudaError_t find_key_prefix_rows(const MaskParams& mask, ElementType element_typ
 // clamp(min(q + causal_offset + 1, L), 0, seqlen_k) keys (True / 0.0, the rest False / -inf: causal
 // attention over the first L keys), else -1, and each row with -1 listed in masked_rows[0 ..
 // *masked_count). workspace holds causal_prefix_workspace_ints ints: [key_end: batch * heads,
-// masked_rows: batch * heads, masked_count: 1, per-slice statistics from causal_prefix_stats_offset on]; each
-// distinct mask slice (strides
-// 0 on broadcast dims) is read once.
+// masked_rows: batch * heads, masked_count: 1, per-slice statistics from causal_prefix_stats_offset on];
+// each distinct mask slice (strides 0 on broadcast dims) is read once.
 int causal_prefix_workspace_ints(int batch, int heads, const MaskParams& mask);
 inline int causal_prefix_stats_offset(int batch, int heads) { return 2 * batch * heads + 1; }
 cudaError_t find_causal_prefix_rows(const MaskParams& mask, ElementType element_type, int batch, int heads,

@@ -28,7 +28,6 @@ constexpr int kRowWarps = 8;
 constexpr int kKeysPerStep = 128;  // per warp and step: 4 elements per lane
 constexpr int kMaxCtas = 4096;     // the first pass loops over query rows beyond this many CTAs
 
-
 // Slice s = b * heads + h of the distinct slices (strides are 0 on broadcast dims).
 template <typename T>
 __global__ void __launch_bounds__(kRowWarps * 32) causal_row_stats_kernel(const MaskParams m, int heads, int seqlen_q,
