@@ -233,17 +233,21 @@ def _input_grads(ctx, grad_out, deterministic):
     return dq, dk, dv, dmask
 
 
+def _fwd_below_autograd(keyset, inputs):
+    """fwd's kernel for the dispatch keys past autograd (the device's, or a tracing mode's)."""
+    with torch._C._AutoDispatchBelowAutograd():
+        return fwd.redispatch(keyset & torch._C._after_autograd_keyset, *inputs)
+
+
 class _FwdAutograd(torch.autograd.Function):
     """fwd's autograd formula: the forward below the autograd key, the backward through ``bwd``. The
     dispatch key set travels last, so ctx.needs_input_grad keeps fwd's argument positions."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, keyset):
-        with torch._C._AutoDispatchBelowAutograd():
-            output = fwd.redispatch(keyset & torch._C._after_autograd_keyset, q, k, v, scale, is_causal,
-                                    causal_bottom_right, attn_mask, dropout_p, rng_state)
-        _fwd_setup_context(ctx, (q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state),
-                           output)
+        inputs = (q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state)
+        output = _fwd_below_autograd(keyset, inputs)
+        _fwd_setup_context(ctx, inputs, output)
         return output
 
     @staticmethod
@@ -258,13 +262,11 @@ def _fwd_autograd_kernel(keyset, q, k, v, scale, is_causal, causal_bottom_right,
     # What torch.library.register_autograd registers, without its generic wrapper, which rebuilds the
     # op's defaulted arguments from the schema on every call (tens of microseconds of host time per
     # forward in grad mode). The dispatcher leaves out arguments equal to their defaults.
+    inputs = (q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
                                     (attn_mask is not None and attn_mask.requires_grad)):
-        return _FwdAutograd.apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state,
-                                  keyset)
-    with torch._C._AutoDispatchBelowAutograd():
-        return fwd.redispatch(keyset & torch._C._after_autograd_keyset, q, k, v, scale, is_causal,
-                              causal_bottom_right, attn_mask, dropout_p, rng_state)
+        return _FwdAutograd.apply(*inputs, keyset)
+    return _fwd_below_autograd(keyset, inputs)
 
 
 _autograd_library = torch.library.Library("flashattn", "IMPL")  # kept alive: dropping it unregisters
