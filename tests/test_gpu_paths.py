@@ -154,3 +154,55 @@ def test_dynamic_tail_replays_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
+
+
+# K/V multicast (the sm90 forward without causal masking, at tile widths 64 and 128, when a row's query
+# tiles pair up): each CTA of a cluster of two loads half of every key block into both. On by default
+# at width 128; FLASHATTN_SM90_MULTICAST=1 turns it on wherever it fits, 0 off (read on every call).
+MULTICAST_SHAPES = [
+    pytest.param(2, 1024, 1024, 16, 16, 128, "contiguous", id="d128"),
+    # The last tile's second warpgroup has no rows (900 = 7 * 128 + 4), a partial last key block, GQA.
+    pytest.param(1, 900, 777, 8, 2, 128, "contiguous", id="d128-empty-warpgroup-gqa"),
+    # A head dim below the tile width (columns zero-filled), long key rows, strided inputs.
+    pytest.param(3, 256, 4100, 4, 4, 112, "bhsd", id="d112-long-keys-strided"),
+    pytest.param(2, 512, 300, 8, 8, 64, "padded", id="d64"),
+    # Three consumer warpgroups (192-query tiles): 22 tiles per row.
+    pytest.param(1, 4096, 4096, 4, 4, 64, "unaligned", id="d64-long-rows"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,layout", MULTICAST_SHAPES)
+def test_multicast_matches_oracle(monkeypatch, dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, layout):
+    monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", "1")
+    run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "none", layout)
+
+
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,layout", MULTICAST_SHAPES)
+def test_multicast_and_single_cta_loads_are_identical(monkeypatch, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+                                                      head_dim, layout):
+    # Where K and V come from changes nothing in the arithmetic: bit for bit the same output and LSE.
+    q, k, v = _causal_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)
+    results = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", setting)
+        results[setting] = torch.ops.flashattn.fwd(q, k, v, head_dim ** -0.5, False, False)
+    assert torch.equal(results["1"][0], results["0"][0]) and torch.equal(results["1"][1], results["0"][1])
+
+
+def test_multicast_replays_in_a_cuda_graph(monkeypatch):
+    monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", "1")
+    q, k, v = _causal_inputs(2, 1024, 1024, 16, 16, 128)
+    eager = torch.ops.flashattn.fwd(q, k, v, 0.125, False, False)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.ops.flashattn.fwd(q, k, v, 0.125, False, False)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = torch.ops.flashattn.fwd(q, k, v, 0.125, False, False)
+    captured[0].fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])

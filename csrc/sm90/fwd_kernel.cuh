@@ -38,6 +38,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -255,12 +256,50 @@ struct KeyBlockWalk {
   }
 };
 
+// K/V multicast (kMulticast): the CTAs of a cluster of two run query tiles of one (head, batch) row
+// side by side, tile 2u + rank of cluster unit u, so both read the same key blocks in the same order.
+// Each CTA's producer loads half of every K and V block (its rank's kBlockN / 2 rows) into both CTAs'
+// ring stages with one multicast TMA load, and both halves complete on each CTA's full barrier: L2
+// sends each block once per cluster instead of once per CTA. A stage is refilled once the consumers of
+// both CTAs have released it, so each consumer warp arrives on its own CTA's empty barrier and on the
+// peer's. Used for rows without causal masking, an attention mask or key ends (every tile of a row
+// then walks the same key blocks), with an even number of query tiles per row.
+template <bool kMulticast>
+constexpr int kFwdClusterCtas = kMulticast ? 2 : 1;
+
+// Releases a K or V ring stage whose empty barrier is `empty` (see kMulticast above).
+template <bool kMulticast>
+__device__ __forceinline__ void release_kv_stage(uint64_t* empty) {
+  mbar_arrive(empty);
+  if constexpr (kMulticast) mbar_arrive_cluster(empty, cluster_cta_rank() ^ 1u);
+}
+
+// Loads key block rows [row, row + kBlockN) of `map` into a ring stage, completing on `full`: the whole
+// block, or with kMulticast this CTA's half of it into both CTAs of the cluster (the map's box is then
+// kBlockN / 2 rows).
+template <typename Cfg, bool kMulticast>
+__device__ __forceinline__ void load_kv_block(unsigned char* stage, const CUtensorMap* map, uint64_t* full, int row,
+                                              int head, int batch) {
+  if constexpr (kMulticast) {
+    constexpr int kHalf = Cfg::kBlockN / 2;
+    static_assert(kHalf * 128 % 1024 == 0, "each half starts on a swizzle-pattern boundary");
+    const int half = static_cast<int>(cluster_cta_rank()) * kHalf;
+#pragma unroll
+    for (int cb = 0; cb < Cfg::kColBlocks; ++cb) {
+      tma_load_4d_multicast(stage + cb * Cfg::kKVColBlockBytes + half * 128, map, full, cb * 64, row + half, head,
+                            batch, 0x3);
+    }
+  } else {
+    tma_load_tile<Cfg::kColBlocks>(stage, map, full, row, head, batch, Cfg::kKVColBlockBytes);
+  }
+}
+
 // Issued by one thread, for every tile of this CTA (its static units, then what it claims of the
 // dynamic tail): the tile's index and Q into a Q stage once the consumers have released it, then K_n
 // and V_n for every key block, each into its ring stage once the consumers have released the stage's
 // previous contents. The ring position runs on across tiles. A tile without visible keys, and the
 // final -1, complete their Q stage without bytes.
-template <typename T, typename Cfg, bool kMasked, bool kKeyEnds>
+template <typename T, typename Cfg, bool kMasked, bool kKeyEnds, bool kMulticast>
 __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsigned char* q_smem,
                         unsigned char* k_smem, unsigned char* v_smem, const FwdParams& p, const FwdSchedule& sched) {
   const AttentionShape& sh = p.shape;
@@ -302,14 +341,20 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
       const int use = kv_iter / Cfg::kStages;
       if (use > 0) mbar_wait(&bars.k_empty[stage], (use - 1) & 1);
       mbar_arrive_expect_tx(&bars.k_full[stage], Cfg::kKVBytes);
-      tma_load_tile<Cfg::kColBlocks>(k_smem + stage * Cfg::kKVBytes, &maps.k, &bars.k_full[stage], n * Cfg::kBlockN, t.kv_head,
-                     t.batch, Cfg::kKVColBlockBytes);
+      load_kv_block<Cfg, kMulticast>(k_smem + stage * Cfg::kKVBytes, &maps.k, &bars.k_full[stage], n * Cfg::kBlockN,
+                                     t.kv_head, t.batch);
       if (use > 0) mbar_wait(&bars.v_empty[stage], (use - 1) & 1);
       mbar_arrive_expect_tx(&bars.v_full[stage], Cfg::kKVBytes);
-      tma_load_tile<Cfg::kColBlocks>(v_smem + stage * Cfg::kKVBytes, &maps.v, &bars.v_full[stage], n * Cfg::kBlockN, t.kv_head,
-                     t.batch, Cfg::kKVColBlockBytes);
+      load_kv_block<Cfg, kMulticast>(v_smem + stage * Cfg::kKVBytes, &maps.v, &bars.v_full[stage], n * Cfg::kBlockN,
+                                     t.kv_head, t.batch);
     }
   };
+  if constexpr (kMulticast) {  // one tile per unit (no causal pairs), two units per cluster unit
+    const int rank = static_cast<int>(cluster_cta_rank());
+    for (int u = blockIdx.x / 2; u < sched.static_units / 2; u += gridDim.x / 2) run_tile(2 * u + rank);
+    run_tile(-1);
+    return;
+  }
   // With FwdParams::masked_rows (the masked variant), only the listed rows' units, dealt out alike.
   const bool listed_rows = kMasked && p.masked_rows != nullptr;
   const int units = listed_rows ? *p.masked_row_count * sched.units_per_head : sched.static_units;
@@ -468,7 +513,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
 // For a consumer warpgroup without rows in tile t: releases Q (whose stage the caller has waited for)
 // and waits for and releases every K/V stage of the tile in the producer's order (waiting first keeps
 // each arrival in its own phase). Returns the number of key blocks visited.
-template <typename T, typename Cfg, bool kMasked>
+template <typename T, typename Cfg, bool kMasked, bool kMulticast>
 __device__ __forceinline__ int release_tile(FwdBarriers<Cfg>& bars, const FwdParams& p, const FwdTile& t, int kv_iter,
                                             int q_iter, bool warp_leader) {
   KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
@@ -476,9 +521,9 @@ __device__ __forceinline__ int release_tile(FwdBarriers<Cfg>& bars, const FwdPar
   for (int n = walk.next(0); n < t.num_n_blocks; n = walk.next(n + 1), ++visits) {
     const int stage = (kv_iter + visits) % Cfg::kStages, phase = ((kv_iter + visits) / Cfg::kStages) & 1;
     mbar_wait(&bars.k_full[stage], phase);
-    if (warp_leader) mbar_arrive(&bars.k_empty[stage]);
+    if (warp_leader) release_kv_stage<kMulticast>(&bars.k_empty[stage]);
     mbar_wait(&bars.v_full[stage], phase);
-    if (warp_leader) mbar_arrive(&bars.v_empty[stage]);
+    if (warp_leader) release_kv_stage<kMulticast>(&bars.v_empty[stage]);
   }
   if (warp_leader) mbar_arrive(&bars.q_empty[q_iter % Cfg::kQStages]);
   return visits;
@@ -486,7 +531,7 @@ __device__ __forceinline__ int release_tile(FwdBarriers<Cfg>& bars, const FwdPar
 
 // ---- the kernel ----
 
-template <typename T, typename Cfg, bool kMasked, bool kKeyEnds>
+template <typename T, typename Cfg, bool kMasked, bool kKeyEnds, bool kMulticast>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdTensorMaps maps,
                                                                const FwdParams p, const FwdSchedule sched,
                                                                bool staged_output) {
@@ -522,16 +567,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     for (int i = 0; i < kStages; ++i) {
       mbar_init(&bars.k_full[i], 1);
       mbar_init(&bars.v_full[i], 1);
-      mbar_init(&bars.k_empty[i], Cfg::kConsumers * 4);
-      mbar_init(&bars.v_empty[i], Cfg::kConsumers * 4);
+      // One arrival per consumer warp of each CTA that reads the stage.
+      mbar_init(&bars.k_empty[i], Cfg::kConsumers * 4 * kFwdClusterCtas<kMulticast>);
+      mbar_init(&bars.v_empty[i], Cfg::kConsumers * 4 * kFwdClusterCtas<kMulticast>);
     }
     mbar_fence_init();
   }
-  __syncthreads();
+  // With multicast, the peer's loads and arrivals reach this CTA's barriers: both CTAs' must be
+  // initialised first. And at the end no CTA may exit while the other can still arrive on its barriers.
+  if constexpr (kMulticast) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) produce<T, Cfg, kMasked, kKeyEnds>(maps, bars, q_smem, k_smem, v_smem, p, sched);
+    if (threadIdx.x == 0) produce<T, Cfg, kMasked, kKeyEnds, kMulticast>(maps, bars, q_smem, k_smem, v_smem, p, sched);
+    if constexpr (kMulticast) cluster_sync();
     return;
   }
   registers_increase<Cfg::kConsumerRegisters>();
@@ -595,7 +648,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       // tile's last 64 rows or more empty): it only releases the stages the others read. It starts
       // the next warpgroup first: that one's releases are what refill the stages waited on here.
       release_next_consumer();
-      kv_iter += release_tile<T, Cfg, kMasked>(bars, p, t, kv_iter, q_iter, warp_leader);
+      kv_iter += release_tile<T, Cfg, kMasked, kMulticast>(bars, p, t, kv_iter, q_iter, warp_leader);
       ++q_iter;
       continue;
     }
@@ -661,7 +714,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       wgmma_wait<0>();
       fence_registers(s);
       if (warp_leader) {
-        mbar_arrive(&bars.k_empty[stage_of(0)]);
+        release_kv_stage<kMulticast>(&bars.k_empty[stage_of(0)]);
         if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);  // the tile's last QK^T GEMM is done
       }
       softmax.update(s, apply_masks(block, block_needs, block_key_end), correction);
@@ -697,7 +750,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         wgmma_wait<1>();  // S_n is ready; the PV GEMM may still run
         fence_registers(s);
         if (warp_leader) {
-          mbar_arrive(&bars.k_empty[stage]);
+          release_kv_stage<kMulticast>(&bars.k_empty[stage]);
           if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
         }
         bool moved;
@@ -710,7 +763,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
         fence_registers(o);
         fence_registers(prob);
-        if (warp_leader) mbar_arrive(&bars.v_empty[prev]);
+        if (warp_leader) release_kv_stage<kMulticast>(&bars.v_empty[prev]);
         // Warp-uniform, so that the common case (no row of the warp moved its base) skips the multiplies.
         if (__any_sync(0xffffffff, moved)) rescale_rows(o, correction);
         accumulator_to_a<T, kBlockN>(prob, s);
@@ -737,7 +790,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(o);
-      if (warp_leader) mbar_arrive(&bars.v_empty[last]);
+      if (warp_leader) release_kv_stage<kMulticast>(&bars.v_empty[last]);
       kv_iter += n;
       ++q_iter;
     } else {
@@ -752,16 +805,57 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   release_next_consumer();  // no tile at all
   // The shared memory must outlive this warpgroup's last TMA store.
   if (staging.map != nullptr && threadIdx.x % 128 == 0) bulk_wait();
+  if constexpr (kMulticast) cluster_sync();
 #endif
 }
 
-template <typename T, typename Cfg, bool kMasked = false, bool kKeyEnds = false>
+// Whether a launch can run with K/V multicast (see kMulticast): no causal masking, no attention mask
+// or key ends (the caller's variant), and query tiles that pair up within each row.
+template <typename Cfg>
+inline bool multicast_fits(const AttentionShape& sh) {
+  const int num_m = (sh.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  return !sh.is_causal && num_m % 2 == 0;
+}
+
+// How many clusters of two CTAs of `kernel` can be resident at once on the current device (0: none),
+// asked once per device.
+template <typename Kernel>
+inline int max_resident_clusters(Kernel kernel, int threads, int smem_bytes) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> cached[kDevices] = {};  // count + 1; 0: not asked yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (device < kDevices && cached[device].load(std::memory_order_relaxed) > 0) return cached[device] - 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(2);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();
+    clusters = 0;
+  }
+  if (device < kDevices) cached[device] = clusters + 1;
+  return clusters;
+}
+
+template <typename T, typename Cfg, bool kMasked = false, bool kKeyEnds = false, bool kMulticast = false>
 cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
+  static_assert(!kMulticast || (!kMasked && !kKeyEnds), "multicast runs rows that walk every key block");
   const AttentionShape& sh = p.shape;
   FwdTensorMaps maps;
+  // With multicast each CTA loads half of each key block.
+  constexpr int kKVBoxRows = Cfg::kBlockN / kFwdClusterCtas<kMulticast>;
   cudaError_t err = make_tensor_map(&maps.q, p.q, sh, sh.seqlen_q, sh.heads_q, p.q_strides, Cfg::kBlockM);
-  if (err == cudaSuccess) err = make_tensor_map(&maps.k, p.k, sh, sh.seqlen_k, sh.heads_kv, p.k_strides, Cfg::kBlockN);
-  if (err == cudaSuccess) err = make_tensor_map(&maps.v, p.v, sh, sh.seqlen_k, sh.heads_kv, p.v_strides, Cfg::kBlockN);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.k, p.k, sh, sh.seqlen_k, sh.heads_kv, p.k_strides, kKVBoxRows);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.v, p.v, sh, sh.seqlen_k, sh.heads_kv, p.v_strides, kKVBoxRows);
   if (err != cudaSuccess) return err;
   // The staged output needs a tensor map of out (16-byte aligned rows); without one the threads store.
   // FLASHATTN_SM90_DIRECT_OUTPUT=1 has them store anyway: compute-sanitizer's initcheck does not count
@@ -785,7 +879,14 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   // units per head the same CTAs get every light unit (-5% at N = 2k, D = 64).
   const int tiles_per_unit = num_tiles > num_sms && (sh.is_causal || kMasked) ? 2 : 1;
   const int64_t num_units = (tiles_per_unit == 2 ? (num_m + 1) / 2 : num_m) * static_cast<int64_t>(sh.heads_q) * sh.batch;
-  const int grid = static_cast<int>(num_units < num_sms ? num_units : num_sms);
+  int grid = static_cast<int>(num_units < num_sms ? num_units : num_sms);
+  auto kernel = fwd_kernel<T, Cfg, kMasked, kKeyEnds, kMulticast>;
+  if constexpr (kMulticast) {  // whole clusters, no more than can be resident at once
+    if (tiles_per_unit != 1 || num_m % 2 != 0) return cudaErrorInvalidConfiguration;
+    const int64_t resident = max_resident_clusters(kernel, Cfg::kThreads, Cfg::kSmemBytes);
+    if (resident < 1) return cudaErrorInvalidConfiguration;
+    grid = 2 * static_cast<int>(std::min<int64_t>(num_units / 2, resident));
+  }
   // FLASHATTN_SM90_STATIC_SCHEDULE=1 keeps every tile in the static pairs (read on every call: the
   // tests compare the two schedules, and timing them needs no second build).
   const char* static_schedule = std::getenv("FLASHATTN_SM90_STATIC_SCHEDULE");
@@ -797,11 +898,36 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   const FwdSchedule sched(sh, Cfg::kBlockM, tiles_per_unit, dynamic_heads);
-  auto kernel = fwd_kernel<T, Cfg, kMasked, kKeyEnds>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p, sched, staged_output);
-  return cudaGetLastError();
+  if constexpr (kMulticast) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 2;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, maps, p, sched, staged_output);
+  } else {
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p, sched, staged_output);
+    return cudaGetLastError();
+  }
+}
+
+// Whether to run a launch that fits (multicast_fits) with K/V multicast. FLASHATTN_SM90_MULTICAST=0 or
+// 1 turns it off or on wherever it fits (read on every call: the tests compare both, and timing them
+// needs no second build); unset, tile width 128 uses it.
+template <int kHeadDim>
+inline bool wants_multicast() {
+  const char* env = std::getenv("FLASHATTN_SM90_MULTICAST");
+  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
+  return kHeadDim == 128;
 }
 
 template <typename T, int kHeadDim>
@@ -809,10 +935,22 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   using Default = typename DefaultFwdConfig<kHeadDim>::type;
   using LongRows = typename LongRowFwdConfig<kHeadDim>::type;
   const bool key_ends = p.key_end != nullptr;
+  // Multicast at the widths where it was measured (benchmarks/NOTES.md).
+  constexpr bool kMulticastBuilt = kHeadDim == 64 || kHeadDim == 128;
   if constexpr (!std::is_same_v<LongRows, Default>) {
     if (uses_long_row_config(p.shape)) {
+      if constexpr (kMulticastBuilt) {
+        if (!key_ends && multicast_fits<LongRows>(p.shape) && wants_multicast<kHeadDim>()) {
+          return launch_fwd_with_config<T, LongRows, false, false, true>(p, stream);
+        }
+      }
       return key_ends ? launch_fwd_with_config<T, LongRows, false, true>(p, stream)
                       : launch_fwd_with_config<T, LongRows>(p, stream);
+    }
+  }
+  if constexpr (kMulticastBuilt) {
+    if (!key_ends && multicast_fits<Default>(p.shape) && wants_multicast<kHeadDim>()) {
+      return launch_fwd_with_config<T, Default, false, false, true>(p, stream);
     }
   }
   return key_ends ? launch_fwd_with_config<T, Default, false, true>(p, stream)

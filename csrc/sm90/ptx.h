@@ -40,6 +40,19 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
+// One arrival on the barrier at `bar`'s offset in the shared memory of CTA `cta` of this cluster
+// (possibly this one). Release at CTA scope only: its users release ring stages whose reads (wgmma)
+// have completed, and a cluster-scope release costs a GPU-wide memory barrier (MEMBAR.ALL.GPU) each.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(cta)
+      : "memory");
+}
 // Blocks until the phase with the given parity has completed.
 #ifndef FLASHATTN_WATCHDOG
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
@@ -97,6 +110,17 @@ __device__ __forceinline__ void tma_load_4d(void* smem, const CUtensorMap* map, 
       : "memory");
 }
 
+// tma_load_4d into every CTA of the cluster named in `cta_mask` (bit i: CTA rank i): the box lands at
+// the same shared-memory offset in each, and its bytes complete on the barrier at `bar`'s offset in each.
+__device__ __forceinline__ void tma_load_4d_multicast(void* smem, const CUtensorMap* map, uint64_t* bar, int col,
+                                                      int row, int head, int batch, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+      "[%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(smem_u32(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(smem_u32(bar)),
+      "h"(cta_mask)
+      : "memory");
+}
 // Loads rows [row, row + box rows) of a [rows][kColBlocks * 64] tile stored as kColBlocks column blocks
 // of [box rows][64] elements, `col_block_bytes` apart, all completing on `bar`.
 template <int kColBlocks>
@@ -236,6 +260,17 @@ __device__ __forceinline__ void registers_increase() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 }
 
+// ---- thread block clusters ----
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+// Barrier over every thread of the cluster that has not exited: this thread's earlier memory accesses
+// (shared memory of other CTAs included) are ordered before what the others do after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
 // Barrier over the `threads` threads that use named barrier `id` (1..15; 0 is __syncthreads).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""TFLOP/s of torch.ops.flashattn.fwd under each value of an environment switch the extension reads on
+every call (e.g. FLASHATTN_SM90_MULTICAST=0 / 1), beside SDPA's cuDNN backend, in one process and one
+build (bf16, B * N = 16k, H * D = 2048). Methods are timed in rotating rounds (do_bench medians) so
+that clock and power drift over the run falls on each alike; the table gives each round's figures.
+
+  python3 scripts/dev/env_ab.py --env FLASHATTN_SM90_MULTICAST --values 0,1 \
+      [--configs 128:4096:0,64:16384:0] [--rounds 2]
+"""
+import argparse
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+import flashattn._C  # noqa: F401
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", required=True)
+    parser.add_argument("--values", default="0,1")
+    parser.add_argument("--configs", default="128:1024:0,128:2048:0,128:4096:0,128:8192:0,128:16384:0",
+                        help="D:N:causal, comma separated")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    values = args.values.split(",")
+    methods = [f"{args.env}={v}" for v in values] + ["cuDNN"]
+    print(f"| D | N | causal | round | {' | '.join(methods)} | " + " | ".join(f"{m} / cuDNN" for m in methods[:-1]) + " |")
+    print("|---|---|---|---|" + "--:|" * (2 * len(methods) - 1))
+    for config in args.configs.split(","):
+        d, n, causal = (int(x) for x in config.split(":"))
+        b, h = 16384 // n, 2048 // d
+        q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        flops = 4 * b * h * n * n * d / (2 if causal else 1)
+
+        def ours():
+            return torch.ops.flashattn.fwd(q, k, v, d ** -0.5, bool(causal), False)
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+
+        for r in range(args.rounds):
+            tflops = {}
+            order = methods[r % len(methods):] + methods[:r % len(methods)]
+            for m in order:
+                if m == "cuDNN":
+                    fn = cudnn
+                else:
+                    os.environ[args.env] = m.split("=", 1)[1]
+                    fn = ours
+                tflops[m] = flops / do_bench(fn, warmup=50, rep=200, return_mode="median") / 1e9
+            os.environ.pop(args.env, None)
+            cells = " | ".join(f"{tflops[m]:.1f}" for m in methods)
+            ratios = " | ".join(f"{tflops[m] / tflops['cuDNN']:.3f}" for m in methods[:-1])
+            print(f"| {d} | {n} | {causal} | {r} | {cells} | {ratios} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
