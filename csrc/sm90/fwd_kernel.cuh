@@ -817,15 +817,13 @@ inline bool multicast_fits(const AttentionShape& sh) {
   return !sh.is_causal && num_m % 2 == 0;
 }
 
-// How many clusters of two CTAs of `kernel` can be resident at once on the current device (0: none),
-// asked once per device.
+// How many clusters of two CTAs of `kernel` can be resident at once on `device` (0: none, or the query
+// failed), asked once per device and kernel (`cache`: count + 1 per device, 0 while not asked). The
+// kernel's dynamic shared memory limit must be set first.
 template <typename Kernel>
-inline int max_resident_clusters(Kernel kernel, int threads, int smem_bytes) {
-  constexpr int kDevices = 64;
-  static std::atomic<int> cached[kDevices] = {};  // count + 1; 0: not asked yet
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  if (device < kDevices && cached[device].load(std::memory_order_relaxed) > 0) return cached[device] - 1;
+inline int max_resident_clusters(Kernel kernel, int threads, int smem_bytes, int device, std::atomic<int>* cache,
+                                 int cached_devices) {
+  if (device < cached_devices && cache[device].load(std::memory_order_relaxed) > 0) return cache[device] - 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(2);
   config.blockDim = dim3(threads);
@@ -842,7 +840,7 @@ inline int max_resident_clusters(Kernel kernel, int threads, int smem_bytes) {
     (void)cudaGetLastError();
     clusters = 0;
   }
-  if (device < kDevices) cached[device] = clusters + 1;
+  if (device < cached_devices) cache[device] = clusters + 1;
   return clusters;
 }
 
@@ -881,10 +879,16 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   const int64_t num_units = (tiles_per_unit == 2 ? (num_m + 1) / 2 : num_m) * static_cast<int64_t>(sh.heads_q) * sh.batch;
   int grid = static_cast<int>(num_units < num_sms ? num_units : num_sms);
   auto kernel = fwd_kernel<T, Cfg, kMasked, kKeyEnds, kMulticast>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
   if constexpr (kMulticast) {  // whole clusters, no more than can be resident at once
     if (tiles_per_unit != 1 || num_m % 2 != 0) return cudaErrorInvalidConfiguration;
-    const int64_t resident = max_resident_clusters(kernel, Cfg::kThreads, Cfg::kSmemBytes);
-    if (resident < 1) return cudaErrorInvalidConfiguration;
+    constexpr int kCachedDevices = 64;
+    static std::atomic<int> resident_cache[kCachedDevices] = {};
+    const int64_t resident =
+        max_resident_clusters(kernel, Cfg::kThreads, Cfg::kSmemBytes, device, resident_cache, kCachedDevices);
+    // No pair of SMs for a cluster (a partitioned GPU, say): the single-CTA loads.
+    if (resident < 1) return launch_fwd_with_config<T, Cfg, kMasked, kKeyEnds, false>(p, stream);
     grid = 2 * static_cast<int>(std::min<int64_t>(num_units / 2, resident));
   }
   // FLASHATTN_SM90_STATIC_SCHEDULE=1 keeps every tile in the static pairs (read on every call: the
@@ -898,8 +902,6 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   const FwdSchedule sched(sh, Cfg::kBlockM, tiles_per_unit, dynamic_heads);
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
   if constexpr (kMulticast) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(grid);
