@@ -18,6 +18,7 @@ the worker's sanity check; 2 when compute-sanitizer cannot be found.
 
   python3 scripts/sanitize.py --out /tmp/sanitize            # at most ~4 minutes (--budget 225 s)
   python3 scripts/sanitize.py --tools memcheck --budget 90   # one tool
+  python3 scripts/sanitize.py --cases multicast --phases fwd-default --budget 120   # one case list
   python3 scripts/sanitize.py --dry-run --out /tmp/s         # no sanitizer, no GPU: the worker on the CPU
 """
 from __future__ import annotations
@@ -189,8 +190,8 @@ def parse_output(text: str, run: ToolRun) -> int:
 
 
 def run_tool(tool: str, sanitizer: Optional[str], deadline: float, out_dir: str, phases: str,
-             worker_device: str) -> ToolRun:
-    cases = CASE_SET.get(tool, "full")
+             worker_device: str, case_set: Optional[str] = None) -> ToolRun:
+    cases = case_set or CASE_SET.get(tool, "full")
     run = ToolRun(tool, sanitized=sanitizer is not None)
     run.log_path = os.path.join(out_dir, f"{tool}.log")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -326,6 +327,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated subset of " + ", ".join(TOOLS))
     parser.add_argument("--phases", default="all",
                         help="the worker's phases (default: all it has; see sanitize_cases.py --help)")
+    parser.add_argument("--cases", default=None,
+                        help="one of sanitize_cases.py's case lists for every tool (default: full, race for racecheck)")
     parser.add_argument("--budget", type=float, default=225.0,
                         help="total seconds for all tools (default 225); a tool still running when only the later "
                         "tools' reserve is left is stopped")
@@ -367,7 +370,7 @@ def main(argv=None) -> int:
         reserved = sum(BUDGET_SHARE[t] for t in tools[i + 1:]) / total_share * RESERVE * args.budget
         deadline = start + args.budget - reserved
         print(f"[{time.time() - start:5.0f} s] {tool} ...", flush=True)
-        run = run_tool(tool, sanitizer, deadline, args.out, args.phases, worker_device)
+        run = run_tool(tool, sanitizer, deadline, args.out, args.phases, worker_device, args.cases)
         runs.append(run)
         print(f"[{time.time() - start:5.0f} s] {tool}: {'clean' if tool_ok(run) else 'NOT CLEAN'}"
               f" ({run.summaries[-1] if run.summaries else 'no summary line'};"

@@ -117,6 +117,8 @@ FULL_CASES = [
     _case(1, 300, 97, 2, 2, 128, F16, "bottom_right", mask="float", dropout_p=0.5),
     _case(1, 17, 1025, 2, 2, 256, BF16, "top_left", "unaligned", dropout_p=0.1),
     _case(1, 97, 97, 4, 2, 32, F16, "top_left", dropout_p=0.3),
+    # K/V multicast (sm90 forward, tile width 128, no causal masking, an even number of query tiles)
+    _case(1, 200, 1025, 4, 2, 112, BF16, "none"),
 ]
 
 # racecheck (the slowest tool): one short case per head-dim tile, long enough to cross the query and
@@ -139,9 +141,21 @@ RACE_CASES = [
     _case(3, 129, 300, 2, 1, 64, F16, "none", mask="padding"),
     _case(3, 129, 300, 2, 2, 64, F16, "none", mask="causal_padding"),
     _case(1, 129, 300, 2, 1, 64, BF16, "none", dropout_p=0.2),
+    _case(1, 256, 300, 2, 1, 128, BF16, "none", "bhsd"),  # K/V multicast, both tiles' rows full
 ]
 
-CASE_SETS = {"full": FULL_CASES, "race": RACE_CASES}
+# The sm90 forward's K/V multicast (clusters of two CTAs): the cases of the lists above that run it
+# (tile width 128 by default), and one with 192-query tiles (tile width 64 runs it only when
+# FLASHATTN_SM90_MULTICAST=1, which sanitize.py passes through from its environment).
+MULTICAST_CASES = [
+    _case(1, 200, 1025, 4, 2, 112, BF16, "none"),
+    _case(1, 129, 150, 2, 1, 128, BF16, "none"),  # the second tile's second warpgroup has no rows
+    _case(1, 256, 300, 2, 1, 128, BF16, "none", "bhsd"),
+    _case(2, 512, 300, 4, 2, 128, F16, "none"),
+    _case(1, 4096, 2048, 1, 1, 64, BF16, "none"),
+]
+
+CASE_SETS = {"full": FULL_CASES, "race": RACE_CASES, "multicast": MULTICAST_CASES}
 
 
 def _make(case: Case, seqlen: int, heads: int, gen: torch.Generator, device) -> torch.Tensor:
