@@ -256,14 +256,16 @@ def tool_ok(run: ToolRun) -> bool:
             and not run.failures and all(rc == 0 for rc in run.returncodes))
 
 
-def write_report(runs: List[ToolRun], out_dir: str, sanitizer: Optional[str], version: str, budget: float) -> str:
+def write_report(runs: List[ToolRun], out_dir: str, sanitizer: Optional[str], version: str, budget: float,
+                 case_set: Optional[str] = None) -> str:
     lines = ["# compute-sanitizer over flashattn's CUDA kernels", ""]
     device = next((r.device for r in runs if r.device), "unknown")
     commit = os.environ.get("FLASHATTN_GIT_COMMIT") or _git_commit()
     tool_line = f"- compute-sanitizer: {sanitizer or 'none (dry run on the CPU)'} {version}".rstrip()
     lines += [f"- device: {device}", tool_line, f"- commit: {commit}",
               f"- date: {time.strftime('%Y-%m-%d %H:%M:%S')}, time budget {budget:.0f} s",
-              "- worker: scripts/sanitize_cases.py (`--list` prints its cases); racecheck runs `--cases race`",
+              "- worker: scripts/sanitize_cases.py (`--list` prints its cases); "
+              + (f"every tool runs `--cases {case_set}`" if case_set else "racecheck runs `--cases race`"),
               "- per-path counts are of the reports printed (compute-sanitizer stops printing at its --print-limit);"
               " each tool's summary line counts them all", ""]
     lines += ["| tool | path | result | kernels named in the reports |", "|---|---|---|---|"]
@@ -375,7 +377,7 @@ def main(argv=None) -> int:
         print(f"[{time.time() - start:5.0f} s] {tool}: {'clean' if tool_ok(run) else 'NOT CLEAN'}"
               f" ({run.summaries[-1] if run.summaries else 'no summary line'};"
               f" {len(run.items_done)}/{run.items_total} items)", flush=True)
-    print(write_report(runs, args.out, sanitizer, version, args.budget))
+    print(write_report(runs, args.out, sanitizer, version, args.budget, args.cases))
     print(f"report: {os.path.join(args.out, 'report.md')}")
     return 0 if all(tool_ok(r) for r in runs) else 1
 
