@@ -15,6 +15,8 @@
 //   The epilogue (fwd_epilogue.h) divides O by the row sums and writes the LSE from registers and O
 //   through a shared-memory buffer and a TMA store (widths 64-128 without a mask; else from registers),
 //   while the producer already loads the CTA's next tile. The online softmax is in fwd_softmax.h.
+// The kMulticast variant runs as clusters of two CTAs that share every K and V block through
+// multicast TMA loads (rows without causal masking; see kFwdClusterCtas below).
 //
 // The kMasked variant applies params.mask: producer and consumers walk only the key blocks whose tile
 // class lets some key through (the same walk on both sides, so the rings stay in step), and blocks
@@ -924,12 +926,14 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
 
 // Whether to run a launch that fits (multicast_fits) with K/V multicast. FLASHATTN_SM90_MULTICAST=0 or
 // 1 turns it off or on wherever it fits (read on every call: the tests compare both, and timing them
-// needs no second build); unset, tile width 128 uses it.
+// needs no second build). Unset, tile width 128 uses it from 1024 keys on: +1.5-3.8% from 2k, level at
+// 1k, and -1.5% at 512, where a tile's four key blocks leave little L2 traffic to save while the two
+// CTAs of a cluster still wait for each other (benchmarks/NOTES.md); at width 64 it measured 0 to -3%.
 template <int kHeadDim>
-inline bool wants_multicast() {
+inline bool wants_multicast(const AttentionShape& sh) {
   const char* env = std::getenv("FLASHATTN_SM90_MULTICAST");
   if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
-  return kHeadDim == 128;
+  return kHeadDim == 128 && sh.seqlen_k >= 1024;
 }
 
 template <typename T, int kHeadDim>
@@ -942,7 +946,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   if constexpr (!std::is_same_v<LongRows, Default>) {
     if (uses_long_row_config(p.shape)) {
       if constexpr (kMulticastBuilt) {
-        if (!key_ends && multicast_fits<LongRows>(p.shape) && wants_multicast<kHeadDim>()) {
+        if (!key_ends && multicast_fits<LongRows>(p.shape) && wants_multicast<kHeadDim>(p.shape)) {
           return launch_fwd_with_config<T, LongRows, false, false, true>(p, stream);
         }
       }
@@ -951,7 +955,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
     }
   }
   if constexpr (kMulticastBuilt) {
-    if (!key_ends && multicast_fits<Default>(p.shape) && wants_multicast<kHeadDim>()) {
+    if (!key_ends && multicast_fits<Default>(p.shape) && wants_multicast<kHeadDim>(p.shape)) {
       return launch_fwd_with_config<T, Default, false, false, true>(p, stream);
     }
   }
