@@ -819,6 +819,23 @@ inline bool multicast_fits(const AttentionShape& sh) {
   return !sh.is_causal && num_m % 2 == 0;
 }
 
+// The launch configuration of `grid` CTAs (an even number) in clusters of two; it points to `cluster`.
+inline cudaLaunchConfig_t pair_cluster_config(int grid, int threads, int smem_bytes, cudaStream_t stream,
+                                              cudaLaunchAttribute* cluster) {
+  cluster->id = cudaLaunchAttributeClusterDimension;
+  cluster->val.clusterDim.x = 2;
+  cluster->val.clusterDim.y = 1;
+  cluster->val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = cluster;
+  config.numAttrs = 1;
+  return config;
+}
+
 // How many clusters of two CTAs of `kernel` can be resident at once on `device` (0: none, or the query
 // failed), asked once per device and kernel (`cache`: count + 1 per device, 0 while not asked). The
 // kernel's dynamic shared memory limit must be set first.
@@ -826,17 +843,8 @@ template <typename Kernel>
 inline int max_resident_clusters(Kernel kernel, int threads, int smem_bytes, int device, std::atomic<int>* cache,
                                  int cached_devices) {
   if (device < cached_devices && cache[device].load(std::memory_order_relaxed) > 0) return cache[device] - 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(2);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem_bytes;
   cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+  const cudaLaunchConfig_t config = pair_cluster_config(2, threads, smem_bytes, nullptr, &cluster);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -905,18 +913,8 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   }
   const FwdSchedule sched(sh, Cfg::kBlockM, tiles_per_unit, dynamic_heads);
   if constexpr (kMulticast) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(grid);
-    config.blockDim = dim3(Cfg::kThreads);
-    config.dynamicSmemBytes = Cfg::kSmemBytes;
-    config.stream = stream;
     cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 2;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+    const cudaLaunchConfig_t config = pair_cluster_config(grid, Cfg::kThreads, Cfg::kSmemBytes, stream, &cluster);
     return cudaLaunchKernelEx(&config, kernel, maps, p, sched, staged_output);
   } else {
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p, sched, staged_output);
