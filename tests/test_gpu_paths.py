@@ -135,25 +135,29 @@ def test_static_and_dynamic_schedules_are_identical(monkeypatch, batch, seqlen_q
         assert torch.equal(first[0], other[0]) and torch.equal(first[1], other[1])
 
 
-def test_dynamic_tail_replays_in_a_cuda_graph():
-    # The counter is zeroed by a memset captured with the kernel: every replay hands out every tile
-    # again (an output filled with NaN between replays is rewritten whole).
-    q, k, v = _causal_inputs(8, 1024, 1024, 16, 4, 64)
-    eager = torch.ops.flashattn.fwd(q, k, v, 0.125, True, False)
+def _assert_graph_replays_match_eager(q, k, v, causal, replays=3):
+    """A forward captured in a CUDA graph gives the eager output and LSE at every replay (both filled
+    with NaN before each, so each replay must rewrite them whole)."""
+    eager = torch.ops.flashattn.fwd(q, k, v, 0.125, causal, False)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        torch.ops.flashattn.fwd(q, k, v, 0.125, True, False)  # warm-up outside the capture
+        torch.ops.flashattn.fwd(q, k, v, 0.125, causal, False)  # warm-up outside the capture
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = torch.ops.flashattn.fwd(q, k, v, 0.125, True, False)
-    for _ in range(3):
+        captured = torch.ops.flashattn.fwd(q, k, v, 0.125, causal, False)
+    for _ in range(replays):
         captured[0].fill_(float("nan"))
         captured[1].fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
+
+
+def test_dynamic_tail_replays_in_a_cuda_graph():
+    # The counter is zeroed by a memset captured with the kernel: every replay hands out every tile again.
+    _assert_graph_replays_match_eager(*_causal_inputs(8, 1024, 1024, 16, 4, 64), causal=True)
 
 
 # K/V multicast (the sm90 forward without causal masking, at tile widths 64 and 128, when a row's query
@@ -192,17 +196,4 @@ def test_multicast_and_single_cta_loads_are_identical(monkeypatch, batch, seqlen
 
 def test_multicast_replays_in_a_cuda_graph(monkeypatch):
     monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", "1")
-    q, k, v = _causal_inputs(2, 1024, 1024, 16, 16, 128)
-    eager = torch.ops.flashattn.fwd(q, k, v, 0.125, False, False)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.ops.flashattn.fwd(q, k, v, 0.125, False, False)  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = torch.ops.flashattn.fwd(q, k, v, 0.125, False, False)
-    captured[0].fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
+    _assert_graph_replays_match_eager(*_causal_inputs(2, 1024, 1024, 16, 16, 128), causal=False)
