@@ -197,3 +197,18 @@ def test_multicast_and_single_cta_loads_are_identical(monkeypatch, batch, seqlen
 def test_multicast_replays_in_a_cuda_graph(monkeypatch):
     monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", "1")
     _assert_graph_replays_match_eager(*_causal_inputs(2, 1024, 1024, 16, 16, 128), causal=False)
+
+
+# FLASHATTN_SM90_Q_REGISTERS=1, an experiment switch (tile widths 64 and 128, the unmasked forward
+# without key ends; not the 192-query tiles): each consumer warpgroup holds its Q rows in registers
+# for the QK^T GEMMs. With and without multicast, causal or not.
+@pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,layout", [
+    pytest.param(2, 1024, 1024, 8, 8, 128, "contiguous", id="d128"),
+    pytest.param(1, 900, 777, 8, 2, 112, "bhsd", id="d112-gqa-strided"),
+    pytest.param(2, 300, 1500, 4, 4, 64, "padded", id="d64"),
+])
+def test_q_in_registers_matches_oracle(monkeypatch, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
+                                       layout):
+    monkeypatch.setenv("FLASHATTN_SM90_Q_REGISTERS", "1")
+    run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, causal, layout)

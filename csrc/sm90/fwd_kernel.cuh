@@ -67,7 +67,7 @@ namespace flashattn {
 namespace sm90 {
 
 template <int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2, int kQStages_ = 1,
-          bool kStagedOutput_ = false>
+          bool kStagedOutput_ = false, bool kQInRegisters_ = false>
 struct FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;  // tile width: the real head dim is <= this
   static constexpr int kConsumers = kConsumers_;
@@ -80,6 +80,10 @@ struct FwdConfig {
   // With a staged output each consumer warpgroup writes its 64 output rows into shared memory and one
   // of its threads stores them with TMA (write_epilogue); without, the threads store them themselves.
   static constexpr bool kStagedOutput = kStagedOutput_;
+  // With Q in registers each consumer warpgroup loads its Q rows into wgmma A fragments once per tile
+  // (kHeadDim / 4 registers per thread) and releases the Q stage at once; the QK^T GEMMs then read
+  // only K from shared memory.
+  static constexpr bool kQInRegisters = kQInRegisters_;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // After setmaxnreg; 24 stay with the producer. Three consumers share what two would have.
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
@@ -121,6 +125,12 @@ static_assert(DefaultFwdConfig<64>::type::kBlockN == fwd_keys_per_step(64) &&
                   DefaultFwdConfig<256>::type::kBlockN == fwd_keys_per_step(256) &&
                   DefaultFwdConfig<64>::type::kBlockM == kFwdQueriesPerTile,
               "sm90/fwd_tiles.h is out of date");
+
+// Experiment (FLASHATTN_SM90_Q_REGISTERS=1): Q held in registers for the QK^T GEMMs.
+template <int kHeadDim>
+struct QInRegistersFwdConfig;
+template <> struct QInRegistersFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, true>; };
+template <> struct QInRegistersFwdConfig<128> { using type = FwdConfig<128, 128, 2, 2, 1, true, true>; };
 
 // The unmasked forward of long rows runs in this configuration (see uses_long_row_config): at tile
 // width 64, three consumer warpgroups (192 queries per tile, 160 registers each) keep the tensor
@@ -402,6 +412,35 @@ __device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const uns
   }
 }
 
+// S = Q K^T with Q from registers (kQInRegisters): q holds this thread's A fragment of each k16 step.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const uint32_t (&q)[Cfg::kHeadDim / 16][4],
+                                         const unsigned char* k_tile) {
+  const uint64_t desc_k0 = smem_desc_sw128(k_tile, 16, 1024);
+#pragma unroll
+  for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
+    const uint64_t desc_k = smem_desc_advance(desc_k0, (ks / 4) * Cfg::kKVColBlockBytes + (ks % 4) * 32);
+    Wgmma<T, Cfg::kBlockN>::rs_k(s, q[ks], desc_k, ks > 0);
+  }
+}
+
+// This thread's wgmma A fragments of its warp's 16 Q rows (of the warpgroup's 64 at q_rows, in the
+// swizzled [kColBlocks][kBlockM][64] tile): per k16 step one ldmatrix x4, lane l addressing row l % 16
+// of the warp's rows at the step's columns 8 (l / 16) .. + 7 (matrices 0/1: rows 0-7 / 8-15 of columns
+// 0-7, 2/3: of columns 8-15, mma.sync's A layout). The 128-byte swizzle puts the 16-byte chunk c of
+// row r at chunk c ^ (r % 8).
+template <typename Cfg>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&q)[Cfg::kHeadDim / 16][4], const unsigned char* q_rows,
+                                                 int warp_in_group, int lane) {
+  const int row = warp_in_group * 16 + lane % 16;
+#pragma unroll
+  for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
+    const int col = ks * 16 + (lane / 16) * 8;
+    const int chunk = (col % 64) / 8;
+    sm80::ldmatrix_x4(q[ks], q_rows + (col / 64) * Cfg::kQColBlockBytes + row * 128 + ((chunk ^ (row % 8)) * 16));
+  }
+}
+
 // O (64 x kHeadDim per warpgroup) += P V. V is [keys][head dim], so B is MN-major: the leading byte
 // offset steps between 64-column blocks, the stride byte offset between 8-key groups, and a k16 step
 // (16 keys) advances the start by 16 rows of 128 bytes.
@@ -659,6 +698,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
     float s[kBlockN / 2];
     uint32_t prob[kBlockN / 16][4];
+    uint32_t q_frag[Cfg::kQInRegisters ? Cfg::kHeadDim / 16 : 1][4];  // kQInRegisters: Q's A fragments
+    // S = Q K^T for the key block in `k_tile`.
+    auto issue_scores = [&](const unsigned char* k_tile) {
+      if constexpr (Cfg::kQInRegisters) {
+        issue_qk<T, Cfg>(s, q_frag, k_tile);
+      } else {
+        issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(s, q_tile_rows, k_tile);
+      }
+    };
     OnlineSoftmax<kBlockN> softmax;
     float correction[2];
 
@@ -704,10 +752,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       bool block_needs = walk.needs_elements(block);
       int block_key_end = block_needs ? walk.prefix_key_end(block, kBlockN, p.mask) : -1;
       mbar_wait(&bars.q_full[q_stage], (q_iter / Cfg::kQStages) & 1);
+      if constexpr (Cfg::kQInRegisters) {
+        load_q_fragments<Cfg>(q_frag, q_tile_rows, (threadIdx.x / 32) % 4, lane);
+        __syncwarp();
+        if (warp_leader) mbar_arrive(&bars.q_empty[q_stage]);  // the warp's loads are done
+      }
       // Block 0: S, softmax, P.
       mbar_wait(&bars.k_full[stage_of(0)], phase_of(0));
       wgmma_fence();
-      issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(s, q_tile_rows, k_smem + stage_of(0) * Cfg::kKVBytes);
+      issue_scores(k_smem + stage_of(0) * Cfg::kKVBytes);
       wgmma_commit();
       // The next block, walked while the GEMM runs (a window refill then waits under it).
       int next = walk.next(block + 1);
@@ -717,7 +770,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       fence_registers(s);
       if (warp_leader) {
         release_kv_stage<kMulticast>(&bars.k_empty[stage_of(0)]);
-        if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);  // the tile's last QK^T GEMM is done
+        // The tile's last QK^T GEMM is done (with Q in registers, the stage went at the tile's start).
+        if (!Cfg::kQInRegisters && next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
       }
       softmax.update(s, apply_masks(block, block_needs, block_key_end), correction);
       apply_dropout(block);
@@ -736,7 +790,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         mbar_wait(&bars.k_full[stage], phase_of(n));
         mbar_wait(&bars.v_full[prev], phase_of(n - 1));
         wgmma_fence();
-        issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(s, q_tile_rows, k_smem + stage * Cfg::kKVBytes);
+        issue_scores(k_smem + stage * Cfg::kKVBytes);
         wgmma_commit();
         issue_pv<T, Cfg>(o, prob, v_smem + prev * Cfg::kKVBytes);
         wgmma_commit();
@@ -753,7 +807,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         fence_registers(s);
         if (warp_leader) {
           release_kv_stage<kMulticast>(&bars.k_empty[stage]);
-          if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
+          if (!Cfg::kQInRegisters && next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
         }
         bool moved;
         if constexpr (kPlain) {
@@ -953,6 +1007,13 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
     }
   }
   if constexpr (kMulticastBuilt) {
+    const char* q_registers = std::getenv("FLASHATTN_SM90_Q_REGISTERS");
+    if (!key_ends && q_registers != nullptr && q_registers[0] == '1') {
+      using QRegs = typename QInRegistersFwdConfig<kHeadDim>::type;
+      return multicast_fits<QRegs>(p.shape) && wants_multicast<kHeadDim>(p.shape)
+                 ? launch_fwd_with_config<T, QRegs, false, false, true>(p, stream)
+                 : launch_fwd_with_config<T, QRegs>(p, stream);
+    }
     if (!key_ends && multicast_fits<Default>(p.shape) && wants_multicast<kHeadDim>(p.shape)) {
       return launch_fwd_with_config<T, Default, false, false, true>(p, stream);
     }
