@@ -14,7 +14,8 @@
 // with the gradient of a floating attn_mask. dropout_p in [0, 1) drops each probability (after the
 // softmax; the LSE is that of the undropped scores) with the keep-mask of common/dropout.h, seeded by
 // rng_state, a [2] int64 tensor (seed, offset) on q's device that the backward must get unchanged;
-// dropout_keep_mask materialises that mask (for tests: it is quadratic in memory). Autograd and fake kernels are registered in flashattn/ops.py.
+// dropout_keep_mask materialises that mask (for tests: it is quadratic in memory). fwd's autograd kernel is
+// in fwd_autograd.cpp; the fake kernels are registered in flashattn/ops.py.
 // The forward is bitwise reproducible; the CUDA backward is only with deterministic=True (its dq sums
 // in a fixed order), the CPU backward always is.
 #include <torch/extension.h>

@@ -40,10 +40,9 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     ``[batch, heads, seqlen_q, seqlen_k]`` tensor on rng_state's device (True = kept; all True for
     ``dropout_p == 0``). ``heads`` counts query heads. For tests and debugging: it is quadratic in memory.
 
-This module adds what the Python side of the dispatcher needs: fake (meta) kernels so the ops can be
-traced by ``torch.compile`` and ``torch.export``, and an autograd kernel for ``fwd`` whose backward calls
-``bwd`` (with ``deterministic=False``; dropout_p and rng_state travel from the forward to the backward),
-registered as ``torch.library.register_autograd`` would register it.
+``fwd``'s autograd kernel is C++ (``csrc/fwd_autograd.cpp``): its backward calls ``bwd`` (with
+``deterministic=False``; dropout_p and rng_state travel from the forward to the backward). This module
+adds the fake (meta) kernels, so the ops can be traced by ``torch.compile`` and ``torch.export``.
 :func:`attention` is ``fwd`` with autograd that can ask for the deterministic backward instead and that
 draws an ``rng_state`` for dropout; :func:`draw_rng_state` and :func:`dropout_keep_mask` are the
 dropout helpers.
@@ -201,6 +200,8 @@ def _dropout_keep_mask_fake(rng_state, batch, heads, seqlen_q, seqlen_k, dropout
     return rng_state.new_empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.bool)
 
 
+# The deterministic backward's Function (below) keeps the formula in Python, as fwd's C++ autograd kernel
+# has it (csrc/fwd_autograd.cpp).
 def _fwd_setup_context(ctx, inputs, output):
     q, k, v, scale, is_causal, causal_bottom_right = inputs[:6]
     attn_mask = inputs[6] if len(inputs) > 6 else None
@@ -231,46 +232,6 @@ def _input_grads(ctx, grad_out, deterministic):
     dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.scale, ctx.is_causal, ctx.causal_bottom_right, deterministic,
                      attn_mask, dmask, ctx.dropout_p, rng_state)
     return dq, dk, dv, dmask
-
-
-def _fwd_below_autograd(keyset, inputs):
-    """fwd's kernel for the dispatch keys past autograd (the device's, or a tracing mode's)."""
-    with torch._C._AutoDispatchBelowAutograd():
-        return fwd.redispatch(keyset & torch._C._after_autograd_keyset, *inputs)
-
-
-class _FwdAutograd(torch.autograd.Function):
-    """fwd's autograd formula: the forward below the autograd key, the backward through ``bwd``. The
-    dispatch key set travels last, so ctx.needs_input_grad keeps fwd's argument positions."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, keyset):
-        inputs = (q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state)
-        output = _fwd_below_autograd(keyset, inputs)
-        _fwd_setup_context(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_out, grad_lse):
-        # grad_lse is ignored: lse is marked non-differentiable.
-        dq, dk, dv, dmask = _input_grads(ctx, grad_out, False)
-        return dq, dk, dv, None, None, None, dmask, None, None, None
-
-
-def _fwd_autograd_kernel(keyset, q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0,
-                         rng_state=None):
-    # What torch.library.register_autograd registers, without its generic wrapper, which rebuilds the
-    # op's defaulted arguments from the schema on every call (tens of microseconds of host time per
-    # forward in grad mode). The dispatcher leaves out arguments equal to their defaults.
-    inputs = (q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
-                                    (attn_mask is not None and attn_mask.requires_grad)):
-        return _FwdAutograd.apply(*inputs, keyset)
-    return _fwd_below_autograd(keyset, inputs)
-
-
-_autograd_library = torch.library.Library("flashattn", "IMPL")  # kept alive: dropping it unregisters
-_autograd_library.impl("fwd", _fwd_autograd_kernel, "Autograd", with_keyset=True)
 
 
 class _FwdWithDeterministicBwd(torch.autograd.Function):
