@@ -5,7 +5,9 @@ Two public APIs over the same custom ops (``torch.ops.flashattn.fwd`` / ``bwd``)
 * :func:`scaled_dot_product_attention`: drop-in for ``torch.nn.functional.scaled_dot_product_attention``
   (layout ``(B, H, L, D)``, top-left causal mask); calls the kernels do not cover fall back to torch.
 * :func:`flash_attn_func`, :func:`flash_attn_kvpacked_func`, :func:`flash_attn_qkvpacked_func`: the
-  FlashAttention-2 Python API (layout ``(B, S, H, D)``, bottom-right causal mask).
+  FlashAttention-2 Python API (layout ``(B, S, H, D)``, bottom-right causal mask), and its
+  variable-length functions :func:`flash_attn_varlen_func`, :func:`flash_attn_varlen_kvpacked_func`,
+  :func:`flash_attn_varlen_qkvpacked_func` (packed ``(total, H, D)`` rows; see :mod:`flashattn.varlen`).
 
 :func:`attention_reference` is the plain-PyTorch definition both are tested against.
 """
@@ -18,6 +20,7 @@ from .functional import (
 )
 from .ops import cuda_kernels_built
 from .reference import attention_reference
+from .varlen import flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func
 
 __version__ = "0.1.0"
 
@@ -28,6 +31,9 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "ops",
     "scaled_dot_product_attention",
 ]

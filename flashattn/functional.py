@@ -254,7 +254,8 @@ def _check_tensor(name: str, t, ndim: int, layout: str) -> None:
         )
 
 
-def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs):
+def _flash_attn_checks(q, k, v) -> None:
+    """What the FlashAttention-2 API checks before the op's own checks: one device, kernels for it."""
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"flashattn: q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}")
     if q.device.type == "cuda" and not _CUDA_KERNELS_BUILT:
@@ -262,6 +263,10 @@ def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return
             "flashattn: q is a CUDA tensor but this build of flashattn has no CUDA kernels "
             "(reinstall with a CUDA toolkit present, or FLASHATTN_BUILD_CUDA=1)"
         )
+
+
+def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs):
+    _flash_attn_checks(q, k, v)
     if softmax_scale is None:
         # (A head dim of 0 gets any scale: the op rejects it with a message naming the head dim.)
         softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0

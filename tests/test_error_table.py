@@ -116,6 +116,18 @@ def qkvpacked(**kwargs):
     return flashattn.flash_attn_qkvpacked_func(_randn(2, 5, 3, 4, 8), **kwargs)
 
 
+def _cu(offsets, device="cpu"):
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def varlen(**replace):
+    """flash_attn_varlen_func on valid packed arguments (two sequences), with some replaced."""
+    args = dict(q=_randn(10, 4, 8), k=_randn(12, 2, 8), v=_randn(12, 2, 8), cu_seqlens_q=_cu([0, 4, 10]),
+                cu_seqlens_k=_cu([0, 5, 12]), max_seqlen_q=6, max_seqlen_k=7)
+    args.update(replace)
+    return flashattn.flash_attn_varlen_func(**args)
+
+
 def fwd(q, k, v, scale=0.35, is_causal=False, bottom_right=False, attn_mask=None, dropout_p=0.0, rng_state=None):
     return torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, attn_mask, dropout_p, rng_state)
 
@@ -221,6 +233,22 @@ CALLS: Dict[str, Callable] = {
     "qkvpacked-pack-of-2": lambda mp: flashattn.flash_attn_qkvpacked_func(_randn(2, 5, 2, 4, 8)),
     "qkvpacked-strided-last-dim": lambda mp: flashattn.flash_attn_qkvpacked_func(_strided_last_dim(2, 5, 3, 4, 8)),
     "qkvpacked-integer": lambda mp: flashattn.flash_attn_qkvpacked_func(_randn(2, 5, 3, 4, 8).long()),
+    # flash_attn_varlen_func
+    "varlen-window": lambda mp: varlen(window_size=(8, 0)),
+    "varlen-block-table": lambda mp: varlen(block_table=torch.zeros(2, 1, dtype=torch.int32)),
+    "varlen-q-4-dims": lambda mp: varlen(q=_randn(2, 5, 4, 8)),
+    "varlen-cu-not-a-tensor": lambda mp: varlen(cu_seqlens_q=[0, 4, 10]),
+    "varlen-cu-int64": lambda mp: varlen(cu_seqlens_q=torch.tensor([0, 4, 10])),
+    "varlen-cu-2-dims": lambda mp: varlen(cu_seqlens_k=_cu([0, 5, 12])[None]),
+    "varlen-cu-lengths-differ": lambda mp: varlen(cu_seqlens_k=_cu([0, 12])),
+    "varlen-cu-on-the-cpu": lambda mp: varlen(**{name: _randn(*shape, dtype=torch.float16, device="cuda")
+                                                 for name, shape in (("q", (10, 4, 8)), ("k", (12, 2, 8)),
+                                                                     ("v", (12, 2, 8)))},
+                                              cu_seqlens_k=_cu([0, 5, 12], "cuda")),
+    "varlen-max-seqlen-negative": lambda mp: varlen(max_seqlen_k=-1),
+    "varlen-sequence-too-long": lambda mp: varlen(max_seqlen_q=5),
+    "varlen-offsets-short": lambda mp: varlen(cu_seqlens_q=_cu([0, 4, 9])),
+    "varlen-heads-not-a-multiple": lambda mp: varlen(q=_randn(10, 3, 8)),
     # torch.ops.flashattn.fwd
     "fwd-q-3-dims": lambda mp: fwd(_randn(5, 4, 8), *_bshd()[1:]),
     "fwd-strided-last-dim": lambda mp: fwd(_strided_last_dim(2, 5, 4, 8), *_bshd()[1:]),
@@ -290,7 +318,7 @@ for _name, _kwargs in {**_UNIMPLEMENTED, **_OUT_OF_RANGE}.items():
 ROWS = parse_rows(DOC.read_text()) if DOC.exists() else []
 API_NAMES = {
     "scaled_dot_product_attention", "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
-    "torch.ops.flashattn.fwd", "torch.ops.flashattn.bwd", "torch.ops.flashattn.dropout_keep_mask",
+    "flash_attn_varlen_func", "torch.ops.flashattn.fwd", "torch.ops.flashattn.bwd", "torch.ops.flashattn.dropout_keep_mask",
 }
 
 
