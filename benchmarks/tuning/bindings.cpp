@@ -24,6 +24,7 @@ std::vector<BwdVariant>& bwd_variants() {
     std::vector<BwdVariant> out;
     add_bwd_variants_64(out);
     add_bwd_variants_128(out);
+    add_bwd_variants_256(out);
     add_bwd_variants_sm90(out);
     return out;
   }();

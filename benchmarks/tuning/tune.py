@@ -2,8 +2,9 @@
 """Times every kernel configuration listed in *_variants_*.cu (bf16, B*N = 16k tokens, H*D = 2048)
 beside SDPA's flash backend, after checking each against the package's own kernels. Development tool:
   python3 benchmarks/tuning/tune.py [fwd|bwd|both|sm90]
-sm90 times the Hopper forward configurations (head dims 64/128/256) beside SDPA's flash and cuDNN
-backends; the others time the sm80 configurations (head dims 64/128) beside the flash backend."""
+sm90 times the Hopper configurations (forward head dims 64/128/256, backward 64/128) beside SDPA's
+flash and cuDNN backends; the others time the sm80 configurations (forward head dims 64/128, backward
+64/128/256) beside the flash backend. A head dim without variants of the mode is left out."""
 import os
 import pathlib
 import sys
@@ -43,7 +44,11 @@ def sdpa_times(q, k, v, causal, backend=SDPBackend.FLASH_ATTENTION):
 
 for n in (1024, 4096, 16384):
     for causal in (False, True):
-        for d in ((64, 128, 256) if which == "sm90" else (64, 128)):
+        for d in (64, 128, 256):
+            has_fwd = any(vd == d and is_sm90(name) == (which == "sm90") for vd, name in mod.fwd_variants())
+            has_bwd = any(vd == d and is_sm90(name) == (which == "sm90") for vd, name in mod.bwd_variants())
+            if not (has_fwd and which in ("fwd", "both", "sm90") or has_bwd and which in ("bwd", "both", "sm90")):
+                continue
             b, h = 16384 // n, 2048 // d
             q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             scale = d ** -0.5
@@ -53,7 +58,7 @@ for n in (1024, 4096, 16384):
             ref_grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, causal, False)
             tf, tb = sdpa_times(q, k, v, causal)
             head = f"n={n:5d} causal={int(causal)} d={d:3d}"
-            if which in ("fwd", "both", "sm90"):
+            if which in ("fwd", "both", "sm90") and has_fwd:
                 line = [f"{head} fwd FA2 {flops / tf / 1e9:6.1f}"]
                 if which == "sm90":
                     tf_cudnn, _ = sdpa_times(q, k, v, causal, SDPBackend.CUDNN_ATTENTION)
@@ -68,7 +73,7 @@ for n in (1024, 4096, 16384):
                     t = bench(lambda: mod.fwd(i, q, k, v, scale, causal))
                     line.append(f"f{i} {flops / t / 1e9:6.1f}{'' if err < 2e-2 else ' BAD'}")
                 print(" ".join(line), flush=True)
-            if which in ("bwd", "both", "sm90") and d in (64, 128):
+            if which in ("bwd", "both", "sm90") and has_bwd:
                 line = [f"{head} bwd FA2 {2.5 * flops / tb / 1e9:6.1f}"]
                 if which == "sm90":
                     _, tb_cudnn = sdpa_times(q, k, v, causal, SDPBackend.CUDNN_ATTENTION)

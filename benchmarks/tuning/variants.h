@@ -26,6 +26,7 @@ void add_fwd_variants_sm90_128(std::vector<FwdVariant>& out);
 void add_fwd_variants_sm90_256(std::vector<FwdVariant>& out);
 void add_bwd_variants_64(std::vector<BwdVariant>& out);
 void add_bwd_variants_128(std::vector<BwdVariant>& out);
+void add_bwd_variants_256(std::vector<BwdVariant>& out);
 void add_bwd_variants_sm90(std::vector<BwdVariant>& out);
 
 #define FLASHATTN_FWD_VARIANT(D, ...) \
