@@ -7,7 +7,9 @@ Two public APIs over the same custom ops (``torch.ops.flashattn.fwd`` / ``bwd``)
 * :func:`flash_attn_func`, :func:`flash_attn_kvpacked_func`, :func:`flash_attn_qkvpacked_func`: the
   FlashAttention-2 Python API (layout ``(B, S, H, D)``, bottom-right causal mask), and its
   variable-length functions :func:`flash_attn_varlen_func`, :func:`flash_attn_varlen_kvpacked_func`,
-  :func:`flash_attn_varlen_qkvpacked_func` (packed ``(total, H, D)`` rows; see :mod:`flashattn.varlen`).
+  :func:`flash_attn_varlen_qkvpacked_func` (packed ``(total, H, D)`` rows; see :mod:`flashattn.varlen`),
+  and :func:`flash_attn_with_kvcache` (attention over a KV cache that grows in place; see
+  :mod:`flashattn.kvcache`).
 
 :func:`attention_reference` is the plain-PyTorch definition both are tested against.
 """
@@ -19,6 +21,7 @@ from .functional import (
     scaled_dot_product_attention,
 )
 from .ops import cuda_kernels_built
+from .kvcache import flash_attn_with_kvcache
 from .reference import attention_reference
 from .varlen import flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func
 
@@ -34,6 +37,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "ops",
     "scaled_dot_product_attention",
 ]

@@ -128,6 +128,13 @@ def varlen(**replace):
     return flashattn.flash_attn_varlen_func(**args)
 
 
+def kvcache(**replace):
+    """flash_attn_with_kvcache on valid arguments (2 sequences, a 10-row cache), with some replaced."""
+    args = dict(q=_randn(2, 1, 4, 8), k_cache=_randn(2, 10, 4, 8), v_cache=_randn(2, 10, 4, 8))
+    args.update(replace)
+    return flashattn.flash_attn_with_kvcache(**args)
+
+
 def fwd(q, k, v, scale=0.35, is_causal=False, bottom_right=False, attn_mask=None, dropout_p=0.0, rng_state=None):
     return torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, attn_mask, dropout_p, rng_state)
 
@@ -249,6 +256,18 @@ CALLS: Dict[str, Callable] = {
     "varlen-sequence-too-long": lambda mp: varlen(max_seqlen_q=5),
     "varlen-offsets-short": lambda mp: varlen(cu_seqlens_q=_cu([0, 4, 9])),
     "varlen-heads-not-a-multiple": lambda mp: varlen(q=_randn(10, 3, 8)),
+    # flash_attn_with_kvcache
+    "kvcache-rotary": lambda mp: kvcache(rotary_cos=torch.ones(10, 4)),
+    "kvcache-paged": lambda mp: kvcache(block_table=_cu([0, 1])),
+    "kvcache-k-without-v": lambda mp: kvcache(k=_randn(2, 3, 4, 8), cache_seqlens=_cu([2, 7])),
+    "kvcache-append-without-lengths": lambda mp: kvcache(k=_randn(2, 3, 4, 8), v=_randn(2, 3, 4, 8)),
+    "kvcache-lengths-shape": lambda mp: kvcache(cache_seqlens=_cu([[2, 7]])),
+    "kvcache-int-length-too-long": lambda mp: kvcache(cache_seqlens=11),
+    "kvcache-cache-shapes-differ": lambda mp: kvcache(v_cache=_randn(2, 9, 4, 8)),
+    "kvcache-new-dtype": lambda mp: kvcache(k=_randn(2, 3, 4, 8, dtype=torch.float64),
+                                            v=_randn(2, 3, 4, 8, dtype=torch.float64), cache_seqlens=_cu([2, 7])),
+    "kvcache-append-past-the-end": lambda mp: kvcache(k=_randn(2, 3, 4, 8), v=_randn(2, 3, 4, 8),
+                                                      cache_seqlens=_cu([3, 8])),
     # torch.ops.flashattn.fwd
     "fwd-q-3-dims": lambda mp: fwd(_randn(5, 4, 8), *_bshd()[1:]),
     "fwd-strided-last-dim": lambda mp: fwd(_strided_last_dim(2, 5, 4, 8), *_bshd()[1:]),
@@ -318,7 +337,7 @@ for _name, _kwargs in {**_UNIMPLEMENTED, **_OUT_OF_RANGE}.items():
 ROWS = parse_rows(DOC.read_text()) if DOC.exists() else []
 API_NAMES = {
     "scaled_dot_product_attention", "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
-    "flash_attn_varlen_func", "torch.ops.flashattn.fwd", "torch.ops.flashattn.bwd", "torch.ops.flashattn.dropout_keep_mask",
+    "flash_attn_varlen_func", "flash_attn_with_kvcache", "torch.ops.flashattn.fwd", "torch.ops.flashattn.bwd", "torch.ops.flashattn.dropout_keep_mask",
 }
 
 
