@@ -890,21 +890,21 @@ inline cudaLaunchConfig_t pair_cluster_config(int grid, int threads, int smem_by
   return config;
 }
 
-// How many clusters of two CTAs of `kernel` can be resident at once on `device` (0: none, or the query
-// failed), asked once per device and kernel (`cache`: count + 1 per device, 0 while not asked). The
-// kernel's dynamic shared memory limit must be set first.
-template <typename Kernel>
-inline int max_resident_clusters(Kernel kernel, int threads, int smem_bytes, int device, std::atomic<int>* cache,
-                                 int cached_devices) {
-  if (device < cached_devices && cache[device].load(std::memory_order_relaxed) > 0) return cache[device] - 1;
+// How many clusters of two CTAs of kKernel can be resident at once on `device` (0: none, or the query
+// failed), asked once per kernel and device. The kernel's dynamic shared memory limit must be set first.
+template <auto kKernel>
+inline int max_resident_clusters(int threads, int smem_bytes, int device) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> cache[kCachedDevices] = {};  // count + 1; 0: not asked yet
+  if (device < kCachedDevices && cache[device].load(std::memory_order_relaxed) > 0) return cache[device] - 1;
   cudaLaunchAttribute cluster;
   const cudaLaunchConfig_t config = pair_cluster_config(2, threads, smem_bytes, nullptr, &cluster);
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();
     clusters = 0;
   }
-  if (device < cached_devices) cache[device] = clusters + 1;
+  if (device < kCachedDevices) cache[device] = clusters + 1;
   return clusters;
 }
 
@@ -942,15 +942,12 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   const int tiles_per_unit = num_tiles > num_sms && (sh.is_causal || kMasked) ? 2 : 1;
   const int64_t num_units = (tiles_per_unit == 2 ? (num_m + 1) / 2 : num_m) * static_cast<int64_t>(sh.heads_q) * sh.batch;
   int grid = static_cast<int>(num_units < num_sms ? num_units : num_sms);
-  auto kernel = fwd_kernel<T, Cfg, kMasked, kKeyEnds, kMulticast>;
+  constexpr auto kernel = fwd_kernel<T, Cfg, kMasked, kKeyEnds, kMulticast>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   if constexpr (kMulticast) {  // whole clusters, no more than can be resident at once
     if (tiles_per_unit != 1 || num_m % 2 != 0) return cudaErrorInvalidConfiguration;
-    constexpr int kCachedDevices = 64;
-    static std::atomic<int> resident_cache[kCachedDevices] = {};
-    const int64_t resident =
-        max_resident_clusters(kernel, Cfg::kThreads, Cfg::kSmemBytes, device, resident_cache, kCachedDevices);
+    const int64_t resident = max_resident_clusters<kernel>(Cfg::kThreads, Cfg::kSmemBytes, device);
     // No pair of SMs for a cluster (a partitioned GPU, say): the single-CTA loads.
     if (resident < 1) return launch_fwd_with_config<T, Cfg, kMasked, kKeyEnds, false>(p, stream);
     grid = 2 * static_cast<int>(std::min<int64_t>(num_units / 2, resident));
@@ -988,38 +985,41 @@ inline bool wants_multicast(const AttentionShape& sh) {
   return kHeadDim == 128 && sh.seqlen_k >= 1024;
 }
 
+// The widths with multicast and Q-in-registers kernels: those where they were measured (benchmarks/NOTES.md).
+template <int kHeadDim>
+constexpr bool kFwdVariantsBuilt = kHeadDim == 64 || kHeadDim == 128;
+
+// An unmasked launch without key ends in configuration Cfg: with K/V multicast where it fits and is
+// wanted, else with single-CTA loads.
+template <typename T, typename Cfg, int kHeadDim>
+cudaError_t launch_fwd_every_key(const FwdParams& p, cudaStream_t stream) {
+  if constexpr (kFwdVariantsBuilt<kHeadDim>) {
+    if (multicast_fits<Cfg>(p.shape) && wants_multicast<kHeadDim>(p.shape)) {
+      return launch_fwd_with_config<T, Cfg, false, false, true>(p, stream);
+    }
+  }
+  return launch_fwd_with_config<T, Cfg>(p, stream);
+}
+
 template <typename T, int kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   using Default = typename DefaultFwdConfig<kHeadDim>::type;
   using LongRows = typename LongRowFwdConfig<kHeadDim>::type;
   const bool key_ends = p.key_end != nullptr;
-  // Multicast at the widths where it was measured (benchmarks/NOTES.md).
-  constexpr bool kMulticastBuilt = kHeadDim == 64 || kHeadDim == 128;
   if constexpr (!std::is_same_v<LongRows, Default>) {
     if (uses_long_row_config(p.shape)) {
-      if constexpr (kMulticastBuilt) {
-        if (!key_ends && multicast_fits<LongRows>(p.shape) && wants_multicast<kHeadDim>(p.shape)) {
-          return launch_fwd_with_config<T, LongRows, false, false, true>(p, stream);
-        }
-      }
       return key_ends ? launch_fwd_with_config<T, LongRows, false, true>(p, stream)
-                      : launch_fwd_with_config<T, LongRows>(p, stream);
+                      : launch_fwd_every_key<T, LongRows, kHeadDim>(p, stream);
     }
   }
-  if constexpr (kMulticastBuilt) {
+  if constexpr (kFwdVariantsBuilt<kHeadDim>) {
     const char* q_registers = std::getenv("FLASHATTN_SM90_Q_REGISTERS");
     if (!key_ends && q_registers != nullptr && q_registers[0] == '1') {
-      using QRegs = typename QInRegistersFwdConfig<kHeadDim>::type;
-      return multicast_fits<QRegs>(p.shape) && wants_multicast<kHeadDim>(p.shape)
-                 ? launch_fwd_with_config<T, QRegs, false, false, true>(p, stream)
-                 : launch_fwd_with_config<T, QRegs>(p, stream);
-    }
-    if (!key_ends && multicast_fits<Default>(p.shape) && wants_multicast<kHeadDim>(p.shape)) {
-      return launch_fwd_with_config<T, Default, false, false, true>(p, stream);
+      return launch_fwd_every_key<T, typename QInRegistersFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
     }
   }
   return key_ends ? launch_fwd_with_config<T, Default, false, true>(p, stream)
-                  : launch_fwd_with_config<T, Default>(p, stream);
+                  : launch_fwd_every_key<T, Default, kHeadDim>(p, stream);
 }
 
 template <typename T, int kHeadDim>
