@@ -265,23 +265,29 @@ def _flash_attn_checks(q, k, v) -> None:
         )
 
 
-def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs):
-    _flash_attn_checks(q, k, v)
+def _fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic, with_keep_mask, attn_mask=None):
+    """ops.attention with the FlashAttention-2 API's defaults (scale, bottom-right causal mask):
+    (out, softmax_lse, keep_mask), keep_mask the dropout keep-mask (batch, nheads, seqlen_q, seqlen_k)
+    bool, True = kept, when with_keep_mask and dropout_p > 0, else None."""
     if softmax_scale is None:
         # (A head dim of 0 gets any scale: the op rejects it with a message naming the head dim.)
         softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0
     dropout_p = float(dropout_p)
-    # Drawn here rather than inside ops.attention so that return_attn_probs can show the same mask.
+    # Drawn here rather than inside ops.attention so that the keep-mask can be shown for the same state.
     rng_state = ops.draw_rng_state(q.device) if dropout_p > 0.0 else None
     out, softmax_lse = ops.attention(q, k, v, float(softmax_scale), bool(causal), True, bool(deterministic),
-                                     None, dropout_p, rng_state)
-    if not return_attn_probs:
-        return out
+                                     attn_mask, dropout_p, rng_state)
     keep_mask = None
-    if rng_state is not None:
-        # (batch, nheads, seqlen_q, seqlen_k) bool, True = kept.
+    if with_keep_mask and rng_state is not None:
         keep_mask = ops.dropout_keep_mask(rng_state, q.size(0), q.size(2), q.size(1), k.size(1), dropout_p)
     return out, softmax_lse, keep_mask
+
+
+def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs):
+    _flash_attn_checks(q, k, v)
+    out, softmax_lse, keep_mask = _fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic,
+                                                 return_attn_probs)
+    return (out, softmax_lse, keep_mask) if return_attn_probs else out
 
 
 _FA2_ARGS_DOC = """

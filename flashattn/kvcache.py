@@ -20,8 +20,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import ops
-from .functional import _check_tensor, _flash_attn_checks, _reject_unimplemented
+from .functional import _check_tensor, _fa2_attention, _flash_attn_checks, _reject_unimplemented
 
 __all__ = ["flash_attn_with_kvcache"]
 
@@ -140,7 +139,6 @@ def flash_attn_with_kvcache(
     else:
         visible = (keys < lengths[:, None])[:, None, None, :]  # [batch, 1, 1, seqlen_cache]
     mask = visible.expand(batch, nheads, seqlen_q, seqlen_cache)
-    if softmax_scale is None:
-        softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0
-    out, lse = ops.attention(q, k_cache, v_cache, float(softmax_scale), False, False, False, mask)
+    # The causal mask is in `mask`, aligned to each sequence's own length.
+    out, lse, _ = _fa2_attention(q, k_cache, v_cache, 0.0, softmax_scale, False, False, False, mask)
     return (out, lse) if return_softmax_lse else out

@@ -20,8 +20,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import ops
-from .functional import _check_tensor, _flash_attn_checks, _reject_unimplemented
+from .functional import _check_tensor, _fa2_attention, _flash_attn_checks, _reject_unimplemented
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
 
@@ -115,22 +114,14 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     v_pad = _gather_padded(v, cu_seqlens_k, offset_k)
     batch = offset_q.size(0)
     key_mask = valid_k[:, None, None, :].expand(batch, nheads, max_seqlen_q, max_seqlen_k)  # True = the key takes part
-
-    if softmax_scale is None:
-        softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0
-    dropout_p = float(dropout_p)
-    rng_state = ops.draw_rng_state(q.device) if dropout_p > 0.0 else None
-    out_pad, lse_pad = ops.attention(q_pad, k_pad, v_pad, float(softmax_scale), bool(causal), True,
-                                     bool(deterministic), key_mask, dropout_p, rng_state)
+    out_pad, lse_pad, keep_mask = _fa2_attention(q_pad, k_pad, v_pad, dropout_p, softmax_scale, causal, deterministic,
+                                                 return_attn_probs, key_mask)
     positions = _packed_positions(cu_seqlens_q, lengths_q, max_seqlen_q, total_q, pad_at_end)
     out = out_pad.reshape((batch * max_seqlen_q,) + tuple(q.shape[1:])).index_select(0, positions)
     if not return_attn_probs:
         return out
     # (nheads, total_q), as flash_attn's varlen functions return it.
     softmax_lse = lse_pad.transpose(0, 1).reshape(nheads, batch * max_seqlen_q).index_select(1, positions)
-    keep_mask = None
-    if rng_state is not None:
-        keep_mask = ops.dropout_keep_mask(rng_state, batch, nheads, max_seqlen_q, max_seqlen_k, dropout_p)
     return out, softmax_lse, keep_mask
 
 
