@@ -200,53 +200,40 @@ def _dropout_keep_mask_fake(rng_state, batch, heads, seqlen_q, seqlen_k, dropout
     return rng_state.new_empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.bool)
 
 
-# The deterministic backward's Function (below) keeps the formula in Python, as fwd's C++ autograd kernel
-# has it (csrc/fwd_autograd.cpp).
-def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, scale, is_causal, causal_bottom_right = inputs[:6]
-    attn_mask = inputs[6] if len(inputs) > 6 else None
-    dropout_p = inputs[7] if len(inputs) > 7 else 0.0
-    rng_state = inputs[8] if len(inputs) > 8 else None
-    out, lse = output
-    # rng_state is saved, not its values: the backward regenerates the forward's keep-mask from it.
-    ctx.save_for_backward(q, k, v, out, lse, attn_mask, rng_state)
-    ctx.dropout_p = dropout_p
-    ctx.scale = scale
-    ctx.is_causal = is_causal
-    ctx.causal_bottom_right = causal_bottom_right
-    ctx.mark_non_differentiable(lse)
-
-
-def _input_grads(ctx, grad_out, deterministic):
-    """(dq, dk, dv, dmask) from what _fwd_setup_context saved and the gradient of out; dmask is None
-    unless a floating attn_mask needs its gradient."""
-    q, k, v, out, lse, attn_mask, rng_state = ctx.saved_tensors
-    if grad_out.size(-1) > 1 and grad_out.stride(-1) != 1:
-        # The kernels take any strides but need a contiguous last dim (e.g. an expanded grad of sum()).
-        # Not .contiguous(): it returns an empty tensor (e.g. batch 0) unchanged, strides and all.
-        grad_out = grad_out.clone(memory_format=torch.contiguous_format)
-    dmask = None
-    if attn_mask is not None and len(ctx.needs_input_grad) > 6 and ctx.needs_input_grad[6]:
-        # Full size: the expand that made the [B, Hq, Lq, Lk] view sums it back to the mask's shape.
-        dmask = torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=q.device)
-    dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.scale, ctx.is_causal, ctx.causal_bottom_right, deterministic,
-                     attn_mask, dmask, ctx.dropout_p, rng_state)
-    return dq, dk, dv, dmask
-
-
 class _FwdWithDeterministicBwd(torch.autograd.Function):
     """``fwd`` whose backward is ``bwd(..., deterministic=True)``: the flag has no place in fwd's schema
-    (the op's own autograd formula above always runs the default backward), so it travels here."""
+    (the op's own autograd kernel, csrc/fwd_autograd.cpp, always runs the default backward), so it
+    travels here, with that kernel's formula otherwise."""
 
     @staticmethod
     def forward(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state):
         return fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state)
 
-    setup_context = staticmethod(_fwd_setup_context)
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state = inputs
+        out, lse = output
+        # rng_state is saved, not its values: the backward regenerates the forward's keep-mask from it.
+        ctx.save_for_backward(q, k, v, out, lse, attn_mask, rng_state)
+        ctx.dropout_p = dropout_p
+        ctx.scale = scale
+        ctx.is_causal = is_causal
+        ctx.causal_bottom_right = causal_bottom_right
+        ctx.mark_non_differentiable(lse)
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        dq, dk, dv, dmask = _input_grads(ctx, grad_out, True)
+        q, k, v, out, lse, attn_mask, rng_state = ctx.saved_tensors
+        if grad_out.size(-1) > 1 and grad_out.stride(-1) != 1:
+            # The kernels take any strides but need a contiguous last dim (e.g. an expanded grad of sum()).
+            # Not .contiguous(): it returns an empty tensor (e.g. batch 0) unchanged, strides and all.
+            grad_out = grad_out.clone(memory_format=torch.contiguous_format)
+        dmask = None
+        if attn_mask is not None and ctx.needs_input_grad[6]:
+            # Full size: the expand that made the [B, Hq, Lq, Lk] view sums it back to the mask's shape.
+            dmask = torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=q.device)
+        dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.scale, ctx.is_causal, ctx.causal_bottom_right, True,
+                         attn_mask, dmask, ctx.dropout_p, rng_state)
         return dq, dk, dv, None, None, None, dmask, None, None
 
 
