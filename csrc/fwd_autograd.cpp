@@ -51,8 +51,6 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["causal_bottom_right"] = causal_bottom_right;
     ctx->saved_data["dropout_p"] = dropout_p;
-    // Whether attn_mask takes a gradient: its edge follows q, k and v's when it is a tensor.
-    ctx->saved_data["mask_edge"] = static_cast<int64_t>(attn_mask.has_value() && attn_mask->defined() ? 3 : -1);
     ctx->mark_non_differentiable({lse});
     return {out, lse};
   }
@@ -69,9 +67,9 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
       // Not .contiguous(): it returns an empty tensor (e.g. batch 0) unchanged, strides and all.
       grad_out = grad_out.clone(at::MemoryFormat::Contiguous);
     }
-    const int64_t mask_edge = ctx->saved_data["mask_edge"].toInt();
     at::Tensor dmask;
-    if (mask_edge >= 0 && ctx->needs_input_grad(static_cast<size_t>(mask_edge))) {
+    // The tensor inputs' edges: q, k, v, then attn_mask when there is one.
+    if (attn_mask.defined() && ctx->needs_input_grad(3)) {
       // Full size: the expand that made the [B, Hq, Lq, Lk] view sums it back to the mask's shape.
       dmask = at::empty(attn_mask.sizes(), attn_mask.options().device(q.device()));
     }
