@@ -946,7 +946,7 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   if constexpr (kMulticast) {  // whole clusters, no more than can be resident at once
-    if (tiles_per_unit != 1 || num_m % 2 != 0) return cudaErrorInvalidConfiguration;
+    if (tiles_per_unit != 1 || !multicast_fits<Cfg>(sh)) return cudaErrorInvalidConfiguration;
     const int64_t resident = max_resident_clusters<kernel>(Cfg::kThreads, Cfg::kSmemBytes, device);
     // No pair of SMs for a cluster (a partitioned GPU, say): the single-CTA loads.
     if (resident < 1) return launch_fwd_with_config<T, Cfg, kMasked, kKeyEnds, false>(p, stream);
