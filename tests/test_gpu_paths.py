@@ -214,3 +214,21 @@ def test_q_in_registers_matches_oracle(monkeypatch, causal, batch, seqlen_q, seq
                                        layout):
     monkeypatch.setenv("FLASHATTN_SM90_Q_REGISTERS", "1")
     run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, causal, layout)
+
+
+# FLASHATTN_SM90_WIDE_KEY_BLOCKS=1, an experiment switch (tile width 128, the unmasked forward without
+# key ends): 176 keys per step. Key counts that are not multiples of 176 end in a partial block; the
+# last key block of a causal row crosses the diagonal at other offsets than with 128.
+@pytest.mark.parametrize("multicast", ["0", "1"])
+@pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,dtype,layout", [
+    pytest.param(2, 1024, 1024, 8, 8, 128, torch.bfloat16, "contiguous", id="d128"),
+    pytest.param(1, 2048, 2112, 4, 4, 128, torch.float16, "contiguous", id="d128-fp16-12-blocks"),
+    pytest.param(1, 900, 777, 8, 2, 112, torch.bfloat16, "bhsd", id="d112-gqa-strided"),
+    pytest.param(2, 256, 176, 4, 4, 128, torch.bfloat16, "padded", id="d128-one-block"),
+])
+def test_wide_key_blocks_match_oracle(monkeypatch, multicast, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+                                      head_dim, dtype, layout):
+    monkeypatch.setenv("FLASHATTN_SM90_WIDE_KEY_BLOCKS", "1")
+    monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", multicast)
+    run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout)

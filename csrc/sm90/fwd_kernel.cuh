@@ -132,6 +132,13 @@ struct QInRegistersFwdConfig;
 template <> struct QInRegistersFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, true>; };
 template <> struct QInRegistersFwdConfig<128> { using type = FwdConfig<128, 128, 2, 2, 1, true, true>; };
 
+// Experiment (FLASHATTN_SM90_WIDE_KEY_BLOCKS=1): 176 keys per step at tile width 128, so each key block's
+// barrier waits, O rescale and GEMM issue cover 1.375x the work. The output staging (32 KB) does not
+// fit beside two 44 KB K/V stages and Q, so the threads store the output.
+template <int kHeadDim>
+struct WideKeyFwdConfig;
+template <> struct WideKeyFwdConfig<128> { using type = FwdConfig<128, 176, 2>; };
+
 // The unmasked forward of long rows runs in this configuration (see uses_long_row_config): at tile
 // width 64, three consumer warpgroups (192 queries per tile, 160 registers each) keep the tensor
 // cores busier than two. The masked variant stays at two: at 160 registers it spills (~1.9 KB).
@@ -1016,6 +1023,12 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
     const char* q_registers = std::getenv("FLASHATTN_SM90_Q_REGISTERS");
     if (!key_ends && q_registers != nullptr && q_registers[0] == '1') {
       return launch_fwd_every_key<T, typename QInRegistersFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
+    }
+  }
+  if constexpr (kHeadDim == 128) {
+    const char* wide = std::getenv("FLASHATTN_SM90_WIDE_KEY_BLOCKS");
+    if (!key_ends && wide != nullptr && wide[0] == '1') {
+      return launch_fwd_every_key<T, typename WideKeyFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
     }
   }
   return key_ends ? launch_fwd_with_config<T, Default, false, true>(p, stream)

@@ -6,9 +6,15 @@ that clock and power drift over the run falls on each alike; the table gives eac
 
   python3 scripts/dev/env_ab.py --env FLASHATTN_SM90_MULTICAST --values 0,1 \
       [--configs 128:4096:0,64:16384:0] [--rounds 2]
+
+--settings compares settings of several switches instead: semicolon-separated, each a comma-separated
+list of NAME=VALUE (or "-" for none of them set), e.g.
+  --settings "-;FLASHATTN_SM90_Q_REGISTERS=1;FLASHATTN_SM90_WIDE_KEY_BLOCKS=1,FLASHATTN_SM90_MULTICAST=0"
+After each configuration's rounds a "median" row gives the median of every column.
 """
 import argparse
 import os
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -20,14 +26,21 @@ import flashattn._C  # noqa: F401
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", required=True)
+    parser.add_argument("--env")
     parser.add_argument("--values", default="0,1")
+    parser.add_argument("--settings", help="semicolon-separated settings (see above); replaces --env/--values")
     parser.add_argument("--configs", default="128:1024:0,128:2048:0,128:4096:0,128:8192:0,128:16384:0",
                         help="D:N:causal, comma separated")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    values = args.values.split(",")
-    methods = [f"{args.env}={v}" for v in values] + ["cuDNN"]
+    if args.settings:
+        methods = args.settings.split(";")
+    elif args.env:
+        methods = [f"{args.env}={v}" for v in args.values.split(",")]
+    else:
+        parser.error("give --env or --settings")
+    switches = {a.split("=", 1)[0] for m in methods for a in m.split(",") if "=" in a}
+    methods.append("cuDNN")
     print(f"| D | N | causal | round | {' | '.join(methods)} | " + " | ".join(f"{m} / cuDNN" for m in methods[:-1]) + " |")
     print("|---|---|---|---|" + "--:|" * (2 * len(methods) - 1))
     for config in args.configs.split(","):
@@ -44,6 +57,7 @@ def main():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
 
+        rounds = []
         for r in range(args.rounds):
             tflops = {}
             order = methods[r % len(methods):] + methods[:r % len(methods)]
@@ -51,13 +65,22 @@ def main():
                 if m == "cuDNN":
                     fn = cudnn
                 else:
-                    os.environ[args.env] = m.split("=", 1)[1]
+                    for name in switches:
+                        os.environ.pop(name, None)
+                    os.environ.update(a.split("=", 1) for a in m.split(",") if "=" in a)
                     fn = ours
                 tflops[m] = flops / do_bench(fn, warmup=50, rep=200, return_mode="median") / 1e9
-            os.environ.pop(args.env, None)
-            cells = " | ".join(f"{tflops[m]:.1f}" for m in methods)
-            ratios = " | ".join(f"{tflops[m] / tflops['cuDNN']:.3f}" for m in methods[:-1])
-            print(f"| {d} | {n} | {causal} | {r} | {cells} | {ratios} |", flush=True)
+            for name in switches:
+                os.environ.pop(name, None)
+            rounds.append(tflops)
+            print_row(d, n, causal, r, tflops, methods)
+        print_row(d, n, causal, "median", {m: statistics.median(t[m] for t in rounds) for m in methods}, methods)
+
+
+def print_row(d, n, causal, label, tflops, methods):
+    cells = " | ".join(f"{tflops[m]:.1f}" for m in methods)
+    ratios = " | ".join(f"{tflops[m] / tflops['cuDNN']:.3f}" for m in methods[:-1])
+    print(f"| {d} | {n} | {causal} | {label} | {cells} | {ratios} |", flush=True)
 
 
 if __name__ == "__main__":
