@@ -201,24 +201,27 @@ def test_multicast_replays_in_a_cuda_graph(monkeypatch):
     _assert_graph_replays_match_eager(*_causal_inputs(2, 1024, 1024, 16, 16, 128), causal=False)
 
 
-# FLASHATTN_SM90_Q_REGISTERS=1, an experiment switch (tile widths 64 and 128, the unmasked forward
-# without key ends; not the 192-query tiles): each consumer warpgroup holds its Q rows in registers
-# for the QK^T GEMMs. With and without multicast, causal or not.
+# FLASHATTN_SM90_Q_REGISTERS (tile widths 64 and 128, the unmasked forward without key ends; not the
+# 192-query tiles): each consumer warpgroup holds its Q rows in registers for the QK^T GEMMs, the
+# default at width 128. Both settings, with and without multicast, causal or not; wide key blocks off,
+# so that width 128 runs the Q-in-registers kernel or the one reading Q from shared memory.
+@pytest.mark.parametrize("q_registers", ["0", "1"])
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
 @pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,layout", [
     pytest.param(2, 1024, 1024, 8, 8, 128, "contiguous", id="d128"),
     pytest.param(1, 900, 777, 8, 2, 112, "bhsd", id="d112-gqa-strided"),
     pytest.param(2, 300, 1500, 4, 4, 64, "padded", id="d64"),
 ])
-def test_q_in_registers_matches_oracle(monkeypatch, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
-                                       layout):
-    monkeypatch.setenv("FLASHATTN_SM90_Q_REGISTERS", "1")
+def test_q_in_registers_matches_oracle(monkeypatch, q_registers, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+                                       head_dim, layout):
+    monkeypatch.setenv("FLASHATTN_SM90_Q_REGISTERS", q_registers)
+    monkeypatch.setenv("FLASHATTN_SM90_WIDE_KEY_BLOCKS", "0")
     run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, causal, layout)
 
 
-# FLASHATTN_SM90_WIDE_KEY_BLOCKS=1, an experiment switch (tile width 128, the unmasked forward without
-# key ends): 176 keys per step. Key counts that are not multiples of 176 end in a partial block; the
-# last key block of a causal row crosses the diagonal at other offsets than with 128.
+# FLASHATTN_SM90_WIDE_KEY_BLOCKS=1 (tile width 128, the unmasked forward without key ends; the default
+# from 8192 keys without causal masking): 176 keys per step. Key counts that are not multiples of 176
+# end in a partial block; the key block of a causal row's diagonal falls at other offsets than with 128.
 @pytest.mark.parametrize("multicast", ["0", "1"])
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
 @pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,dtype,layout", [
@@ -226,6 +229,7 @@ def test_q_in_registers_matches_oracle(monkeypatch, causal, batch, seqlen_q, seq
     pytest.param(1, 2048, 2112, 4, 4, 128, torch.float16, "contiguous", id="d128-fp16-12-blocks"),
     pytest.param(1, 900, 777, 8, 2, 112, torch.bfloat16, "bhsd", id="d112-gqa-strided"),
     pytest.param(2, 256, 176, 4, 4, 128, torch.bfloat16, "padded", id="d128-one-block"),
+    pytest.param(1, 256, 8192, 2, 1, 128, torch.bfloat16, "contiguous", id="d128-8k-keys"),
 ])
 def test_wide_key_blocks_match_oracle(monkeypatch, multicast, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
                                       head_dim, dtype, layout):

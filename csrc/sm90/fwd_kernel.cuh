@@ -126,15 +126,20 @@ static_assert(DefaultFwdConfig<64>::type::kBlockN == fwd_keys_per_step(64) &&
                   DefaultFwdConfig<64>::type::kBlockM == kFwdQueriesPerTile,
               "sm90/fwd_tiles.h is out of date");
 
-// Experiment (FLASHATTN_SM90_Q_REGISTERS=1): Q held in registers for the QK^T GEMMs.
+// Q held in registers for the QK^T GEMMs (see kQInRegisters): the default at tile width 128 where the
+// wide key blocks below are not used, +0-2% without causal masking and +2.5-3% with it from 4k (H200,
+// bf16, benchmarks/NOTES.md); at width 64 -0.6 to +1.5%, so there only with FLASHATTN_SM90_Q_REGISTERS=1.
 template <int kHeadDim>
 struct QInRegistersFwdConfig;
 template <> struct QInRegistersFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, true>; };
 template <> struct QInRegistersFwdConfig<128> { using type = FwdConfig<128, 128, 2, 2, 1, true, true>; };
 
-// Experiment (FLASHATTN_SM90_WIDE_KEY_BLOCKS=1): 176 keys per step at tile width 128, so each key block's
-// barrier waits, O rescale and GEMM issue cover 1.375x the work. The output staging (32 KB) does not
-// fit beside two 44 KB K/V stages and Q, so the threads store the output.
+// 176 keys per step at tile width 128, so each key block's barrier waits, O rescale and GEMM issue
+// cover 1.375x the work: +2% at 8k keys and +4% at 16k without causal masking. Below that the partial
+// last block (key counts are rarely multiples of 176) costs more than it saves, and with causal
+// masking so do the diagonal blocks. The output staging (32 KB) does not fit beside two 44 KB K/V
+// stages and Q, so the threads store the output; Q stays in shared memory (ptxas: highest register
+// R219 of 240 without it).
 template <int kHeadDim>
 struct WideKeyFwdConfig;
 template <> struct WideKeyFwdConfig<128> { using type = FwdConfig<128, 176, 2>; };
@@ -992,6 +997,24 @@ inline bool wants_multicast(const AttentionShape& sh) {
   return kHeadDim == 128 && sh.seqlen_k >= 1024;
 }
 
+// Whether an unmasked launch without key ends at tile width 128 runs WideKeyFwdConfig: without causal
+// masking from 8192 keys on. FLASHATTN_SM90_WIDE_KEY_BLOCKS=0 or 1 turns it off, or on for every such
+// launch (read on every call, as the tests compare both).
+inline bool wants_wide_key_blocks(const AttentionShape& sh) {
+  const char* env = std::getenv("FLASHATTN_SM90_WIDE_KEY_BLOCKS");
+  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
+  return !sh.is_causal && sh.seqlen_k >= 8192;
+}
+
+// Whether such a launch (at tile width 64 or 128) holds Q in registers: by default at width 128.
+// FLASHATTN_SM90_Q_REGISTERS=0 or 1 turns it off or on at both.
+template <int kHeadDim>
+inline bool wants_q_in_registers() {
+  const char* env = std::getenv("FLASHATTN_SM90_Q_REGISTERS");
+  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
+  return kHeadDim == 128;
+}
+
 // The widths with multicast and Q-in-registers kernels: those where they were measured (benchmarks/NOTES.md).
 template <int kHeadDim>
 constexpr bool kFwdVariantsBuilt = kHeadDim == 64 || kHeadDim == 128;
@@ -1019,16 +1042,14 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
                       : launch_fwd_every_key<T, LongRows, kHeadDim>(p, stream);
     }
   }
-  if constexpr (kFwdVariantsBuilt<kHeadDim>) {
-    const char* q_registers = std::getenv("FLASHATTN_SM90_Q_REGISTERS");
-    if (!key_ends && q_registers != nullptr && q_registers[0] == '1') {
-      return launch_fwd_every_key<T, typename QInRegistersFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
+  if constexpr (kHeadDim == 128) {
+    if (!key_ends && wants_wide_key_blocks(p.shape)) {
+      return launch_fwd_every_key<T, typename WideKeyFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
     }
   }
-  if constexpr (kHeadDim == 128) {
-    const char* wide = std::getenv("FLASHATTN_SM90_WIDE_KEY_BLOCKS");
-    if (!key_ends && wide != nullptr && wide[0] == '1') {
-      return launch_fwd_every_key<T, typename WideKeyFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
+  if constexpr (kFwdVariantsBuilt<kHeadDim>) {
+    if (!key_ends && wants_q_in_registers<kHeadDim>()) {
+      return launch_fwd_every_key<T, typename QInRegistersFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
     }
   }
   return key_ends ? launch_fwd_with_config<T, Default, false, true>(p, stream)
