@@ -135,11 +135,11 @@ template <> struct QInRegistersFwdConfig<64> { using type = FwdConfig<64, 128, 4
 template <> struct QInRegistersFwdConfig<128> { using type = FwdConfig<128, 128, 2, 2, 1, true, true>; };
 
 // 176 keys per step at tile width 128, so each key block's barrier waits, O rescale and GEMM issue
-// cover 1.375x the work: +2% at 8k keys and +4% at 16k without causal masking. Below that the partial
-// last block (key counts are rarely multiples of 176) costs more than it saves, and with causal
-// masking so do the diagonal blocks. The output staging (32 KB) does not fit beside two 44 KB K/V
-// stages and Q, so the threads store the output; Q stays in shared memory (ptxas: highest register
-// R219 of 240 without it).
+// cover 1.375x the work: +2% at 8k keys and +4% at 16k without causal masking. On shorter rows a
+// tile has fewer blocks to spread its prologue and epilogue over (-0.2 to -0.7% from 1k to 4k), and
+// with causal masking the wider diagonal blocks cost more (-6.5% at 2k). The output staging (32 KB)
+// does not fit beside two 44 KB K/V stages and Q, so the threads store the output; Q stays in shared
+// memory (the highest register is R219 of 240 without Q's 32).
 template <int kHeadDim>
 struct WideKeyFwdConfig;
 template <> struct WideKeyFwdConfig<128> { using type = FwdConfig<128, 176, 2>; };
