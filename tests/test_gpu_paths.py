@@ -177,10 +177,14 @@ MULTICAST_SHAPES = [
 ]
 
 
+# With Q in registers (the default) and from shared memory (FLASHATTN_SM90_Q_REGISTERS=0).
+@pytest.mark.parametrize("q_registers", ["0", "1"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,layout", MULTICAST_SHAPES)
-def test_multicast_matches_oracle(monkeypatch, dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, layout):
+def test_multicast_matches_oracle(monkeypatch, q_registers, dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+                                  head_dim, layout):
     monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", "1")
+    monkeypatch.setenv("FLASHATTN_SM90_Q_REGISTERS", q_registers)
     run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "none", layout)
 
 
@@ -203,7 +207,7 @@ def test_multicast_replays_in_a_cuda_graph(monkeypatch):
 
 # FLASHATTN_SM90_Q_REGISTERS (tile widths 64 and 128, the unmasked forward without key ends; not the
 # 192-query tiles): each consumer warpgroup holds its Q rows in registers for the QK^T GEMMs, the
-# default at width 128. Both settings, with and without multicast, causal or not; wide key blocks off,
+# default. Both settings, with and without multicast, causal or not; wide key blocks off,
 # so that width 128 runs the Q-in-registers kernel or the one reading Q from shared memory.
 @pytest.mark.parametrize("q_registers", ["0", "1"])
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])

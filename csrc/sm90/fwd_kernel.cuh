@@ -126,9 +126,11 @@ static_assert(DefaultFwdConfig<64>::type::kBlockN == fwd_keys_per_step(64) &&
                   DefaultFwdConfig<64>::type::kBlockM == kFwdQueriesPerTile,
               "sm90/fwd_tiles.h is out of date");
 
-// Q held in registers for the QK^T GEMMs (see kQInRegisters): the default at tile width 128 where the
-// wide key blocks below are not used, +0-2% without causal masking and +2.5-3% with it from 4k (H200,
-// bf16, benchmarks/NOTES.md); at width 64 -0.6 to +1.5%, so there only with FLASHATTN_SM90_Q_REGISTERS=1.
+// Q held in registers for the QK^T GEMMs (see kQInRegisters), the default for unmasked launches without
+// key ends at tile width 128 where the wide key blocks below are not used (+0-2% without causal masking,
+// +2.5-3% with it from 4k; H200, bf16, benchmarks/NOTES.md) and at width 64 with two consumer
+// warpgroups (about +1%: 7 of 8 A/B medians up). The three-consumer kernel has no room for it (160
+// registers; Q would take 16 more).
 template <int kHeadDim>
 struct QInRegistersFwdConfig;
 template <> struct QInRegistersFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, true>; };
@@ -1006,13 +1008,12 @@ inline bool wants_wide_key_blocks(const AttentionShape& sh) {
   return !sh.is_causal && sh.seqlen_k >= 8192;
 }
 
-// Whether such a launch (at tile width 64 or 128) holds Q in registers: by default at width 128.
-// FLASHATTN_SM90_Q_REGISTERS=0 or 1 turns it off or on at both.
-template <int kHeadDim>
+// Whether such a launch (at tile width 64 with two consumer warpgroups, or 128) holds Q in registers:
+// by default yes. FLASHATTN_SM90_Q_REGISTERS=0 turns it off (read on every call, as the tests compare
+// both).
 inline bool wants_q_in_registers() {
   const char* env = std::getenv("FLASHATTN_SM90_Q_REGISTERS");
-  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
-  return kHeadDim == 128;
+  return !(env != nullptr && env[0] == '0');
 }
 
 // The widths with multicast and Q-in-registers kernels: those where they were measured (benchmarks/NOTES.md).
@@ -1048,7 +1049,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
     }
   }
   if constexpr (kFwdVariantsBuilt<kHeadDim>) {
-    if (!key_ends && wants_q_in_registers<kHeadDim>()) {
+    if (!key_ends && wants_q_in_registers()) {
       return launch_fwd_every_key<T, typename QInRegistersFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
     }
   }
