@@ -771,6 +771,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       mbar_wait(&bars.q_full[q_stage], (q_iter / Cfg::kQStages) & 1);
       if constexpr (Cfg::kQInRegisters) {
         load_q_fragments<Cfg>(q_frag, q_tile_rows, (threadIdx.x / 32) % 4, lane);
+        // The stage is released to the producer's next TMA load (the async proxy) after reads through
+        // the generic proxy (ldmatrix): without a proxy fence that write is not ordered after them.
+        fence_proxy_async_shared();
         __syncwarp();
         if (warp_leader) mbar_arrive(&bars.q_empty[q_stage]);  // the warp's loads are done
       }
