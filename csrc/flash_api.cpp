@@ -83,6 +83,9 @@ bool compiled_with_cuda() {
 TORCH_LIBRARY(flashattn, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right,"
         " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None) -> (Tensor out, Tensor lse)");
+  // fwd with q, k, v in (B, H, L, E), SDPA's layout; out and lse as fwd returns them.
+  m.def("fwd_heads_first(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right,"
+        " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None) -> (Tensor out, Tensor lse)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, bool is_causal,"
         " bool causal_bottom_right, bool deterministic=False, Tensor? attn_mask=None, Tensor(a!)? dmask=None,"
         " float dropout_p=0.0, Tensor? rng_state=None) -> (Tensor dq, Tensor dk, Tensor dv)");

@@ -1,12 +1,17 @@
-// The autograd kernel of flashattn::fwd: the forward below the autograd key (the device's kernel, or a
-// tracing mode's fake one), and a backward that calls flashattn::bwd with the forward's inputs, out and
-// lse (deterministic=False; dropout_p and rng_state as the forward had them, so the backward regenerates
-// the same keep-mask). A floating attn_mask that requires grad gets dmask, its gradient over the
-// [B, Hq, Lq, Lk] view the op took (autograd sums it back over broadcast dims).
+// The autograd kernels of flashattn::fwd and flashattn::fwd_heads_first: the forward below the autograd
+// key (the device's kernel, or a tracing mode's fake one), and a backward that calls flashattn::bwd with
+// the forward's inputs, out and lse (deterministic=False; dropout_p and rng_state as the forward had
+// them, so the backward regenerates the same keep-mask). A floating attn_mask that requires grad gets
+// dmask, its gradient over the [B, Hq, Lq, Lk] view the op took (autograd sums it back over broadcast
+// dims).
+//
+// fwd_heads_first takes q, k, v in SDPA's (B, H, L, E) layout: the transposes to the kernels' (B, L, H, E)
+// are made here, below autograd, instead of as three autograd views in Python (about half of the SDPA
+// drop-in's host time went to those and the calls around them).
 //
 // Written in C++ rather than as a Python autograd.Function because a training step calls it once per
 // attention layer: the Python form cost tens of microseconds of host time per call. flashattn/ops.py's
-// deterministic variant (attention(..., deterministic=True)) stays a Python Function over this op.
+// deterministic variant (attention(..., deterministic=True)) stays a Python Function over fwd.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -32,25 +37,51 @@ std::optional<at::Tensor> present(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
 
+// A (B, H, L, E) tensor as the kernels take it: the (B, L, H, E) transposed view, with a contiguous last
+// dim (copied when it is not; not .contiguous(), which returns an empty tensor unchanged).
+at::Tensor kernel_layout(const at::Tensor& t) {
+  at::Tensor view = t.transpose(1, 2);
+  return view.size(-1) > 1 && view.stride(-1) != 1 ? view.clone(at::MemoryFormat::Contiguous) : view;
+}
+
+void check_heads_first(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "flashattn.fwd_heads_first: q, k and v must be 4-D (B, H, L, E), got ", q.dim(), ", ", k.dim(),
+              " and ", v.dim(), " dims");
+}
+
+const auto& fwd_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("flashattn::fwd", "").typed<FwdSignature>();
+  return op;
+}
+
+// heads_first: q, k, v (and the gradients returned for them) in (B, H, L, E), else (B, L, H, E).
 class FwdFunction : public torch::autograd::Function<FwdFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale, bool is_causal, bool causal_bottom_right,
                                const std::optional<at::Tensor>& attn_mask, double dropout_p,
-                               const std::optional<at::Tensor>& rng_state) {
-    static const auto op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("flashattn::fwd", "").typed<FwdSignature>();
+                               const std::optional<at::Tensor>& rng_state, bool heads_first) {
     at::Tensor out, lse;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      std::tie(out, lse) = op.call(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state);
+      if (heads_first) {
+        check_heads_first(q, k, v);
+        std::tie(out, lse) = fwd_op().call(kernel_layout(q), kernel_layout(k), kernel_layout(v), scale, is_causal,
+                                           causal_bottom_right, attn_mask, dropout_p, rng_state);
+      } else {
+        std::tie(out, lse) = fwd_op().call(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p,
+                                           rng_state);
+      }
     }
-    // rng_state is saved, not its values: the backward regenerates the forward's keep-mask from it.
+    // The inputs as given (the backward makes the kernels' views again); rng_state is saved, not its
+    // values: the backward regenerates the forward's keep-mask from it.
     ctx->save_for_backward({q, k, v, out, lse, attn_mask.value_or(at::Tensor()), rng_state.value_or(at::Tensor())});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["causal_bottom_right"] = causal_bottom_right;
     ctx->saved_data["dropout_p"] = dropout_p;
+    ctx->saved_data["heads_first"] = heads_first;
     ctx->mark_non_differentiable({lse});
     return {out, lse};
   }
@@ -59,7 +90,11 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
     static const auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("flashattn::bwd", "").typed<BwdSignature>();
     const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const bool heads_first = ctx->saved_data["heads_first"].toBool();
+    const at::Tensor q = heads_first ? kernel_layout(saved[0]) : saved[0];
+    const at::Tensor k = heads_first ? kernel_layout(saved[1]) : saved[1];
+    const at::Tensor v = heads_first ? kernel_layout(saved[2]) : saved[2];
+    const at::Tensor &out = saved[3], &lse = saved[4];
     const at::Tensor &attn_mask = saved[5], &rng_state = saved[6];
     at::Tensor grad_out = grads[0];  // grads[1], lse's, is not differentiable
     if (grad_out.size(-1) > 1 && grad_out.stride(-1) != 1) {
@@ -78,9 +113,14 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
                                 ctx->saved_data["causal_bottom_right"].toBool(), /*deterministic=*/false,
                                 present(attn_mask), present(dmask), ctx->saved_data["dropout_p"].toDouble(),
                                 present(rng_state));
+    if (heads_first) {  // back to the inputs' (B, H, L, E)
+      dq = dq.transpose(1, 2);
+      dk = dk.transpose(1, 2);
+      dv = dv.transpose(1, 2);
+    }
     // One gradient per forward argument: q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-    // dropout_p, rng_state.
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), dmask, at::Tensor(), at::Tensor()};
+    // dropout_p, rng_state, heads_first.
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), dmask, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -89,11 +129,42 @@ std::tuple<at::Tensor, at::Tensor> fwd_autograd(const at::Tensor& q, const at::T
                                                 const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                                 const std::optional<at::Tensor>& rng_state) {
   const variable_list outputs =
-      FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state);
+      FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, false);
+  return {outputs[0], outputs[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd_heads_first_autograd(const at::Tensor& q, const at::Tensor& k,
+                                                            const at::Tensor& v, double scale, bool is_causal,
+                                                            bool causal_bottom_right,
+                                                            const std::optional<at::Tensor>& attn_mask,
+                                                            double dropout_p,
+                                                            const std::optional<at::Tensor>& rng_state) {
+  const variable_list outputs =
+      FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, true);
   return {outputs[0], outputs[1]};
 }
 
 }  // namespace
+
+// fwd_heads_first below autograd (under inference mode, say): fwd on the kernels' views.
+std::tuple<at::Tensor, at::Tensor> fwd_heads_first(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                   double scale, bool is_causal, bool causal_bottom_right,
+                                                   const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                                                   const std::optional<at::Tensor>& rng_state) {
+  check_heads_first(q, k, v);
+  return fwd_op().call(kernel_layout(q), kernel_layout(k), kernel_layout(v), scale, is_causal, causal_bottom_right,
+                       attn_mask, dropout_p, rng_state);
+}
+
 }  // namespace flashattn
 
-TORCH_LIBRARY_IMPL(flashattn, Autograd, m) { m.impl("fwd", &flashattn::fwd_autograd); }
+TORCH_LIBRARY_IMPL(flashattn, Autograd, m) {
+  m.impl("fwd", &flashattn::fwd_autograd);
+  m.impl("fwd_heads_first", &flashattn::fwd_heads_first_autograd);
+}
+
+TORCH_LIBRARY_IMPL(flashattn, CPU, m) { m.impl("fwd_heads_first", &flashattn::fwd_heads_first); }
+
+#ifdef FLASHATTN_WITH_CUDA
+TORCH_LIBRARY_IMPL(flashattn, CUDA, m) { m.impl("fwd_heads_first", &flashattn::fwd_heads_first); }
+#endif

@@ -208,15 +208,20 @@ def scaled_dot_product_attention(
         batch *= size
     if ndim != 4:  # (4-dim inputs are (N, H, L, E) already; a reshape costs host time even as a view)
         query, key, value = (t.reshape((batch,) + tuple(t.shape[-3:])) for t in (query, key, value))  # (N, H, L, E)
-    q, k, v = (_contiguous_last_dim(t.transpose(1, 2)) for t in (query, key, value))  # (N, L, H, E) views
     mask = None
     if attn_mask is not None:
-        mask = _mask_for_kernels(attn_mask, lead_shape, batch, q.size(2), q.size(1), k.size(1))  # (N, Hq, L, S)
+        mask = _mask_for_kernels(attn_mask, lead_shape, batch, query.size(-3), query.size(-2),
+                                 key.size(-2))  # (N, Hq, L, S)
     # torch.use_deterministic_algorithms(True) asks every op for reproducible results: the backward
     # then adds dq in a fixed order (the FlashAttention-2 API's deterministic=True).
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    out, _ = ops.attention(q, k, v, float(scale), bool(is_causal), False, deterministic, mask,
-                           float(dropout_p))  # (N, L, Hq, E)
+    if torch.are_deterministic_algorithms_enabled():
+        q, k, v = (_contiguous_last_dim(t.transpose(1, 2)) for t in (query, key, value))  # (N, L, H, E) views
+        out, _ = ops.attention(q, k, v, float(scale), bool(is_causal), False, True, mask, float(dropout_p))
+    else:
+        # The transposes to the kernels' layout happen inside the op, below autograd (no view nodes).
+        rng_state = ops.draw_rng_state(query.device) if dropout_p > 0.0 else None
+        out, _ = ops.fwd_heads_first(query, key, value, float(scale), bool(is_causal), False, mask, float(dropout_p),
+                                     rng_state)  # (N, L, Hq, E)
     out = out.transpose(1, 2)  # (N, Hq, L, E)
     if ndim != 4:
         out = out.reshape(lead_shape + tuple(out.shape[1:]))

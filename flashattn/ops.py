@@ -53,9 +53,12 @@ import torch
 
 from . import _C  # noqa: F401  (loading the library registers torch.ops.flashattn.*)
 
-__all__ = ["fwd", "bwd", "attention", "cuda_kernels_built", "draw_rng_state", "dropout_keep_mask"]
+__all__ = ["fwd", "fwd_heads_first", "bwd", "attention", "cuda_kernels_built", "draw_rng_state", "dropout_keep_mask"]
 
 fwd = torch.ops.flashattn.fwd.default
+# fwd with q, k, v in (B, H, L, E) (SDPA's layout), transposed for the kernels below autograd; out and lse
+# as fwd returns them. Its autograd is fwd's.
+fwd_heads_first = torch.ops.flashattn.fwd_heads_first.default
 bwd = torch.ops.flashattn.bwd.default
 _keep_mask_op = torch.ops.flashattn.dropout_keep_mask.default
 
@@ -155,6 +158,18 @@ def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dr
     out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
     lse = q.new_empty((batch, heads_q, seqlen_q), dtype=_lse_dtype(q.dtype))
     return out, lse
+
+
+@torch.library.register_fake("flashattn::fwd_heads_first")
+def _fwd_heads_first_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0,
+                          rng_state=None):
+    torch._check(
+        q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
+        lambda: f"flashattn.fwd_heads_first: q, k and v must be 4-D (B, H, L, E), got {q.dim()}, {k.dim()} and "
+                f"{v.dim()} dims",
+    )
+    return _fwd_fake(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, is_causal, causal_bottom_right,
+                     attn_mask, dropout_p, rng_state)
 
 
 @torch.library.register_fake("flashattn::bwd")

@@ -148,6 +148,59 @@ def test_opcheck_cpu(dtype, causal, bottom_right):
     )
 
 
+# fwd_heads_first: fwd with q, k, v in (B, H, L, E), the transposes made inside the op.
+@pytest.mark.parametrize("mask", [None, "float"])
+@pytest.mark.parametrize("causal, bottom_right", [(False, False), (True, True)])
+def test_opcheck_fwd_heads_first(causal, bottom_right, mask):
+    q = _rand(2, 4, 5, 8, dtype=torch.float64, requires_grad=True)
+    k = _rand(2, 2, 7, 8, dtype=torch.float64, requires_grad=True)
+    v = _rand(2, 2, 7, 8, dtype=torch.float64, requires_grad=True)
+    attn_mask = None
+    if mask is not None and not causal:
+        attn_mask = torch.randn(2, 1, 1, 7, dtype=torch.float64, requires_grad=True).expand(2, 4, 5, 7)
+    torch.library.opcheck(torch.ops.flashattn.fwd_heads_first.default, (q, k, v, 0.35, causal, bottom_right, attn_mask))
+
+
+@pytest.mark.parametrize("last_dim_strided", [False, True])
+def test_fwd_heads_first_matches_fwd(last_dim_strided):
+    """Values and gradients (q, k, v and a floating mask) equal fwd's on the transposed inputs, also for
+    inputs whose last dim is strided (copied inside the op); with dropout, the same keep-mask."""
+    shapes = [(2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8)]
+    if last_dim_strided:
+        q, k, v = (_rand(*s[:-1], 2 * s[-1])[..., ::2].requires_grad_() for s in shapes)
+    else:
+        q, k, v = (_rand(*s, requires_grad=True) for s in shapes)
+    mask = torch.randn(2, 1, 5, 7, requires_grad=True)
+    rng_state = torch.tensor([123, 4], dtype=torch.int64)
+    args = (0.35, False, False, mask.expand(2, 4, 5, 7), 0.25, rng_state)
+    out, lse = torch.ops.flashattn.fwd_heads_first(q, k, v, *args)
+    # fwd needs a contiguous last dim (its callers copy): .contiguous() on the transposed views.
+    ref_out, ref_lse = torch.ops.flashattn.fwd(*(t.transpose(1, 2).contiguous() for t in (q, k, v)), *args)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, mask), dout)
+    ref_grads = torch.autograd.grad(ref_out, (q, k, v, mask), dout)
+    for got, want in zip(grads, ref_grads):
+        assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_fwd_heads_first_without_autograd():
+    """Under inference mode the op runs its CPU kernel (no autograd kernel): the same out and lse."""
+    q, k, v = (_rand(1, 2, 6, 8) for _ in range(3))
+    with torch.inference_mode():
+        out, lse = torch.ops.flashattn.fwd_heads_first(q, k, v, 0.35, True, False)
+    ref_out, ref_lse = torch.ops.flashattn.fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.35, True,
+                                               False)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+def test_fwd_heads_first_rejects_other_ranks():
+    q = _rand(2, 5, 8)
+    for context in (torch.inference_mode(), torch.enable_grad()):
+        with context, pytest.raises(RuntimeError, match="fwd_heads_first: q, k and v must be 4-D"):
+            torch.ops.flashattn.fwd_heads_first(q, q, q, 0.35, False, False)
+
+
 def _fake_mode():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
