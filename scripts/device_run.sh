@@ -12,7 +12,7 @@
 #   scripts/device_run.sh ncu          build + Nsight Compute stall profiles of the sm90 forward, no mask
 #                                      and padding mask (D=${NCU_HEADDIM:-64}, N=${NCU_SEQLEN:-4096}), when ncu is installed there, and
 #                                      per-SASS-instruction counts of both (ncu_source_*.csv)
-#   scripts/device_run.sh stress       build + scripts/dev/schedule_stress.py (one causal launch ${STRESS_RUNS:-300} times
+#   scripts/device_run.sh stress       build + scripts/dev/schedule_stress.py (one causal launch ${STRESS_RUNS:-1000} times
 #                                      per Q setting: the runs that are not bit-for-bit the first)
 #   scripts/device_run.sh all          build + test + bench
 # Steps combine with "+", e.g. guard+test+large+fuzz. Each step runs under its own timeout so one hang cannot
@@ -72,7 +72,7 @@ has sanitize && run sanitize 300 python3 scripts/sanitize.py --out "$OUT/sanitiz
 has fuzz && run fuzz_gpu 300 env FLASHATTN_FUZZ_PROFILE=gpu FLASHATTN_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-300} \
   python3 -m pytest tests/test_fuzz.py -q -rfE
 has masks && run masks 300 python3 benchmarks/bench_masks.py --out "$OUT/masks"
-has stress && run stress 300 python3 scripts/dev/schedule_stress.py --runs ${STRESS_RUNS:-300}
+has stress && run stress 300 python3 scripts/dev/schedule_stress.py --runs ${STRESS_RUNS:-1000}
 has tune && run tune 400 python3 benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
 if has ncu; then
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
