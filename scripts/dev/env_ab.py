@@ -13,7 +13,6 @@ list of NAME=VALUE (or "-" for none of them set), e.g.
 After each configuration's rounds a "median" row gives the median of every column.
 """
 import argparse
-import os
 import statistics
 
 import torch
@@ -22,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 import flashattn._C  # noqa: F401
+from env_settings import apply, switches_of
 
 
 def main():
@@ -39,7 +39,7 @@ def main():
         methods = [f"{args.env}={v}" for v in args.values.split(",")]
     else:
         parser.error("give --env or --settings")
-    switches = {a.split("=", 1)[0] for m in methods for a in m.split(",") if "=" in a}
+    switches = switches_of(methods)
     methods.append("cuDNN")
     print(f"| D | N | causal | round | {' | '.join(methods)} | " + " | ".join(f"{m} / cuDNN" for m in methods[:-1]) + " |")
     print("|---|---|---|---|" + "--:|" * (2 * len(methods) - 1))
@@ -65,13 +65,10 @@ def main():
                 if m == "cuDNN":
                     fn = cudnn
                 else:
-                    for name in switches:
-                        os.environ.pop(name, None)
-                    os.environ.update(a.split("=", 1) for a in m.split(",") if "=" in a)
+                    apply(m, switches)
                     fn = ours
                 tflops[m] = flops / do_bench(fn, warmup=50, rep=200, return_mode="median") / 1e9
-            for name in switches:
-                os.environ.pop(name, None)
+            apply(None, switches)
             rounds.append(tflops)
             print_row(d, n, causal, r, tflops, methods)
         print_row(d, n, causal, "median", {m: statistics.median(t[m] for t in rounds) for m in methods}, methods)

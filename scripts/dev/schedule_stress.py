@@ -13,11 +13,11 @@ setting is a comma-separated list of NAME=VALUE ("-" for none). FLASHATTN_SM90_S
 setting times the static schedule instead of the dynamic tail.
 """
 import argparse
-import os
 
 import torch
 
 import flashattn._C  # noqa: F401
+from env_settings import apply, switches_of
 
 QUERY_TILE = 128
 
@@ -47,12 +47,10 @@ def main():
     k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     scale = head_dim ** -0.5
     settings = args.settings.split(";")
-    switches = {a.split("=", 1)[0] for s in settings for a in s.split(",") if "=" in a}
+    switches = switches_of(settings)
     print(f"shape {args.shape}, {args.runs} runs per setting")
     for setting in settings:
-        for name in switches:
-            os.environ.pop(name, None)
-        os.environ.update(a.split("=", 1) for a in setting.split(",") if "=" in a)
+        apply(setting, switches)
         first = torch.ops.flashattn.fwd(q, k, v, scale, True, True)
         mismatches = 0
         for run in range(1, args.runs):
@@ -62,8 +60,7 @@ def main():
                 if mismatches <= 3:
                     print(f"  {setting}: run {run} differs from run 0: {describe(first, other)}")
         print(f"{setting}: {mismatches} of {args.runs - 1} runs differ from run 0", flush=True)
-    for name in switches:
-        os.environ.pop(name, None)
+    apply(None, switches)
 
 
 if __name__ == "__main__":
