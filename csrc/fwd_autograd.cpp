@@ -55,6 +55,17 @@ const auto& fwd_op() {
   return op;
 }
 
+// fwd_heads_first below autograd (its device kernel, and the forward of its autograd kernel): fwd on
+// the kernels' views.
+std::tuple<at::Tensor, at::Tensor> fwd_heads_first(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                   double scale, bool is_causal, bool causal_bottom_right,
+                                                   const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                                                   const std::optional<at::Tensor>& rng_state) {
+  check_heads_first(q, k, v);
+  return fwd_op().call(kernel_layout(q), kernel_layout(k), kernel_layout(v), scale, is_causal, causal_bottom_right,
+                       attn_mask, dropout_p, rng_state);
+}
+
 // heads_first: q, k, v (and the gradients returned for them) in (B, H, L, E), else (B, L, H, E).
 class FwdFunction : public torch::autograd::Function<FwdFunction> {
  public:
@@ -65,14 +76,10 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
     at::Tensor out, lse;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      if (heads_first) {
-        check_heads_first(q, k, v);
-        std::tie(out, lse) = fwd_op().call(kernel_layout(q), kernel_layout(k), kernel_layout(v), scale, is_causal,
-                                           causal_bottom_right, attn_mask, dropout_p, rng_state);
-      } else {
-        std::tie(out, lse) = fwd_op().call(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p,
-                                           rng_state);
-      }
+      std::tie(out, lse) =
+          heads_first
+              ? fwd_heads_first(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state)
+              : fwd_op().call(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state);
     }
     // The inputs as given (the backward makes the kernels' views again); rng_state is saved, not its
     // values: the backward regenerates the forward's keep-mask from it.
@@ -145,17 +152,6 @@ std::tuple<at::Tensor, at::Tensor> fwd_heads_first_autograd(const at::Tensor& q,
 }
 
 }  // namespace
-
-// fwd_heads_first below autograd (under inference mode, say): fwd on the kernels' views.
-std::tuple<at::Tensor, at::Tensor> fwd_heads_first(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                   double scale, bool is_causal, bool causal_bottom_right,
-                                                   const std::optional<at::Tensor>& attn_mask, double dropout_p,
-                                                   const std::optional<at::Tensor>& rng_state) {
-  check_heads_first(q, k, v);
-  return fwd_op().call(kernel_layout(q), kernel_layout(k), kernel_layout(v), scale, is_causal, causal_bottom_right,
-                       attn_mask, dropout_p, rng_state);
-}
-
 }  // namespace flashattn
 
 TORCH_LIBRARY_IMPL(flashattn, Autograd, m) {
