@@ -72,7 +72,7 @@ has sanitize && run sanitize 300 python3 scripts/sanitize.py --out "$OUT/sanitiz
 has fuzz && run fuzz_gpu 300 env FLASHATTN_FUZZ_PROFILE=gpu FLASHATTN_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-300} \
   python3 -m pytest tests/test_fuzz.py -q -rfE
 has masks && run masks 300 python3 benchmarks/bench_masks.py --out "$OUT/masks"
-has stress && run stress 300 python3 scripts/dev/schedule_stress.py --runs ${STRESS_RUNS:-1000}
+has stress && run stress 300 python3 scripts/dev/schedule_stress.py --runs ${STRESS_RUNS:-1000} ${STRESS_ARGS:-}
 has tune && run tune 400 python3 benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
 if has ncu; then
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)

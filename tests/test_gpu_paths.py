@@ -122,7 +122,8 @@ def _causal_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim):
 
 
 # With Q from shared memory (the default) and in registers (FLASHATTN_SM90_Q_REGISTERS=1): one GPU
-# suite run with Q in registers by default saw two dynamic runs of odd-query-blocks differ.
+# suite run with Q in registers by default saw two runs of odd-query-blocks differ (the first dynamic
+# run and either the second or the static one: that version of the test did not say which).
 @pytest.mark.parametrize("q_registers", ["0", "1"])
 @pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim", DYNAMIC_TAIL_SHAPES)
 def test_static_and_dynamic_schedules_are_identical(monkeypatch, q_registers, batch, seqlen_q, seqlen_k, heads_q,

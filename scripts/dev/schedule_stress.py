@@ -4,6 +4,16 @@ counts the runs whose output or LSE is not bit-for-bit the first run's (the forw
 so any count above 0 is a defect). For a run that differs it prints where: how many output elements,
 and the (batch, head, query tile) of the first few, so that a race can be placed in the schedule.
 
+So that a race cannot hide behind memory that already holds the right answer, the runs alternate
+between two sets of inputs (each compared with its own first run: shared memory a CTA reads too early
+then holds another input's tiles), each run's output and LSE are filled with NaN before they go back
+to the allocator (an element a run fails to write stays NaN), and with --perturb two other launches
+come before each: a head-dim-64 causal forward of random length on the same stream (another kernel's
+shared-memory layout left behind on the SMs) and a matmul of random size on a second stream, so that
+the two share the SMs for a while and the launch's CTAs start at different times. Each setting's
+first runs are also compared with the first setting's (printed, not counted: two kernels may round
+differently).
+
   python3 scripts/dev/schedule_stress.py [--runs 200] [--shape 2:1400:1400:48:16:128] \\
       [--settings "FLASHATTN_SM90_Q_REGISTERS=0;FLASHATTN_SM90_Q_REGISTERS=1"]
 
@@ -39,27 +49,55 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--shape", default="2:1400:1400:48:16:128")
-    parser.add_argument("--settings", default="FLASHATTN_SM90_Q_REGISTERS=0;FLASHATTN_SM90_Q_REGISTERS=1")
+    parser.add_argument("--settings", default="FLASHATTN_SM90_Q_REGISTERS=0;FLASHATTN_SM90_Q_REGISTERS=1;"
+                        "FLASHATTN_SM90_Q_REGISTERS=1,FLASHATTN_SM90_STATIC_SCHEDULE=1")
+    parser.add_argument("--perturb", action="store_true", help="a matmul of random size on a second stream beside each launch")
     args = parser.parse_args()
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = (int(x) for x in args.shape.split(":"))
     torch.manual_seed(0)
-    q = torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    inputs = []
+    for _ in range(2):
+        q = torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        inputs.append((q, k, v))
     scale = head_dim ** -0.5
+    noise = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    other_kernel = torch.randn(1, 4096, 8, 64, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    reference = None
     settings = args.settings.split(";")
     switches = switches_of(settings)
-    print(f"shape {args.shape}, {args.runs} runs per setting")
+    print(f"shape {args.shape}, {args.runs} runs per setting{', perturbed' if args.perturb else ''}")
     for setting in settings:
         apply(setting, switches)
-        first = torch.ops.flashattn.fwd(q, k, v, scale, True, True)
+        firsts = [torch.ops.flashattn.fwd(q, k, v, scale, True, True) for q, k, v in inputs]
+        if reference is None:
+            reference = firsts
+        else:
+            same = all(torch.equal(a[i], b[i]) for a, b in zip(reference, firsts) for i in range(2))
+            print(f"{setting}: first runs {'equal' if same else 'differ from'} the first setting's")
         mismatches = 0
         for run in range(1, args.runs):
-            other = torch.ops.flashattn.fwd(q, k, v, scale, True, True)
+            if args.perturb:
+                length = int(torch.randint(128, 4096, ()).item())
+                x = other_kernel[:, :length]
+                torch.ops.flashattn.fwd(x, x, x, 0.125, True, True)
+                size = int(torch.randint(256, 4096, ()).item())
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    noise[:size, :size] @ noise[:size, :size]
+            which = run % 2
+            other = torch.ops.flashattn.fwd(*inputs[which], scale, True, True)
+            first = firsts[which]
             if not (torch.equal(first[0], other[0]) and torch.equal(first[1], other[1])):
                 mismatches += 1
                 if mismatches <= 3:
-                    print(f"  {setting}: run {run} differs from run 0: {describe(first, other)}")
-        print(f"{setting}: {mismatches} of {args.runs - 1} runs differ from run 0", flush=True)
+                    print(f"  {setting}: run {run} differs from input {which}'s first run: {describe(first, other)}")
+            for t in other:
+                t.fill_(float("nan"))
+            del other
+            torch.cuda.current_stream().wait_stream(side)
+        print(f"{setting}: {mismatches} of {args.runs - 1} runs differ from their input's first run", flush=True)
     apply(None, switches)
 
 
