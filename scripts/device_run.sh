@@ -11,7 +11,8 @@
 #   scripts/device_run.sh tune         build + benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
 #   scripts/device_run.sh ncu          build + Nsight Compute stall profiles of the sm90 forward, no mask
 #                                      and padding mask (D=${NCU_HEADDIM:-64}, N=${NCU_SEQLEN:-4096}), when ncu is installed there, and
-#                                      per-SASS-instruction counts of both (ncu_source_*.csv)
+#                                      per-SASS-instruction counts of both (ncu_source_*.csv); NCU_CASES="is_causal;no mask"
+#                                      picks other cases of scripts/dev/mask_profile.py
 #   scripts/device_run.sh stress       build + scripts/dev/schedule_stress.py (one causal launch ${STRESS_RUNS:-1000} times
 #                                      per Q setting: the runs that are not bit-for-bit the first)
 #   scripts/device_run.sh all          build + test + bench
@@ -77,7 +78,8 @@ has tune && run tune 400 python3 benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
 if has ncu; then
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
   if [[ -z $NCU ]]; then echo "ncu: not installed on this machine"; else
-    for c in "no mask" "padding mask"; do
+    IFS=';' read -ra ncu_cases <<< "${NCU_CASES:-no mask;padding mask}"
+    for c in "${ncu_cases[@]}"; do
       run "ncu_${c// /_}" 240 "$NCU" --clock-control none --section SpeedOfLight --section WarpStateStats \
         --section SchedulerStats --section InstructionStats --section SourceCounters -k regex:fwd_kernel --launch-skip 1 --launch-count 1 python3 scripts/dev/mask_profile.py ${NCU_HEADDIM:-64} ${NCU_SEQLEN:-4096} "$c"
       # Per-SASS-instruction execution counts and stall samples (CSV), to place the difference.

@@ -129,10 +129,11 @@ static_assert(DefaultFwdConfig<64>::type::kBlockN == fwd_keys_per_step(64) &&
 // Q held in registers for the QK^T GEMMs (see kQInRegisters), for unmasked launches without key ends
 // at tile width 128 where the wide key blocks below are not used (+0-2% without causal masking, +2.5-3%
 // with it from 4k; H200, bf16, benchmarks/NOTES.md) and at width 64 with two consumer warpgroups
-// (about +1%). Opt-in (FLASHATTN_SM90_Q_REGISTERS=1): in one of two GPU suite runs with it on by
-// default, two runs of the same causal D=128 launch with the dynamic tail were not bit-for-bit equal
+// (about +1%). Opt-in (FLASHATTN_SM90_Q_REGISTERS=1): in one of three GPU suite runs with it on, two
+// runs of the same causal D=128 launch with the dynamic tail were not bit-for-bit equal
 // (test_static_and_dynamic_schedules_are_identical), which the Q-from-shared-memory kernel has never
-// shown; until that is understood it stays off. The three-consumer kernel has no room for it (160
+// shown. About 32,000 stress runs did not reproduce it (benchmarks/NOTES.md); until it is understood
+// it stays off. The three-consumer kernel has no room for it (160
 // registers; Q would take 16 more).
 template <int kHeadDim>
 struct QInRegistersFwdConfig;
@@ -772,7 +773,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       if constexpr (Cfg::kQInRegisters) {
         load_q_fragments<Cfg>(q_frag, q_tile_rows, (threadIdx.x / 32) % 4, lane);
         // The stage is released to the producer's next TMA load (the async proxy) after reads through
-        // the generic proxy (ldmatrix): without a proxy fence that write is not ordered after them.
+        // the generic proxy (ldmatrix); the proxy fence orders the two. Stress runs without it never
+        // differed either (benchmarks/NOTES.md, 70b769f): it is kept as the memory model's safe side.
         fence_proxy_async_shared();
         __syncwarp();
         if (warp_leader) mbar_arrive(&bars.q_empty[q_stage]);  // the warp's loads are done
