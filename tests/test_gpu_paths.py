@@ -230,6 +230,42 @@ def test_q_in_registers_matches_oracle(monkeypatch, q_registers, causal, batch, 
     run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, causal, layout)
 
 
+# FLASHATTN_SM90_PREFETCH_SCORES=1 (tile width 64 with two consumer warpgroups, the unmasked forward
+# without key ends): a tile's second QK^T GEMM is issued before its first softmax. Tiles of one key
+# block (no second GEMM), of two, and longer; with and without multicast, causal or not.
+PREFETCH_SHAPES = [
+    pytest.param(2, 1024, 1024, 8, 8, 64, torch.bfloat16, "contiguous", id="d64"),
+    pytest.param(1, 900, 777, 8, 2, 64, torch.float16, "bhsd", id="d64-fp16-gqa-strided"),
+    pytest.param(2, 128, 100, 4, 4, 64, torch.bfloat16, "padded", id="d64-one-block"),
+    pytest.param(2, 200, 256, 4, 4, 64, torch.bfloat16, "contiguous", id="d64-two-blocks"),
+    pytest.param(2, 300, 1500, 4, 4, 64, torch.bfloat16, "padded", id="d64-long-keys"),
+]
+
+
+@pytest.mark.parametrize("multicast", ["0", "1"])
+@pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,dtype,layout", PREFETCH_SHAPES)
+def test_prefetched_scores_match_oracle(monkeypatch, multicast, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+                                        head_dim, dtype, layout):
+    monkeypatch.setenv("FLASHATTN_SM90_PREFETCH_SCORES", "1")
+    monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", multicast)
+    run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,dtype,layout", PREFETCH_SHAPES)
+def test_prefetched_scores_change_no_bit(monkeypatch, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
+                                         dtype, layout):
+    # The same GEMMs and softmax steps in the same order, only issued earlier: bit for bit the same
+    # output and LSE as the default kernel.
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda", layout)
+    results = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv("FLASHATTN_SM90_PREFETCH_SCORES", setting)
+        results[setting] = torch.ops.flashattn.fwd(q, k, v, head_dim ** -0.5, causal, True)
+    assert torch.equal(results["1"][0], results["0"][0]) and torch.equal(results["1"][1], results["0"][1])
+
+
 # FLASHATTN_SM90_WIDE_KEY_BLOCKS=1 (tile width 128, the unmasked forward without key ends; the default
 # from 8192 keys without causal masking): 176 keys per step. Key counts that are not multiples of 176
 # end in a partial block; the key block of a causal row's diagonal falls at other offsets than with 128.

@@ -67,7 +67,7 @@ namespace flashattn {
 namespace sm90 {
 
 template <int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2, int kQStages_ = 1,
-          bool kStagedOutput_ = false, bool kQInRegisters_ = false>
+          bool kStagedOutput_ = false, bool kQInRegisters_ = false, bool kPrefetchScores_ = false>
 struct FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;  // tile width: the real head dim is <= this
   static constexpr int kConsumers = kConsumers_;
@@ -84,6 +84,11 @@ struct FwdConfig {
   // (kHeadDim / 4 registers per thread) and releases the Q stage at once; the QK^T GEMMs then read
   // only K from shared memory.
   static constexpr bool kQInRegisters = kQInRegisters_;
+  // With prefetched scores a tile issues its second key block's QK^T GEMM before its first block's
+  // softmax, so that the GEMM runs under it (otherwise a tile's first softmax has no GEMM of its own
+  // warpgroup to overlap); the first block's scores then take kBlockN / 2 more registers. Unmasked
+  // launches only.
+  static constexpr bool kPrefetchScores = kPrefetchScores_;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // After setmaxnreg; 24 stay with the producer. Three consumers share what two would have.
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
@@ -139,6 +144,13 @@ template <int kHeadDim>
 struct QInRegistersFwdConfig;
 template <> struct QInRegistersFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, true>; };
 template <> struct QInRegistersFwdConfig<128> { using type = FwdConfig<128, 128, 2, 2, 1, true, true>; };
+
+// The default configuration at tile width 64 (two consumer warpgroups) with prefetched scores (see
+// kPrefetchScores), for unmasked launches without key ends. An experiment:
+// FLASHATTN_SM90_PREFETCH_SCORES=1 turns it on. At width 128 the extra 64 registers spilled 48 bytes.
+template <int kHeadDim>
+struct PrefetchScoresFwdConfig;
+template <> struct PrefetchScoresFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, false, true>; };
 
 // 176 keys per step at tile width 128, so each key block's barrier waits, O rescale and GEMM issue
 // cover 1.375x the work: +2% at 8k keys and +4% at 16k without causal masking. On shorter rows a
@@ -717,12 +729,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     float s[kBlockN / 2];
     uint32_t prob[kBlockN / 16][4];
     uint32_t q_frag[Cfg::kQInRegisters ? Cfg::kHeadDim / 16 : 1][4];  // kQInRegisters: Q's A fragments
-    // S = Q K^T for the key block in `k_tile`.
-    auto issue_scores = [&](const unsigned char* k_tile) {
-      if constexpr (Cfg::kQInRegisters) {
-        issue_qk<T, Cfg>(s, q_frag, k_tile);
+    // kPrefetchScores: the scores of a tile's first key block (s holds the second's by then).
+    float s_first[Cfg::kPrefetchScores ? kBlockN / 2 : 1];
+    float(&s0)[kBlockN / 2] = *[&]() {
+      if constexpr (Cfg::kPrefetchScores) {
+        return &s_first;
       } else {
-        issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(s, q_tile_rows, k_tile);
+        return &s;
+      }
+    }();
+    // S = Q K^T for the key block in `k_tile`, into `scores`.
+    auto issue_scores = [&](float(&scores)[kBlockN / 2], const unsigned char* k_tile) {
+      if constexpr (Cfg::kQInRegisters) {
+        issue_qk<T, Cfg>(scores, q_frag, k_tile);
+      } else {
+        issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(scores, q_tile_rows, k_tile);
       }
     };
     OnlineSoftmax<kBlockN> softmax;
@@ -739,26 +760,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     // Masks block `block`'s scores; returns the scale the softmax must apply to them. A block whose
     // mask tile is a key prefix ending at key_end (>= 0) takes the length test up to key_end instead of
     // its mask elements.
-    auto apply_masks = [&](int block, bool mask_needed, int key_end) {
+    auto apply_masks = [&](float(&scores)[kBlockN / 2], int block, bool mask_needed, int key_end) {
       const int n0 = block * kBlockN;
       const bool needs_mask = block >= edge_block;
       if constexpr (kMasked) {
         if (key_end >= 0) {
-          mask_scores<kBlockN>(s, n0, row0, lane, sh, key_end);
+          mask_scores<kBlockN>(scores, n0, row0, lane, sh, key_end);
         } else if (mask_needed || needs_mask) {
-          mask_scores<kBlockN, kMaskChunk, T>(s, n0, row0, lane, sh, walk.mask, mask_needed);
+          mask_scores<kBlockN, kMaskChunk, T>(scores, n0, row0, lane, sh, walk.mask, mask_needed);
           return 1.f;  // already in base-2 units
         }
       } else {
-        if (needs_mask) mask_scores<kBlockN>(s, n0, row0, lane, sh, row_key_end);
+        if (needs_mask) mask_scores<kBlockN>(scores, n0, row0, lane, sh, row_key_end);
       }
       return sh.scale_log2;
     };
     const bool dropout = kMasked && p.dropout.enabled;
     const DropoutRow rng = dropout ? DropoutRow(p.dropout, t.batch, sh.heads_q, t.head) : DropoutRow{};
-    auto apply_dropout = [&](int block) {
+    auto apply_dropout = [&](float(&scores)[kBlockN / 2], int block) {
       if constexpr (kMasked) {
-        if (dropout) drop_probabilities<kBlockN>(s, rng, row0, block * kBlockN, lane);
+        if (dropout) drop_probabilities<kBlockN>(scores, rng, row0, block * kBlockN, lane);
       }
     };
     // Visit i (the i-th key block walked) uses ring position kv_iter + i.
@@ -779,41 +800,48 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         __syncwarp();
         if (warp_leader) mbar_arrive(&bars.q_empty[q_stage]);  // the warp's loads are done
       }
-      // Block 0: S, softmax, P.
+      // Block 0: S (into s0), softmax, P.
       mbar_wait(&bars.k_full[stage_of(0)], phase_of(0));
       wgmma_fence();
-      issue_scores(k_smem + stage_of(0) * Cfg::kKVBytes);
+      issue_scores(s0, k_smem + stage_of(0) * Cfg::kKVBytes);
       wgmma_commit();
       // The next block, walked while the GEMM runs (a window refill then waits under it).
       int next = walk.next(block + 1);
       bool next_needs = next < t.num_n_blocks && walk.needs_elements(next);
       int next_key_end = next_needs ? walk.prefix_key_end(next, kBlockN, p.mask) : -1;
-      wgmma_wait<0>();
-      fence_registers(s);
-      if (warp_leader) {
-        release_kv_stage<kMulticast>(&bars.k_empty[stage_of(0)]);
-        // The tile's last QK^T GEMM is done (with Q in registers, the stage went at the tile's start).
-        if (!Cfg::kQInRegisters && next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
-      }
-      softmax.update(s, apply_masks(block, block_needs, block_key_end), correction);
-      apply_dropout(block);
-      release_next_consumer();
-      accumulator_to_a<T, kBlockN>(prob, s);
+      // Block 0's softmax and P, once its S GEMM is done.
+      auto first_softmax = [&]() {
+        fence_registers(s0);
+        if (warp_leader) {
+          release_kv_stage<kMulticast>(&bars.k_empty[stage_of(0)]);
+          // The tile's last QK^T GEMM is done (with Q in registers, the stage went at the tile's start).
+          if (!Cfg::kQInRegisters && next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
+        }
+        softmax.update(s0, apply_masks(s0, block, block_needs, block_key_end), correction);
+        apply_dropout(s0, block);
+        release_next_consumer();
+        accumulator_to_a<T, kBlockN>(prob, s0);
+      };
 
       int n = 1;  // visits so far
       // Visit n of the tile, block `block`: S_n = Q K_n^T, then O += P_{n-1} V_{n-1}, both running while
       // this warpgroup waits for S_n; then S_n's softmax. The plain variant (kMasked at tile width 64,
       // no dropout) is for blocks inside a plain run, [block, run_end): visible, no mask elements and
-      // no length or causal test, so the walk and every mask and dropout test are left out of it.
+      // no length or causal test, so the walk and every mask and dropout test are left out of it. The
+      // prefetched variant is visit 1 with kPrefetchScores, whose S GEMM was issued before block 0's
+      // softmax.
       int run_end = 0;
-      auto visit = [&](auto plain) {
+      auto visit = [&](auto plain, auto prefetched) {
         constexpr bool kPlain = decltype(plain)::value;
+        constexpr bool kPrefetched = decltype(prefetched)::value;
         const int stage = stage_of(n), prev = stage_of(n - 1);
-        mbar_wait(&bars.k_full[stage], phase_of(n));
+        if constexpr (!kPrefetched) mbar_wait(&bars.k_full[stage], phase_of(n));
         mbar_wait(&bars.v_full[prev], phase_of(n - 1));
         wgmma_fence();
-        issue_scores(k_smem + stage * Cfg::kKVBytes);
-        wgmma_commit();
+        if constexpr (!kPrefetched) {
+          issue_scores(s, k_smem + stage * Cfg::kKVBytes);
+          wgmma_commit();
+        }
         issue_pv<T, Cfg>(o, prob, v_smem + prev * Cfg::kKVBytes);
         wgmma_commit();
         if (!kPlain || block + 1 == run_end) {
@@ -835,8 +863,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         if constexpr (kPlain) {
           moved = softmax.update(s, sh.scale_log2, correction);
         } else {
-          moved = softmax.update(s, apply_masks(block, block_needs, block_key_end), correction);
-          apply_dropout(block);
+          moved = softmax.update(s, apply_masks(s, block, block_needs, block_key_end), correction);
+          apply_dropout(s, block);
         }
         wgmma_wait<0>();  // the PV GEMM is done with O, P and V_{n-1}
         fence_registers(o);
@@ -846,6 +874,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         if (__any_sync(0xffffffff, moved)) rescale_rows(o, correction);
         accumulator_to_a<T, kBlockN>(prob, s);
       };
+      bool first_done = false;
+      if constexpr (Cfg::kPrefetchScores) {
+        static_assert(!kMasked, "prefetched scores: unmasked launches only");
+        if (next < t.num_n_blocks) {
+          // Block 1's S GEMM, into s where visit 1 finds it, runs under block 0's softmax.
+          mbar_wait(&bars.k_full[stage_of(1)], phase_of(1));
+          issue_scores(s, k_smem + stage_of(1) * Cfg::kKVBytes);
+          wgmma_commit();
+          wgmma_wait<1>();  // block 0's S is ready
+          first_softmax();
+          block = next;
+          block_needs = next_needs;
+          block_key_end = next_key_end;
+          visit(std::false_type{}, std::true_type{});
+          ++n;
+          first_done = true;
+        }
+      }
+      if (!first_done) {
+        wgmma_wait<0>();
+        first_softmax();
+      }
       for (; next < t.num_n_blocks; ++n) {
         block = next;
         block_needs = next_needs;
@@ -855,11 +905,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         if constexpr (kMasked && Cfg::kHeadDim <= 64) {
           if (!dropout && block >= run_end && !block_needs) run_end = walk.plain_run_end(block, edge_block);
           if (block < run_end) {
-            visit(std::true_type{});
+            visit(std::true_type{}, std::false_type{});
             continue;
           }
         }
-        visit(std::false_type{});
+        visit(std::false_type{}, std::false_type{});
       }
       const int last = stage_of(n - 1);
       mbar_wait(&bars.v_full[last], phase_of(n - 1));
@@ -1023,6 +1073,13 @@ inline bool wants_q_in_registers() {
   return env != nullptr && env[0] == '1';
 }
 
+// Whether such a launch at tile width 64 prefetches its second key block's scores
+// (PrefetchScoresFwdConfig): only with FLASHATTN_SM90_PREFETCH_SCORES=1 (read on every call).
+inline bool wants_prefetched_scores() {
+  const char* env = std::getenv("FLASHATTN_SM90_PREFETCH_SCORES");
+  return env != nullptr && env[0] == '1';
+}
+
 // The widths with multicast and Q-in-registers kernels: those where they were measured (benchmarks/NOTES.md).
 template <int kHeadDim>
 constexpr bool kFwdVariantsBuilt = kHeadDim == 64 || kHeadDim == 128;
@@ -1058,6 +1115,11 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   if constexpr (kFwdVariantsBuilt<kHeadDim>) {
     if (!key_ends && wants_q_in_registers()) {
       return launch_fwd_every_key<T, typename QInRegistersFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
+    }
+    if constexpr (kHeadDim == 64) {
+      if (!key_ends && wants_prefetched_scores()) {
+        return launch_fwd_every_key<T, typename PrefetchScoresFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
+      }
     }
   }
   return key_ends ? launch_fwd_with_config<T, Default, false, true>(p, stream)
