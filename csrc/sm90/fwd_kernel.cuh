@@ -146,8 +146,9 @@ template <> struct QInRegistersFwdConfig<64> { using type = FwdConfig<64, 128, 4
 template <> struct QInRegistersFwdConfig<128> { using type = FwdConfig<128, 128, 2, 2, 1, true, true>; };
 
 // The default configuration at tile width 64 (two consumer warpgroups) with prefetched scores (see
-// kPrefetchScores), for unmasked launches without key ends. An experiment:
-// FLASHATTN_SM90_PREFETCH_SCORES=1 turns it on. At width 128 the extra 64 registers spilled 48 bytes.
+// kPrefetchScores), which unmasked launches without key ends run there: +2-4% at 1k keys, +1.5% at 2k
+// causal, +1% at 512 without causal masking, level at 512 with it (H200, bf16, benchmarks/NOTES.md);
+// the same bits as without. At width 128 the extra 64 registers spilled 48 bytes.
 template <int kHeadDim>
 struct PrefetchScoresFwdConfig;
 template <> struct PrefetchScoresFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, false, true>; };
@@ -1074,10 +1075,11 @@ inline bool wants_q_in_registers() {
 }
 
 // Whether such a launch at tile width 64 prefetches its second key block's scores
-// (PrefetchScoresFwdConfig): only with FLASHATTN_SM90_PREFETCH_SCORES=1 (read on every call).
+// (PrefetchScoresFwdConfig): yes unless FLASHATTN_SM90_PREFETCH_SCORES=0 (read on every call, as the
+// tests compare both).
 inline bool wants_prefetched_scores() {
   const char* env = std::getenv("FLASHATTN_SM90_PREFETCH_SCORES");
-  return env != nullptr && env[0] == '1';
+  return !(env != nullptr && env[0] == '0');
 }
 
 // The widths with multicast and Q-in-registers kernels: those where they were measured (benchmarks/NOTES.md).
