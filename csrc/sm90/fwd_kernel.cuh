@@ -877,7 +877,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       };
       bool first_done = false;
       if constexpr (Cfg::kPrefetchScores) {
-        static_assert(!kMasked, "prefetched scores: unmasked launches only");
+        // Block 1's K stage is waited for before block 0's is released: a ring of one stage would deadlock.
+        static_assert(!kMasked && kStages >= 2, "prefetched scores: unmasked launches, two K/V stages or more");
         if (next < t.num_n_blocks) {
           // Block 1's S GEMM, into s where visit 1 finds it, runs under block 0's softmax.
           mbar_wait(&bars.k_full[stage_of(1)], phase_of(1));
