@@ -882,6 +882,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         if (next < t.num_n_blocks) {
           // Block 1's S GEMM, into s where visit 1 finds it, runs under block 0's softmax.
           mbar_wait(&bars.k_full[stage_of(1)], phase_of(1));
+          wgmma_fence();  // s was last written by the previous tile's softmax
           issue_scores(s, k_smem + stage_of(1) * Cfg::kKVBytes);
           wgmma_commit();
           wgmma_wait<1>();  // block 0's S is ready
