@@ -6,10 +6,10 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <cstdlib>
 #include <limits>
 
 #include "checks.h"
+#include "common/env_switch.h"
 #include "sm80/api.h"
 #include "sm90/api.h"
 
@@ -62,8 +62,7 @@ bool has_work(const CheckedShape& s) { return s.batch > 0 && s.heads_q > 0 && s.
 // The Hopper kernels run on compute capability 9.0 for the inputs they cover, unless the environment
 // variable FLASHATTN_FORCE_SM80=1 asks for the sm80 path (read on every call: tests compare both).
 bool sm90_allowed(const at::Tensor& q) {
-  const char* force_sm80 = std::getenv("FLASHATTN_FORCE_SM80");
-  if (force_sm80 != nullptr && force_sm80[0] == '1') return false;
+  if (env_switch("FLASHATTN_FORCE_SM80", false)) return false;
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
   return prop->major == 9 && prop->minor == 0;
 }

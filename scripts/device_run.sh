@@ -14,7 +14,7 @@
 #                                      per-SASS-instruction counts of both (ncu_source_*.csv); NCU_CASES="is_causal;no mask"
 #                                      picks other cases of scripts/dev/mask_profile.py
 #   scripts/device_run.sh stress       build + scripts/dev/schedule_stress.py (one causal launch ${STRESS_RUNS:-1000} times
-#                                      per Q setting: the runs that are not bit-for-bit the first)
+#                                      per setting of the script's switches: the runs that are not bit-for-bit the first)
 #   scripts/device_run.sh all          build + test + bench
 # Steps combine with "+", e.g. guard+test+large+fuzz. Each step runs under its own timeout so one hang cannot
 # eat the call. The copy on the GPU machine has no .git: pass FLASHATTN_GIT_COMMIT=<hash> so results

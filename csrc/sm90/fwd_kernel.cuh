@@ -44,10 +44,10 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "common/dropout.h"
+#include "common/env_switch.h"
 #include "common/mask.h"
 #include "params.h"
 #include "sm80/mask_tile.h"  // MaskView: the attention mask of one (batch, head, query tile)
@@ -998,9 +998,8 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   // FLASHATTN_SM90_DIRECT_OUTPUT=1 has them store anyway: compute-sanitizer's initcheck does not count
   // TMA stores as writes, so scripts/sanitize.py runs it that way (read on every call, as the tests
   // switch it).
-  const char* direct_output = std::getenv("FLASHATTN_SM90_DIRECT_OUTPUT");
   const bool staged_output =
-      Cfg::kStagedOutput && !(direct_output != nullptr && direct_output[0] == '1') &&
+      Cfg::kStagedOutput && !env_switch("FLASHATTN_SM90_DIRECT_OUTPUT", false) &&
       make_tensor_map(&maps.out, p.out, sh, sh.seqlen_q, sh.heads_q, p.out_strides, 64) == cudaSuccess;
   const int64_t num_tiles = static_cast<int64_t>((sh.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * sh.heads_q * sh.batch;
   if (num_tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
@@ -1029,9 +1028,8 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   }
   // FLASHATTN_SM90_STATIC_SCHEDULE=1 keeps every tile in the static pairs (read on every call: the
   // tests compare the two schedules, and timing them needs no second build).
-  const char* static_schedule = std::getenv("FLASHATTN_SM90_STATIC_SCHEDULE");
   const bool dynamic_tail = kFwdDynamicTail<kMasked> && tiles_per_unit == 2 && p.tile_counter != nullptr &&
-                            !(static_schedule != nullptr && static_schedule[0] == '1');
+                            !env_switch("FLASHATTN_SM90_STATIC_SCHEDULE", false);
   const int dynamic_heads = dynamic_tail ? fwd_dynamic_heads(sh, num_m, grid) : 0;
   if (dynamic_heads > 0) {
     err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);
@@ -1055,33 +1053,27 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
 // CTAs of a cluster still wait for each other (benchmarks/NOTES.md); at width 64 it measured 0 to -3%.
 template <int kHeadDim>
 inline bool wants_multicast(const AttentionShape& sh) {
-  const char* env = std::getenv("FLASHATTN_SM90_MULTICAST");
-  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
-  return kHeadDim == 128 && sh.seqlen_k >= 1024;
+  return env_switch("FLASHATTN_SM90_MULTICAST", kHeadDim == 128 && sh.seqlen_k >= 1024);
 }
 
 // Whether an unmasked launch without key ends at tile width 128 runs WideKeyFwdConfig: without causal
 // masking from 8192 keys on. FLASHATTN_SM90_WIDE_KEY_BLOCKS=0 or 1 turns it off, or on for every such
 // launch (read on every call, as the tests compare both).
 inline bool wants_wide_key_blocks(const AttentionShape& sh) {
-  const char* env = std::getenv("FLASHATTN_SM90_WIDE_KEY_BLOCKS");
-  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
-  return !sh.is_causal && sh.seqlen_k >= 8192;
+  return env_switch("FLASHATTN_SM90_WIDE_KEY_BLOCKS", !sh.is_causal && sh.seqlen_k >= 8192);
 }
 
 // Whether such a launch (at tile width 64 with two consumer warpgroups, or 128) holds Q in registers:
 // only with FLASHATTN_SM90_Q_REGISTERS=1 (read on every call, as the tests compare both settings).
 inline bool wants_q_in_registers() {
-  const char* env = std::getenv("FLASHATTN_SM90_Q_REGISTERS");
-  return env != nullptr && env[0] == '1';
+  return env_switch("FLASHATTN_SM90_Q_REGISTERS", false);
 }
 
 // Whether such a launch at tile width 64 prefetches its second key block's scores
 // (PrefetchScoresFwdConfig): yes unless FLASHATTN_SM90_PREFETCH_SCORES=0 (read on every call, as the
 // tests compare both).
 inline bool wants_prefetched_scores() {
-  const char* env = std::getenv("FLASHATTN_SM90_PREFETCH_SCORES");
-  return !(env != nullptr && env[0] == '0');
+  return env_switch("FLASHATTN_SM90_PREFETCH_SCORES", true);
 }
 
 // The widths with multicast and Q-in-registers kernels: those where they were measured (benchmarks/NOTES.md).
