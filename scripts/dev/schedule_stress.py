@@ -32,6 +32,11 @@ from env_settings import apply, switches_of
 QUERY_TILE = 128
 
 
+def identical(first, other):
+    """Whether two (out, lse) results are equal bit for bit."""
+    return torch.equal(first[0], other[0]) and torch.equal(first[1], other[1])
+
+
 def describe(first, other):
     """Where `other` differs from `first`: counts and the first (batch, head, query tile) triples."""
     out_a, out_b = first[0], other[0]  # (B, L, H, D)
@@ -74,7 +79,7 @@ def main():
         if reference is None:
             reference = firsts
         else:
-            same = all(torch.equal(a[i], b[i]) for a, b in zip(reference, firsts) for i in range(2))
+            same = all(identical(a, b) for a, b in zip(reference, firsts))
             print(f"{setting}: first runs {'equal' if same else 'differ from'} the first setting's")
         mismatches = 0
         for run in range(1, args.runs):
@@ -89,7 +94,7 @@ def main():
             which = run % 2
             other = torch.ops.flashattn.fwd(*inputs[which], scale, True, True)
             first = firsts[which]
-            if not (torch.equal(first[0], other[0]) and torch.equal(first[1], other[1])):
+            if not identical(first, other):
                 mismatches += 1
                 if mismatches <= 3:
                     print(f"  {setting}: run {run} differs from input {which}'s first run: {describe(first, other)}")
