@@ -230,22 +230,16 @@ def test_q_in_registers_matches_oracle(monkeypatch, q_registers, causal, batch, 
     run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, causal, layout)
 
 
-# FLASHATTN_SM90_PREFETCH_SCORES (tile widths 64 with two consumer warpgroups and 128, the unmasked
-# forward without key ends; on by default, =0 turns it off): a tile's second QK^T GEMM is issued
-# before its first softmax, and the tile's first PV GEMM writes O instead of adding to zeros. Tiles of
-# one key block (no second GEMM: O zeroed), of two, and longer; with and without multicast, causal or
-# not. The setting off is held to the setting on bit for bit.
+# FLASHATTN_SM90_PREFETCH_SCORES (tile width 64 with two consumer warpgroups, the unmasked forward
+# without key ends; on by default, =0 turns it off): a tile's second QK^T GEMM is issued before its
+# first softmax. Tiles of one key block (no second GEMM), of two, and longer; with and without
+# multicast, causal or not. The setting off is held to the setting on bit for bit.
 PREFETCH_SHAPES = [
     pytest.param(2, 1024, 1024, 8, 8, 64, torch.bfloat16, "contiguous", id="d64"),
     pytest.param(1, 900, 777, 8, 2, 64, torch.float16, "bhsd", id="d64-fp16-gqa-strided"),
     pytest.param(2, 128, 100, 4, 4, 64, torch.bfloat16, "padded", id="d64-one-block"),
     pytest.param(2, 200, 256, 4, 4, 64, torch.bfloat16, "contiguous", id="d64-two-blocks"),
     pytest.param(2, 300, 1500, 4, 4, 64, torch.bfloat16, "padded", id="d64-long-keys"),
-    pytest.param(2, 1024, 1024, 8, 8, 128, torch.bfloat16, "contiguous", id="d128"),
-    pytest.param(1, 900, 777, 8, 2, 112, torch.float16, "bhsd", id="d112-fp16-gqa-strided"),
-    pytest.param(2, 128, 100, 4, 4, 128, torch.bfloat16, "padded", id="d128-one-block"),
-    pytest.param(2, 200, 256, 4, 4, 128, torch.bfloat16, "contiguous", id="d128-two-blocks"),
-    pytest.param(2, 300, 1500, 4, 4, 128, torch.bfloat16, "padded", id="d128-long-keys"),
 ]
 
 

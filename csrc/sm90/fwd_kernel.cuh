@@ -145,16 +145,13 @@ struct QInRegistersFwdConfig;
 template <> struct QInRegistersFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, true>; };
 template <> struct QInRegistersFwdConfig<128> { using type = FwdConfig<128, 128, 2, 2, 1, true, true>; };
 
-// The default configurations at tile widths 64 (two consumer warpgroups) and 128 with prefetched
-// scores (see kPrefetchScores), which unmasked launches without key ends run there (at 128 unless they
-// take WideKeyFwdConfig). At width 64: +2-4% at 1k keys, +1.5% at 2k causal, +1% at 512 without
-// causal masking, level at 512 with it (H200, bf16, benchmarks/NOTES.md); the same bits as without.
-// At width 128 the extra 64 registers fit (highest R237 of 240, no spills) only because neither score
-// buffer nor O stays live from the previous tile (the kSet GEMM forms); before, they spilled 48 bytes.
+// The default configuration at tile width 64 (two consumer warpgroups) with prefetched scores (see
+// kPrefetchScores), which unmasked launches without key ends run there: +2-4% at 1k keys, +1.5% at 2k
+// causal, +1% at 512 without causal masking, level at 512 with it (H200, bf16, benchmarks/NOTES.md);
+// the same bits as without. At width 128 the extra 64 registers spilled 48 bytes.
 template <int kHeadDim>
 struct PrefetchScoresFwdConfig;
 template <> struct PrefetchScoresFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, false, true>; };
-template <> struct PrefetchScoresFwdConfig<128> { using type = FwdConfig<128, 128, 2, 2, 1, true, false, true>; };
 
 // 176 keys per step at tile width 128, so each key block's barrier waits, O rescale and GEMM issue
 // cover 1.375x the work: +2% at 8k keys and +4% at 16k without causal masking. On shorter rows a
@@ -431,9 +428,7 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
 // kRecomputeQ: build Q's descriptors here at every call from one opaque address, instead of letting
 // the compiler keep one per k16 step (2 registers each) live across the key-block loop: the masked
 // kernel at tile width 128 and up spilled those and reloaded them from local memory at every GEMM.
-//
-// kSet: s's earlier value is not an input of the GEMM (Wgmma::ss_set), so it need not stay live up to it.
-template <typename T, typename Cfg, bool kRecomputeQ = false, bool kSet = false>
+template <typename T, typename Cfg, bool kRecomputeQ = false>
 __device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const unsigned char* q_rows,
                                          const unsigned char* k_tile) {
   uint32_t q_addr = smem_u32(q_rows);
@@ -444,11 +439,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const uns
     const int offset = (ks % 4) * 32;
     const uint64_t desc_q = smem_desc_advance(desc_q0, (ks / 4) * Cfg::kQColBlockBytes + offset);
     const uint64_t desc_k = smem_desc_advance(desc_k0, (ks / 4) * Cfg::kKVColBlockBytes + offset);
-    if (kSet && ks == 0) {
-      Wgmma<T, Cfg::kBlockN>::ss_set(s, desc_q, desc_k);
-    } else {
-      Wgmma<T, Cfg::kBlockN>::ss(s, desc_q, desc_k, ks > 0);
-    }
+    Wgmma<T, Cfg::kBlockN>::ss(s, desc_q, desc_k, ks > 0);
   }
 }
 
@@ -484,19 +475,14 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&q)[Cfg::kHeadDim / 1
 // O (64 x kHeadDim per warpgroup) += P V. V is [keys][head dim], so B is MN-major: the leading byte
 // offset steps between 64-column blocks, the stride byte offset between 8-key groups, and a k16 step
 // (16 keys) advances the start by 16 rows of 128 bytes.
-// kSet: O = P V, O's earlier value not an input (Wgmma::rs_set).
-template <typename T, typename Cfg, bool kSet = false>
+template <typename T, typename Cfg>
 __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2], uint32_t (&p)[Cfg::kBlockN / 16][4],
                                          const unsigned char* v_tile) {
   const uint64_t desc_v0 = smem_desc_sw128(v_tile, Cfg::kKVColBlockBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
     const uint64_t desc_v = smem_desc_advance(desc_v0, kk * 16 * 128);
-    if (kSet && kk == 0) {
-      Wgmma<T, Cfg::kHeadDim>::rs_set(o, p[kk], desc_v);
-    } else {
-      Wgmma<T, Cfg::kHeadDim>::rs(o, p[kk], desc_v, 1);
-    }
+    Wgmma<T, Cfg::kHeadDim>::rs(o, p[kk], desc_v, 1);
   }
 }
 
@@ -738,15 +724,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       ++q_iter;
       continue;
     }
-    // O starts at zero. With prefetched scores the tile's first PV GEMM writes it instead (kSet), and the
-    // GEMMs' first steps overwrite both score buffers: none of the three is then live from the last
-    // tile through this one's first softmax, where both S buffers are.
     float o[Cfg::kHeadDim / 2];
-    auto zero_o = [&]() {
 #pragma unroll
-      for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
-    };
-    if constexpr (!Cfg::kPrefetchScores) zero_o();
+    for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
     float s[kBlockN / 2];
     uint32_t prob[kBlockN / 16][4];
     uint32_t q_frag[Cfg::kQInRegisters ? Cfg::kHeadDim / 16 : 1][4];  // kQInRegisters: Q's A fragments
@@ -764,7 +744,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       if constexpr (Cfg::kQInRegisters) {
         issue_qk<T, Cfg>(scores, q_frag, k_tile);
       } else {
-        issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128, Cfg::kPrefetchScores>(scores, q_tile_rows, k_tile);
+        issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(scores, q_tile_rows, k_tile);
       }
     };
     OnlineSoftmax<kBlockN> softmax;
@@ -863,7 +843,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           issue_scores(s, k_smem + stage * Cfg::kKVBytes);
           wgmma_commit();
         }
-        issue_pv<T, Cfg, kPrefetched>(o, prob, v_smem + prev * Cfg::kKVBytes);  // visit 1: O's first GEMM
+        issue_pv<T, Cfg>(o, prob, v_smem + prev * Cfg::kKVBytes);
         wgmma_commit();
         if (!kPlain || block + 1 == run_end) {
           next = walk.next(block + 1);
@@ -916,7 +896,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         }
       }
       if (!first_done) {
-        if constexpr (Cfg::kPrefetchScores) zero_o();  // a tile of one key block: the last PV GEMM adds to it
         wgmma_wait<0>();
         first_softmax();
       }
@@ -1090,7 +1069,7 @@ inline bool wants_q_in_registers() {
   return env_switch("FLASHATTN_SM90_Q_REGISTERS", false);
 }
 
-// Whether such a launch at tile width 64 or 128 prefetches its second key block's scores
+// Whether such a launch at tile width 64 prefetches its second key block's scores
 // (PrefetchScoresFwdConfig): yes unless FLASHATTN_SM90_PREFETCH_SCORES=0 (read on every call, as the
 // tests compare both).
 inline bool wants_prefetched_scores() {
@@ -1133,8 +1112,10 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
     if (!key_ends && wants_q_in_registers()) {
       return launch_fwd_every_key<T, typename QInRegistersFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
     }
-    if (!key_ends && wants_prefetched_scores()) {
-      return launch_fwd_every_key<T, typename PrefetchScoresFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
+    if constexpr (kHeadDim == 64) {
+      if (!key_ends && wants_prefetched_scores()) {
+        return launch_fwd_every_key<T, typename PrefetchScoresFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
+      }
     }
   }
   return key_ends ? launch_fwd_with_config<T, Default, false, true>(p, stream)
