@@ -148,7 +148,9 @@ template <> struct QInRegistersFwdConfig<128> { using type = FwdConfig<128, 128,
 // The default configuration at tile width 64 (two consumer warpgroups) with prefetched scores (see
 // kPrefetchScores), which unmasked launches without key ends run there: +2-4% at 1k keys, +1.5% at 2k
 // causal, +1% at 512 without causal masking, level at 512 with it (H200, bf16, benchmarks/NOTES.md);
-// the same bits as without. At width 128 the extra 64 registers spilled 48 bytes.
+// the same bits as without. At width 128 the extra 64 registers spilled 48 bytes; with the first
+// GEMM steps writing the score buffers and O instead of accumulating (no value live from the previous
+// tile) it fit without spills, but measured 1-4% slower than without prefetching (95a79e8, reverted).
 template <int kHeadDim>
 struct PrefetchScoresFwdConfig;
 template <> struct PrefetchScoresFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, false, true>; };
