@@ -270,17 +270,44 @@ def test_prefetched_scores_change_no_bit(monkeypatch, causal, batch, seqlen_q, s
 # FLASHATTN_SM90_WIDE_KEY_BLOCKS=1 (tile width 128, the unmasked forward without key ends; the default
 # from 8192 keys without causal masking): 176 keys per step. Key counts that are not multiples of 176
 # end in a partial block; the key block of a causal row's diagonal falls at other offsets than with 128.
-@pytest.mark.parametrize("multicast", ["0", "1"])
-@pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
-@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,dtype,layout", [
+# Without causal masking a last block of at most 128 keys runs narrow (FLASHATTN_SM90_NARROW_TAIL, on
+# by default): 777 and 8192 keys end in blocks of 73 and 96 keys (the 128-key tail), 4096 in one of 48
+# and 240 in one of 64 (the 64-key tail; 240 has no block between the first and the tail), 304 in one
+# of 128; 1024 (144) and 2112 (0) keep the 176-wide last block.
+WIDE_KEY_SHAPES = [
     pytest.param(2, 1024, 1024, 8, 8, 128, torch.bfloat16, "contiguous", id="d128"),
     pytest.param(1, 2048, 2112, 4, 4, 128, torch.float16, "contiguous", id="d128-fp16-12-blocks"),
     pytest.param(1, 900, 777, 8, 2, 112, torch.bfloat16, "bhsd", id="d112-gqa-strided"),
     pytest.param(2, 256, 176, 4, 4, 128, torch.bfloat16, "padded", id="d128-one-block"),
     pytest.param(1, 256, 8192, 2, 1, 128, torch.bfloat16, "contiguous", id="d128-8k-keys"),
-])
+    pytest.param(1, 300, 4096, 4, 2, 128, torch.float16, "padded", id="d128-fp16-tail-48"),
+    pytest.param(2, 256, 240, 4, 4, 128, torch.bfloat16, "contiguous", id="d128-tail-64-after-one"),
+    pytest.param(2, 200, 304, 4, 4, 128, torch.bfloat16, "bhsd", id="d128-tail-128-after-one"),
+]
+
+
+@pytest.mark.parametrize("multicast", ["0", "1"])
+@pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,dtype,layout", WIDE_KEY_SHAPES)
 def test_wide_key_blocks_match_oracle(monkeypatch, multicast, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
                                       head_dim, dtype, layout):
     monkeypatch.setenv("FLASHATTN_SM90_WIDE_KEY_BLOCKS", "1")
     monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", multicast)
     run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout)
+
+
+@pytest.mark.parametrize("multicast", ["0", "1"])
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,dtype,layout",
+                         [shape for shape in WIDE_KEY_SHAPES if "tail" in shape.id or shape.values[2] in (777, 8192)])
+def test_narrow_tail_changes_no_bit(monkeypatch, multicast, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
+                                    dtype, layout):
+    # The narrow last block leaves out keys whose probabilities are 0 and whose V rows are zeros: bit for
+    # bit the same output and LSE as the 176-wide one.
+    monkeypatch.setenv("FLASHATTN_SM90_WIDE_KEY_BLOCKS", "1")
+    monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", multicast)
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda", layout)
+    results = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv("FLASHATTN_SM90_NARROW_TAIL", setting)
+        results[setting] = torch.ops.flashattn.fwd(q, k, v, head_dim ** -0.5, False, True)
+    assert torch.equal(results["1"][0], results["0"][0]) and torch.equal(results["1"][1], results["0"][1])

@@ -67,7 +67,8 @@ namespace flashattn {
 namespace sm90 {
 
 template <int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2, int kQStages_ = 1,
-          bool kStagedOutput_ = false, bool kQInRegisters_ = false, bool kPrefetchScores_ = false>
+          bool kStagedOutput_ = false, bool kQInRegisters_ = false, bool kPrefetchScores_ = false,
+          int kTailBlockN_ = kBlockN_>
 struct FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;  // tile width: the real head dim is <= this
   static constexpr int kConsumers = kConsumers_;
@@ -89,6 +90,12 @@ struct FwdConfig {
   // warpgroup to overlap); the first block's scores then take kBlockN / 2 more registers. Unmasked
   // launches only.
   static constexpr bool kPrefetchScores = kPrefetchScores_;
+  // Keys of a row's last key block, when fewer than kBlockN (a narrow tail): that block's QK^T GEMM is
+  // kTailBlockN wide and its PV GEMM kTailBlockN / 16 steps deep, instead of computing kBlockN - kTailBlockN
+  // more keys that the length mask then drops. Launches without causal masking, a mask or key ends,
+  // whose key count leaves a last block of 1 .. kTailBlockN keys after one full block or more.
+  static constexpr int kTailBlockN = kTailBlockN_;
+  static constexpr bool kNarrowTail = kTailBlockN < kBlockN;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // After setmaxnreg; 24 stay with the producer. Three consumers share what two would have.
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
@@ -108,7 +115,8 @@ struct FwdConfig {
   static constexpr int kSmemBytes = 1024 + kBarriersOffset + (2 * kQStages + 4 * kStages) * 8 + kQStages * 8;
 
   static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
-  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma k16 steps");
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0 && kTailBlockN % 16 == 0, "wgmma k16 steps");
+  static_assert(kTailBlockN > 0 && kTailBlockN <= kBlockN, "a narrow tail is at most one key block");
   static_assert(kKVColBlockBytes % 1024 == 0, "each column block starts on a swizzle-pattern boundary");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
 };
@@ -164,6 +172,14 @@ template <> struct PrefetchScoresFwdConfig<64> { using type = FwdConfig<64, 128,
 template <int kHeadDim>
 struct WideKeyFwdConfig;
 template <> struct WideKeyFwdConfig<128> { using type = FwdConfig<128, 176, 2>; };
+// The same with a narrow tail of kTail keys (see kTailBlockN): a row of 4096 keys ends in a block of 48,
+// which the 176-wide GEMMs would compute as 176 (2.7% of the row's work on masked keys), the 64-wide
+// ones as 64.
+template <int kHeadDim, int kTail>
+struct WideKeyTailFwdConfig;
+template <int kTail> struct WideKeyTailFwdConfig<128, kTail> {
+  using type = FwdConfig<128, 176, 2, 2, 1, false, false, false, kTail>;
+};
 
 // The unmasked forward of long rows runs in this configuration (see uses_long_row_config): at tile
 // width 64, three consumer warpgroups (192 queries per tile, 160 registers each) keep the tensor
@@ -430,9 +446,14 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
 // kRecomputeQ: build Q's descriptors here at every call from one opaque address, instead of letting
 // the compiler keep one per k16 step (2 registers each) live across the key-block loop: the masked
 // kernel at tile width 128 and up spilled those and reloaded them from local memory at every GEMM.
-template <typename T, typename Cfg, bool kRecomputeQ = false>
-__device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const unsigned char* q_rows,
+//
+// kKeys < kBlockN: only the block's first kKeys keys, into s's first kKeys / 2 accumulators (the rest
+// keep what they held). kSet: the first k16 step overwrites the accumulators without reading them
+// (Wgmma::ss_set), so that s's earlier value need not stay live up to the GEMM.
+template <typename T, typename Cfg, bool kRecomputeQ = false, int kKeys = Cfg::kBlockN, bool kSet = false>
+__device__ __forceinline__ void issue_qk(float (&scores)[Cfg::kBlockN / 2], const unsigned char* q_rows,
                                          const unsigned char* k_tile) {
+  float(&s)[kKeys / 2] = *reinterpret_cast<float(*)[kKeys / 2]>(&scores[0]);
   uint32_t q_addr = smem_u32(q_rows);
   if constexpr (kRecomputeQ) asm volatile("" : "+r"(q_addr));
   const uint64_t desc_q0 = smem_desc_sw128(q_addr, 16, 1024), desc_k0 = smem_desc_sw128(k_tile, 16, 1024);
@@ -441,7 +462,11 @@ __device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const uns
     const int offset = (ks % 4) * 32;
     const uint64_t desc_q = smem_desc_advance(desc_q0, (ks / 4) * Cfg::kQColBlockBytes + offset);
     const uint64_t desc_k = smem_desc_advance(desc_k0, (ks / 4) * Cfg::kKVColBlockBytes + offset);
-    Wgmma<T, Cfg::kBlockN>::ss(s, desc_q, desc_k, ks > 0);
+    if (kSet && ks == 0) {
+      Wgmma<T, kKeys>::ss_set(s, desc_q, desc_k);
+    } else {
+      Wgmma<T, kKeys>::ss(s, desc_q, desc_k, ks > 0);
+    }
   }
 }
 
@@ -476,13 +501,13 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&q)[Cfg::kHeadDim / 1
 
 // O (64 x kHeadDim per warpgroup) += P V. V is [keys][head dim], so B is MN-major: the leading byte
 // offset steps between 64-column blocks, the stride byte offset between 8-key groups, and a k16 step
-// (16 keys) advances the start by 16 rows of 128 bytes.
-template <typename T, typename Cfg>
+// (16 keys) advances the start by 16 rows of 128 bytes. kKeys < kBlockN: the block's first kKeys keys only.
+template <typename T, typename Cfg, int kKeys = Cfg::kBlockN>
 __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2], uint32_t (&p)[Cfg::kBlockN / 16][4],
                                          const unsigned char* v_tile) {
   const uint64_t desc_v0 = smem_desc_sw128(v_tile, Cfg::kKVColBlockBytes, 1024);
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
     const uint64_t desc_v = smem_desc_advance(desc_v0, kk * 16 * 128);
     Wgmma<T, Cfg::kHeadDim>::rs(o, p[kk], desc_v, 1);
   }
@@ -746,9 +771,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       if constexpr (Cfg::kQInRegisters) {
         issue_qk<T, Cfg>(scores, q_frag, k_tile);
       } else {
-        issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128>(scores, q_tile_rows, k_tile);
+        issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128, kBlockN, Cfg::kNarrowTail>(scores, q_tile_rows, k_tile);
       }
     };
+    // The narrow tail (kNarrowTail) works on the first kTailBlockN keys' share of s and prob only.
+    constexpr int kTailN = Cfg::kTailBlockN;
+    float(&s_tail)[kTailN / 2] = *reinterpret_cast<float(*)[kTailN / 2]>(&s[0]);
+    uint32_t(&prob_tail)[kTailN / 16][4] = *reinterpret_cast<uint32_t(*)[kTailN / 16][4]>(&prob[0][0]);
     OnlineSoftmax<kBlockN> softmax;
     float correction[2];
 
@@ -834,14 +863,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       // prefetched variant is visit 1 with kPrefetchScores, whose S GEMM was issued before block 0's
       // softmax.
       int run_end = 0;
-      auto visit = [&](auto plain, auto prefetched) {
+      auto visit = [&](auto plain, auto prefetched, auto tail) {
         constexpr bool kPlain = decltype(plain)::value;
         constexpr bool kPrefetched = decltype(prefetched)::value;
+        constexpr bool kTail = decltype(tail)::value;  // the row's narrow last block (kNarrowTail)
         const int stage = stage_of(n), prev = stage_of(n - 1);
         if constexpr (!kPrefetched) mbar_wait(&bars.k_full[stage], phase_of(n));
         mbar_wait(&bars.v_full[prev], phase_of(n - 1));
         wgmma_fence();
-        if constexpr (!kPrefetched) {
+        if constexpr (kTail) {
+          issue_qk<T, Cfg, false, kTailN, true>(s, q_tile_rows, k_smem + stage * Cfg::kKVBytes);
+          wgmma_commit();
+        } else if constexpr (!kPrefetched) {
           issue_scores(s, k_smem + stage * Cfg::kKVBytes);
           wgmma_commit();
         }
@@ -857,13 +890,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           next_key_end = -1;
         }
         wgmma_wait<1>();  // S_n is ready; the PV GEMM may still run
-        fence_registers(s);
+        if constexpr (kTail) {
+          fence_registers(s_tail);
+        } else {
+          fence_registers(s);
+        }
         if (warp_leader) {
           release_kv_stage<kMulticast>(&bars.k_empty[stage]);
           if (!Cfg::kQInRegisters && next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
         }
         bool moved;
-        if constexpr (kPlain) {
+        if constexpr (kTail) {  // unmasked launches only: the length mask
+          mask_scores<kTailN>(s_tail, block * kBlockN, row0, lane, sh, row_key_end);
+          moved = softmax.update(s_tail, sh.scale_log2, correction);
+        } else if constexpr (kPlain) {
           moved = softmax.update(s, sh.scale_log2, correction);
         } else {
           moved = softmax.update(s, apply_masks(s, block, block_needs, block_key_end), correction);
@@ -875,7 +915,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         if (warp_leader) release_kv_stage<kMulticast>(&bars.v_empty[prev]);
         // Warp-uniform, so that the common case (no row of the warp moved its base) skips the multiplies.
         if (__any_sync(0xffffffff, moved)) rescale_rows(o, correction);
-        accumulator_to_a<T, kBlockN>(prob, s);
+        if constexpr (kTail) {
+          accumulator_to_a<T, kTailN>(prob_tail, s_tail);
+        } else {
+          accumulator_to_a<T, kBlockN>(prob, s);
+        }
       };
       bool first_done = false;
       if constexpr (Cfg::kPrefetchScores) {
@@ -892,7 +936,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           block = next;
           block_needs = next_needs;
           block_key_end = next_key_end;
-          visit(std::false_type{}, std::true_type{});
+          visit(std::false_type{}, std::true_type{}, std::false_type{});
           ++n;
           first_done = true;
         }
@@ -901,7 +945,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         wgmma_wait<0>();
         first_softmax();
       }
-      for (; next < t.num_n_blocks; ++n) {
+      // With a narrow tail the loop stops before the row's last block, which the launch guarantees is
+      // not block 0 and is visited after it.
+      const int loop_end = Cfg::kNarrowTail ? t.num_n_blocks - 1 : t.num_n_blocks;
+      for (; next < loop_end; ++n) {
         block = next;
         block_needs = next_needs;
         block_key_end = next_key_end;
@@ -910,16 +957,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         if constexpr (kMasked && Cfg::kHeadDim <= 64) {
           if (!dropout && block >= run_end && !block_needs) run_end = walk.plain_run_end(block, edge_block);
           if (block < run_end) {
-            visit(std::true_type{}, std::false_type{});
+            visit(std::true_type{}, std::false_type{}, std::false_type{});
             continue;
           }
         }
-        visit(std::false_type{}, std::false_type{});
+        visit(std::false_type{}, std::false_type{}, std::false_type{});
+      }
+      if constexpr (Cfg::kNarrowTail) {
+        block = next;
+        block_needs = next_needs;
+        block_key_end = next_key_end;
+        visit(std::false_type{}, std::false_type{}, std::true_type{});
+        ++n;
       }
       const int last = stage_of(n - 1);
       mbar_wait(&bars.v_full[last], phase_of(n - 1));
       wgmma_fence();
-      issue_pv<T, Cfg>(o, prob, v_smem + last * Cfg::kKVBytes);
+      issue_pv<T, Cfg, Cfg::kTailBlockN>(o, prob, v_smem + last * Cfg::kKVBytes);
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(o);
@@ -988,7 +1042,15 @@ inline int max_resident_clusters(int threads, int smem_bytes, int device) {
 template <typename T, typename Cfg, bool kMasked = false, bool kKeyEnds = false, bool kMulticast = false>
 cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   static_assert(!kMulticast || (!kMasked && !kKeyEnds), "multicast runs rows that walk every key block");
+  static_assert(!Cfg::kNarrowTail || (!kMasked && !kKeyEnds && !Cfg::kQInRegisters && !Cfg::kPrefetchScores),
+                "a narrow tail: every row walks every key block, Q from shared memory");
   const AttentionShape& sh = p.shape;
+  if constexpr (Cfg::kNarrowTail) {  // a last block of 1 .. kTailBlockN keys after at least one full one
+    const int tail = sh.seqlen_k % Cfg::kBlockN;
+    if (sh.is_causal || sh.seqlen_k < Cfg::kBlockN || tail == 0 || tail > Cfg::kTailBlockN) {
+      return cudaErrorInvalidConfiguration;
+    }
+  }
   FwdTensorMaps maps;
   // With multicast each CTA loads half of each key block.
   constexpr int kKVBoxRows = Cfg::kBlockN / kFwdClusterCtas<kMulticast>;
@@ -1065,6 +1127,12 @@ inline bool wants_wide_key_blocks(const AttentionShape& sh) {
   return env_switch("FLASHATTN_SM90_WIDE_KEY_BLOCKS", !sh.is_causal && sh.seqlen_k >= 8192);
 }
 
+// Whether a launch in WideKeyFwdConfig whose rows end in a short key block runs WideKeyTailFwdConfig:
+// yes unless FLASHATTN_SM90_NARROW_TAIL=0 (read on every call, as the tests compare both).
+inline bool wants_narrow_tail() {
+  return env_switch("FLASHATTN_SM90_NARROW_TAIL", true);
+}
+
 // Whether such a launch (at tile width 64 with two consumer warpgroups, or 128) holds Q in registers:
 // only with FLASHATTN_SM90_Q_REGISTERS=1 (read on every call, as the tests compare both settings).
 inline bool wants_q_in_registers() {
@@ -1094,6 +1162,22 @@ cudaError_t launch_fwd_every_key(const FwdParams& p, cudaStream_t stream) {
   return launch_fwd_with_config<T, Cfg>(p, stream);
 }
 
+// A launch in WideKeyFwdConfig: with a narrow tail of 64 or 128 keys where the rows' last block holds no
+// more (rows without causal masking, past one full block), else with every block 176 keys wide.
+template <typename T, int kHeadDim>
+cudaError_t launch_fwd_wide_keys(const FwdParams& p, cudaStream_t stream) {
+  using Wide = typename WideKeyFwdConfig<kHeadDim>::type;
+  const AttentionShape& sh = p.shape;
+  const int tail = sh.seqlen_k % Wide::kBlockN;
+  if (!sh.is_causal && sh.seqlen_k > Wide::kBlockN && tail > 0 && wants_narrow_tail()) {
+    if (tail <= 64) return launch_fwd_every_key<T, typename WideKeyTailFwdConfig<kHeadDim, 64>::type, kHeadDim>(p, stream);
+    if (tail <= 128) {
+      return launch_fwd_every_key<T, typename WideKeyTailFwdConfig<kHeadDim, 128>::type, kHeadDim>(p, stream);
+    }
+  }
+  return launch_fwd_every_key<T, Wide, kHeadDim>(p, stream);
+}
+
 template <typename T, int kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   using Default = typename DefaultFwdConfig<kHeadDim>::type;
@@ -1106,9 +1190,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
     }
   }
   if constexpr (kHeadDim == 128) {
-    if (!key_ends && wants_wide_key_blocks(p.shape)) {
-      return launch_fwd_every_key<T, typename WideKeyFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
-    }
+    if (!key_ends && wants_wide_key_blocks(p.shape)) return launch_fwd_wide_keys<T, kHeadDim>(p, stream);
   }
   if constexpr (kFwdVariantsBuilt<kHeadDim>) {
     if (!key_ends && wants_q_in_registers()) {

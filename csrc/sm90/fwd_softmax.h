@@ -31,13 +31,16 @@ struct OnlineSoftmax {
   // the older O rows must be scaled by. Since a positive scale keeps the order of the scores, the max
   // of s * scale is (the max of s) * scale: one multiply per row. Returns whether a row's base moved
   // (otherwise both factors are 1 and O may be left alone).
-  __device__ __forceinline__ bool update(float (&s)[kBlockN / 2], float scale, float (&correction)[2]) {
+  // s may also be the first kCount of a block's scores (a narrow last block).
+  template <int kCount>
+  __device__ __forceinline__ bool update(float (&s)[kCount], float scale, float (&correction)[2]) {
+    static_assert(kCount <= kBlockN / 2 && kCount % 4 == 0, "whole n8 blocks of one key block");
     bool moved = false;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float block_max = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
+      for (int j = 0; j < kCount / 4; ++j) {
         block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]));
       }
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffff, block_max, 1));
@@ -52,7 +55,7 @@ struct OnlineSoftmax {
       const float base = row_max[half] == -INFINITY ? 0.f : row_max[half];
       float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
+      for (int j = 0; j < kCount / 4; ++j) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           float& x = s[4 * j + 2 * half + c];
