@@ -165,8 +165,9 @@ template <> struct PrefetchScoresFwdConfig<64> { using type = FwdConfig<64, 128,
 
 // 176 keys per step at tile width 128, so each key block's barrier waits, O rescale and GEMM issue
 // cover 1.375x the work: +2% at 8k keys and +4% at 16k without causal masking. On shorter rows a
-// tile has fewer blocks to spread its prologue and epilogue over (-0.2 to -0.7% from 1k to 4k), and
-// with causal masking the wider diagonal blocks cost more (-6.5% at 2k). The output staging (32 KB)
+// tile has fewer blocks to spread its prologue and epilogue over (-0.2 to -0.7% from 1k to 4k with a
+// full-width last block; with the narrow tail below +3.8% at 2k and +2.1% at 4k), and with causal
+// masking the wider diagonal blocks cost more (-6.5% at 2k). The output staging (32 KB)
 // does not fit beside two 44 KB K/V stages and Q, so the threads store the output; Q stays in shared
 // memory (the highest register is R219 of 240 without Q's 32).
 template <int kHeadDim>
@@ -1121,10 +1122,11 @@ inline bool wants_multicast(const AttentionShape& sh) {
 }
 
 // Whether an unmasked launch without key ends at tile width 128 runs WideKeyFwdConfig: without causal
-// masking from 8192 keys on. FLASHATTN_SM90_WIDE_KEY_BLOCKS=0 or 1 turns it off, or on for every such
-// launch (read on every call, as the tests compare both).
+// masking from 2048 keys on (with the narrow tail, 532ec64: +3.8% / +2.1% at 2k / 4k against 128-key
+// blocks; it was from 8192 before the tail). FLASHATTN_SM90_WIDE_KEY_BLOCKS=0 or 1 turns it off, or on
+// for every such launch (read on every call, as the tests compare both).
 inline bool wants_wide_key_blocks(const AttentionShape& sh) {
-  return env_switch("FLASHATTN_SM90_WIDE_KEY_BLOCKS", !sh.is_causal && sh.seqlen_k >= 8192);
+  return env_switch("FLASHATTN_SM90_WIDE_KEY_BLOCKS", !sh.is_causal && sh.seqlen_k >= 2048);
 }
 
 // Whether a launch in WideKeyFwdConfig whose rows end in a short key block runs WideKeyTailFwdConfig:
