@@ -268,7 +268,7 @@ def test_prefetched_scores_change_no_bit(monkeypatch, causal, batch, seqlen_q, s
 
 
 # FLASHATTN_SM90_WIDE_KEY_BLOCKS=1 (tile width 128, the unmasked forward without key ends; the default
-# from 8192 keys without causal masking): 176 keys per step. Key counts that are not multiples of 176
+# from 2048 keys without causal masking): 176 keys per step. Key counts that are not multiples of 176
 # end in a partial block; the key block of a causal row's diagonal falls at other offsets than with 128.
 # Without causal masking a last block of at most 128 keys runs narrow (FLASHATTN_SM90_NARROW_TAIL, on
 # by default): 777 and 8192 keys end in blocks of 73 and 96 keys (the 128-key tail), 4096 in one of 48
