@@ -93,7 +93,10 @@ struct FwdConfig {
   // Keys of a row's last key block, when fewer than kBlockN (a narrow tail): that block's QK^T GEMM is
   // kTailBlockN wide and its PV GEMM kTailBlockN / 16 steps deep, instead of computing kBlockN - kTailBlockN
   // more keys that the length mask then drops. Launches without causal masking, a mask or key ends,
-  // whose key count leaves a last block of 1 .. kTailBlockN keys after one full block or more.
+  // whose key count leaves a last block of 1 .. kTailBlockN keys after one full block or more. The
+  // QK^T GEMMs then start in the set form (issue_qk's kSet): the tail leaves the rest of S holding the
+  // previous block's scores, and with S an input of the next tile's first GEMM that stayed live and
+  // ptxas serialised every wgmma (C7511).
   static constexpr int kTailBlockN = kTailBlockN_;
   static constexpr bool kNarrowTail = kTailBlockN < kBlockN;
   static constexpr int kThreads = 128 * (1 + kConsumers);
