@@ -230,6 +230,16 @@ def test_q_in_registers_matches_oracle(monkeypatch, q_registers, causal, batch, 
     run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, causal, layout)
 
 
+def assert_switch_changes_no_bit(monkeypatch, switch, q, k, v, causal):
+    """The forward with the environment switch `switch` at 0 and at 1 gives bit for bit the same output
+    and LSE."""
+    results = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv(switch, setting)
+        results[setting] = torch.ops.flashattn.fwd(q, k, v, q.shape[-1] ** -0.5, causal, True)
+    assert torch.equal(results["1"][0], results["0"][0]) and torch.equal(results["1"][1], results["0"][1])
+
+
 # FLASHATTN_SM90_PREFETCH_SCORES (tile width 64 with two consumer warpgroups, the unmasked forward
 # without key ends; on by default, =0 turns it off): a tile's second QK^T GEMM is issued before its
 # first softmax. Tiles of one key block (no second GEMM), of two, and longer; with and without
@@ -260,11 +270,7 @@ def test_prefetched_scores_change_no_bit(monkeypatch, causal, batch, seqlen_q, s
     # The same GEMMs and softmax steps in the same order, only issued earlier: bit for bit the same
     # output and LSE as the default kernel.
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda", layout)
-    results = {}
-    for setting in ("0", "1"):
-        monkeypatch.setenv("FLASHATTN_SM90_PREFETCH_SCORES", setting)
-        results[setting] = torch.ops.flashattn.fwd(q, k, v, head_dim ** -0.5, causal, True)
-    assert torch.equal(results["1"][0], results["0"][0]) and torch.equal(results["1"][1], results["0"][1])
+    assert_switch_changes_no_bit(monkeypatch, "FLASHATTN_SM90_PREFETCH_SCORES", q, k, v, causal)
 
 
 # FLASHATTN_SM90_WIDE_KEY_BLOCKS=1 (tile width 128, the unmasked forward without key ends; the default
@@ -306,8 +312,4 @@ def test_narrow_tail_changes_no_bit(monkeypatch, multicast, batch, seqlen_q, seq
     monkeypatch.setenv("FLASHATTN_SM90_WIDE_KEY_BLOCKS", "1")
     monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", multicast)
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda", layout)
-    results = {}
-    for setting in ("0", "1"):
-        monkeypatch.setenv("FLASHATTN_SM90_NARROW_TAIL", setting)
-        results[setting] = torch.ops.flashattn.fwd(q, k, v, head_dim ** -0.5, False, True)
-    assert torch.equal(results["1"][0], results["0"][0]) and torch.equal(results["1"][1], results["0"][1])
+    assert_switch_changes_no_bit(monkeypatch, "FLASHATTN_SM90_NARROW_TAIL", q, k, v, False)
