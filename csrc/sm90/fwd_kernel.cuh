@@ -1043,17 +1043,22 @@ inline int max_resident_clusters(int threads, int smem_bytes, int device) {
   return clusters;
 }
 
+// Whether a launch's rows end in a block that configuration Cfg's narrow tail covers (see kTailBlockN):
+// no causal masking, at least one full key block, then 1 .. kTailBlockN keys.
+template <typename Cfg>
+inline bool narrow_tail_fits(const AttentionShape& sh) {
+  const int tail = sh.seqlen_k % Cfg::kBlockN;
+  return !sh.is_causal && sh.seqlen_k > Cfg::kBlockN && tail > 0 && tail <= Cfg::kTailBlockN;
+}
+
 template <typename T, typename Cfg, bool kMasked = false, bool kKeyEnds = false, bool kMulticast = false>
 cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   static_assert(!kMulticast || (!kMasked && !kKeyEnds), "multicast runs rows that walk every key block");
   static_assert(!Cfg::kNarrowTail || (!kMasked && !kKeyEnds && !Cfg::kQInRegisters && !Cfg::kPrefetchScores),
                 "a narrow tail: every row walks every key block, Q from shared memory");
   const AttentionShape& sh = p.shape;
-  if constexpr (Cfg::kNarrowTail) {  // a last block of 1 .. kTailBlockN keys after at least one full one
-    const int tail = sh.seqlen_k % Cfg::kBlockN;
-    if (sh.is_causal || sh.seqlen_k < Cfg::kBlockN || tail == 0 || tail > Cfg::kTailBlockN) {
-      return cudaErrorInvalidConfiguration;
-    }
+  if constexpr (Cfg::kNarrowTail) {
+    if (!narrow_tail_fits<Cfg>(sh)) return cudaErrorInvalidConfiguration;
   }
   FwdTensorMaps maps;
   // With multicast each CTA loads half of each key block.
@@ -1171,16 +1176,13 @@ cudaError_t launch_fwd_every_key(const FwdParams& p, cudaStream_t stream) {
 // more (rows without causal masking, past one full block), else with every block 176 keys wide.
 template <typename T, int kHeadDim>
 cudaError_t launch_fwd_wide_keys(const FwdParams& p, cudaStream_t stream) {
-  using Wide = typename WideKeyFwdConfig<kHeadDim>::type;
-  const AttentionShape& sh = p.shape;
-  const int tail = sh.seqlen_k % Wide::kBlockN;
-  if (!sh.is_causal && sh.seqlen_k > Wide::kBlockN && tail > 0 && wants_narrow_tail()) {
-    if (tail <= 64) return launch_fwd_every_key<T, typename WideKeyTailFwdConfig<kHeadDim, 64>::type, kHeadDim>(p, stream);
-    if (tail <= 128) {
-      return launch_fwd_every_key<T, typename WideKeyTailFwdConfig<kHeadDim, 128>::type, kHeadDim>(p, stream);
-    }
+  using Tail64 = typename WideKeyTailFwdConfig<kHeadDim, 64>::type;
+  using Tail128 = typename WideKeyTailFwdConfig<kHeadDim, 128>::type;
+  if (wants_narrow_tail()) {
+    if (narrow_tail_fits<Tail64>(p.shape)) return launch_fwd_every_key<T, Tail64, kHeadDim>(p, stream);
+    if (narrow_tail_fits<Tail128>(p.shape)) return launch_fwd_every_key<T, Tail128, kHeadDim>(p, stream);
   }
-  return launch_fwd_every_key<T, Wide, kHeadDim>(p, stream);
+  return launch_fwd_every_key<T, typename WideKeyFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
 }
 
 template <typename T, int kHeadDim>
