@@ -925,6 +925,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           accumulator_to_a<T, kBlockN>(prob, s);
         }
       };
+      // The walk's next block becomes the block to visit.
+      auto take_next = [&]() {
+        block = next;
+        block_needs = next_needs;
+        block_key_end = next_key_end;
+      };
       bool first_done = false;
       if constexpr (Cfg::kPrefetchScores) {
         // Block 1's K stage is waited for before block 0's is released: a ring of one stage would deadlock.
@@ -937,9 +943,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           wgmma_commit();
           wgmma_wait<1>();  // block 0's S is ready
           first_softmax();
-          block = next;
-          block_needs = next_needs;
-          block_key_end = next_key_end;
+          take_next();
           visit(std::false_type{}, std::true_type{}, std::false_type{});
           ++n;
           first_done = true;
@@ -953,9 +957,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       // not block 0 and is visited after it.
       const int loop_end = Cfg::kNarrowTail ? t.num_n_blocks - 1 : t.num_n_blocks;
       for (; next < loop_end; ++n) {
-        block = next;
-        block_needs = next_needs;
-        block_key_end = next_key_end;
+        take_next();
         // Plain runs at tile width 64 only: at the wider tiles the second copy of the loop body made
         // ptxas spill more (108 against 72 bytes at width 128).
         if constexpr (kMasked && Cfg::kHeadDim <= 64) {
@@ -968,9 +970,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         visit(std::false_type{}, std::false_type{}, std::false_type{});
       }
       if constexpr (Cfg::kNarrowTail) {
-        block = next;
-        block_needs = next_needs;
-        block_key_end = next_key_end;
+        take_next();
         visit(std::false_type{}, std::false_type{}, std::true_type{});
         ++n;
       }
