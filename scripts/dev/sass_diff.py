@@ -16,13 +16,13 @@ head tree's ptxas spill and C75xx (wgmma serialisation) messages.
 """
 import argparse
 import collections
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
-import io
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
