@@ -301,7 +301,7 @@ void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                        bool is_causal, bool causal_bottom_right,
                                        const std::optional<at::Tensor>& attn_mask, double dropout_p,
-                                       const std::optional<at::Tensor>& rng_state) {
+                                       const std::optional<at::Tensor>& rng_state, bool /*deterministic*/) {
   const char* op = "flashattn.fwd";
   const CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
   const DropoutParams dropout = make_dropout(dropout_p, rng_state);

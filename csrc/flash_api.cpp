@@ -1,7 +1,7 @@
 // The flashattn ops: schemas, per-device implementations (checks, allocation, dispatch), module init.
 //
 //   fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0,
-//       rng_state=None) -> (out, lse)
+//       rng_state=None, deterministic=False) -> (out, lse)
 //   bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False,
 //       attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None) -> (dq, dk, dv)
 //   dropout_keep_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> keep [B, H, Lq, Lk] bool
@@ -14,8 +14,9 @@
 // with the gradient of a floating attn_mask. dropout_p in [0, 1) drops each probability (after the
 // softmax; the LSE is that of the undropped scores) with the keep-mask of common/dropout.h, seeded by
 // rng_state, a [2] int64 tensor (seed, offset) on q's device that the backward must get unchanged;
-// dropout_keep_mask materialises that mask (for tests: it is quadratic in memory). fwd's autograd kernel is
-// in fwd_autograd.cpp; the fake kernels are registered in flashattn/ops.py.
+// dropout_keep_mask materialises that mask (for tests: it is quadratic in memory). fwd's `deterministic`
+// is for its backward alone (fwd_autograd.cpp passes it to bwd): the forward is always reproducible.
+// fwd's autograd kernel is in fwd_autograd.cpp; the fake kernels are registered in flashattn/ops.py.
 // The forward is bitwise reproducible; the CUDA backward is only with deterministic=True (its dq sums
 // in a fixed order), the CPU backward always is.
 #include <torch/extension.h>
@@ -36,7 +37,8 @@ namespace {
 std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            double scale, bool is_causal, bool causal_bottom_right,
                                            const std::optional<at::Tensor>& attn_mask, double dropout_p,
-                                           const std::optional<at::Tensor>& rng_state) {
+                                           const std::optional<at::Tensor>& rng_state,
+                                           bool /*deterministic: the backward's, see fwd_autograd.cpp*/) {
   const CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
   return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, attn_mask, dropout_p, rng_state);
 }
@@ -82,10 +84,12 @@ bool compiled_with_cuda() {
 
 TORCH_LIBRARY(flashattn, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right,"
-        " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None) -> (Tensor out, Tensor lse)");
+        " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False)"
+        " -> (Tensor out, Tensor lse)");
   // fwd with q, k, v in (B, H, L, E), SDPA's layout; out and lse as fwd returns them.
   m.def("fwd_heads_first(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right,"
-        " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None) -> (Tensor out, Tensor lse)");
+        " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False)"
+        " -> (Tensor out, Tensor lse)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, bool is_causal,"
         " bool causal_bottom_right, bool deterministic=False, Tensor? attn_mask=None, Tensor(a!)? dmask=None,"
         " float dropout_p=0.0, Tensor? rng_state=None) -> (Tensor dq, Tensor dk, Tensor dv)");

@@ -1,7 +1,7 @@
 // The autograd kernels of flashattn::fwd and flashattn::fwd_heads_first: the forward below the autograd
 // key (the device's kernel, or a tracing mode's fake one), and a backward that calls flashattn::bwd with
-// the forward's inputs, out and lse (deterministic=False; dropout_p and rng_state as the forward had
-// them, so the backward regenerates the same keep-mask). A floating attn_mask that requires grad gets
+// the forward's inputs, out and lse (deterministic, dropout_p and rng_state as the forward had them, so
+// the backward regenerates the same keep-mask). A floating attn_mask that requires grad gets
 // dmask, its gradient over the [B, Hq, Lq, Lk] view the op took (autograd sums it back over broadcast
 // dims).
 //
@@ -10,8 +10,7 @@
 // drop-in's host time went to those and the calls around them).
 //
 // Written in C++ rather than as a Python autograd.Function because a training step calls it once per
-// attention layer: the Python form cost tens of microseconds of host time per call. flashattn/ops.py's
-// deterministic variant (attention(..., deterministic=True)) stays a Python Function over fwd.
+// attention layer: a Python Function costs tens of microseconds of host time per call.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -27,7 +26,7 @@ using torch::autograd::variable_list;
 
 using FwdSignature = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                         double, bool, bool, const std::optional<at::Tensor>&,
-                                                        double, const std::optional<at::Tensor>&);
+                                                        double, const std::optional<at::Tensor>&, bool);
 using BwdSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, double, bool, bool, bool, const std::optional<at::Tensor>&,
@@ -60,10 +59,10 @@ const auto& fwd_op() {
 std::tuple<at::Tensor, at::Tensor> fwd_heads_first(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                    double scale, bool is_causal, bool causal_bottom_right,
                                                    const std::optional<at::Tensor>& attn_mask, double dropout_p,
-                                                   const std::optional<at::Tensor>& rng_state) {
+                                                   const std::optional<at::Tensor>& rng_state, bool deterministic) {
   check_heads_first(q, k, v);
   return fwd_op().call(kernel_layout(q), kernel_layout(k), kernel_layout(v), scale, is_causal, causal_bottom_right,
-                       attn_mask, dropout_p, rng_state);
+                       attn_mask, dropout_p, rng_state, deterministic);
 }
 
 // heads_first: q, k, v (and the gradients returned for them) in (B, H, L, E), else (B, L, H, E).
@@ -72,14 +71,14 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale, bool is_causal, bool causal_bottom_right,
                                const std::optional<at::Tensor>& attn_mask, double dropout_p,
-                               const std::optional<at::Tensor>& rng_state, bool heads_first) {
+                               const std::optional<at::Tensor>& rng_state, bool deterministic, bool heads_first) {
     at::Tensor out, lse;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      std::tie(out, lse) =
-          heads_first
-              ? fwd_heads_first(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state)
-              : fwd_op().call(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state);
+      std::tie(out, lse) = heads_first ? fwd_heads_first(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
+                                                         dropout_p, rng_state, deterministic)
+                                       : fwd_op().call(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
+                                                       dropout_p, rng_state, deterministic);
     }
     // The inputs as given (the backward makes the kernels' views again); rng_state is saved, not its
     // values: the backward regenerates the forward's keep-mask from it.
@@ -88,6 +87,7 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["causal_bottom_right"] = causal_bottom_right;
     ctx->saved_data["dropout_p"] = dropout_p;
+    ctx->saved_data["deterministic"] = deterministic;
     ctx->saved_data["heads_first"] = heads_first;
     ctx->mark_non_differentiable({lse});
     return {out, lse};
@@ -117,7 +117,8 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
     }
     auto [dq, dk, dv] = op.call(grad_out, q, k, v, out, lse, ctx->saved_data["scale"].toDouble(),
                                 ctx->saved_data["is_causal"].toBool(),
-                                ctx->saved_data["causal_bottom_right"].toBool(), /*deterministic=*/false,
+                                ctx->saved_data["causal_bottom_right"].toBool(),
+                                ctx->saved_data["deterministic"].toBool(),
                                 present(attn_mask), present(dmask), ctx->saved_data["dropout_p"].toDouble(),
                                 present(rng_state));
     if (heads_first) {  // back to the inputs' (B, H, L, E)
@@ -126,17 +127,18 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
       dv = dv.transpose(1, 2);
     }
     // One gradient per forward argument: q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-    // dropout_p, rng_state, heads_first.
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), dmask, at::Tensor(), at::Tensor(), at::Tensor()};
+    // dropout_p, rng_state, deterministic, heads_first.
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), dmask, at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
 std::tuple<at::Tensor, at::Tensor> fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                 double scale, bool is_causal, bool causal_bottom_right,
                                                 const std::optional<at::Tensor>& attn_mask, double dropout_p,
-                                                const std::optional<at::Tensor>& rng_state) {
-  const variable_list outputs =
-      FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, false);
+                                                const std::optional<at::Tensor>& rng_state, bool deterministic) {
+  const variable_list outputs = FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
+                                                   dropout_p, rng_state, deterministic, false);
   return {outputs[0], outputs[1]};
 }
 
@@ -145,9 +147,10 @@ std::tuple<at::Tensor, at::Tensor> fwd_heads_first_autograd(const at::Tensor& q,
                                                             bool causal_bottom_right,
                                                             const std::optional<at::Tensor>& attn_mask,
                                                             double dropout_p,
-                                                            const std::optional<at::Tensor>& rng_state) {
-  const variable_list outputs =
-      FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, true);
+                                                            const std::optional<at::Tensor>& rng_state,
+                                                            bool deterministic) {
+  const variable_list outputs = FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
+                                                   dropout_p, rng_state, deterministic, true);
   return {outputs[0], outputs[1]};
 }
 

@@ -3,7 +3,7 @@
 Importing this module loads the compiled extension ``flashattn._C``, whose C++ code registers three ops
 in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/flash_api.cpp``):
 
-``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None) -> (out, lse)``
+``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None, deterministic=False) -> (out, lse)``
     q ``[B, Lq, Hq, D]``, k and v ``[B, Lk, Hk, D]`` (any strides, contiguous last dim, Hq a multiple
     of Hk, 1 <= D <= 256). out ``[B, Lq, Hq, D]`` contiguous in q's dtype; lse ``[B, Hq, Lq]``, the
     natural-log log-sum-exp of each row's scaled (and masked) scores, float32 (float64 for float64
@@ -20,7 +20,9 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     of ``csrc/common/dropout.h``, a pure function of (seed, offset, b, h, i, j) that is the same on the
     CPU and on CUDA, whatever the tiling. lse stays the log-sum-exp of the undropped scores.
     ``rng_state`` (needed when ``dropout_p > 0``) is a contiguous ``[2]`` int64 tensor (seed, offset)
-    on q's device, read by the kernels from memory (see :func:`draw_rng_state`).
+    on q's device, read by the kernels from memory (see :func:`draw_rng_state`). ``deterministic`` is
+    for the backward that autograd runs for this call (see ``bwd``); the forward is always bitwise
+    reproducible.
 
 ``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None) -> (dq, dk, dv)``
     Gradients of fwd's out; dq like q, dk/dv like k (summed over each group of query heads). With
@@ -40,12 +42,11 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     ``[batch, heads, seqlen_q, seqlen_k]`` tensor on rng_state's device (True = kept; all True for
     ``dropout_p == 0``). ``heads`` counts query heads. For tests and debugging: it is quadratic in memory.
 
-``fwd``'s autograd kernel is C++ (``csrc/fwd_autograd.cpp``): its backward calls ``bwd`` (with
-``deterministic=False``; dropout_p and rng_state travel from the forward to the backward). This module
-adds the fake (meta) kernels, so the ops can be traced by ``torch.compile`` and ``torch.export``.
-:func:`attention` is ``fwd`` with autograd that can ask for the deterministic backward instead and that
-draws an ``rng_state`` for dropout; :func:`draw_rng_state` and :func:`dropout_keep_mask` are the
-dropout helpers.
+``fwd``'s autograd kernel is C++ (``csrc/fwd_autograd.cpp``): its backward calls ``bwd`` with the
+forward's ``deterministic``, ``dropout_p`` and ``rng_state``. This module adds the fake (meta) kernels, so
+the ops can be traced by ``torch.compile`` and ``torch.export``. :func:`attention` is ``fwd`` that draws
+an ``rng_state`` for dropout; :func:`draw_rng_state` and :func:`dropout_keep_mask` are the dropout
+helpers.
 """
 from __future__ import annotations
 
@@ -150,7 +151,8 @@ def _check_dropout_meta(op, q, dropout_p, rng_state):
 
 
 @torch.library.register_fake("flashattn::fwd")
-def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None):
+def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None,
+              deterministic=False):
     _check_qkv_meta(q, k, v)
     _check_mask_meta("flashattn.fwd", q, k, attn_mask)
     _check_dropout_meta("flashattn.fwd", q, dropout_p, rng_state)
@@ -162,14 +164,14 @@ def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dr
 
 @torch.library.register_fake("flashattn::fwd_heads_first")
 def _fwd_heads_first_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0,
-                          rng_state=None):
+                          rng_state=None, deterministic=False):
     torch._check(
         q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
         lambda: f"flashattn.fwd_heads_first: q, k and v must be 4-D (B, H, L, E), got {q.dim()}, {k.dim()} and "
                 f"{v.dim()} dims",
     )
     return _fwd_fake(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, is_causal, causal_bottom_right,
-                     attn_mask, dropout_p, rng_state)
+                     attn_mask, dropout_p, rng_state, deterministic)
 
 
 @torch.library.register_fake("flashattn::bwd")
@@ -215,43 +217,6 @@ def _dropout_keep_mask_fake(rng_state, batch, heads, seqlen_q, seqlen_k, dropout
     return rng_state.new_empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.bool)
 
 
-class _FwdWithDeterministicBwd(torch.autograd.Function):
-    """``fwd`` whose backward is ``bwd(..., deterministic=True)``: the flag has no place in fwd's schema
-    (the op's own autograd kernel, csrc/fwd_autograd.cpp, always runs the default backward), so it
-    travels here, with that kernel's formula otherwise."""
-
-    @staticmethod
-    def forward(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state):
-        return fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state = inputs
-        out, lse = output
-        # rng_state is saved, not its values: the backward regenerates the forward's keep-mask from it.
-        ctx.save_for_backward(q, k, v, out, lse, attn_mask, rng_state)
-        ctx.dropout_p = dropout_p
-        ctx.scale = scale
-        ctx.is_causal = is_causal
-        ctx.causal_bottom_right = causal_bottom_right
-        ctx.mark_non_differentiable(lse)
-
-    @staticmethod
-    def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, attn_mask, rng_state = ctx.saved_tensors
-        if grad_out.size(-1) > 1 and grad_out.stride(-1) != 1:
-            # The kernels take any strides but need a contiguous last dim (e.g. an expanded grad of sum()).
-            # Not .contiguous(): it returns an empty tensor (e.g. batch 0) unchanged, strides and all.
-            grad_out = grad_out.clone(memory_format=torch.contiguous_format)
-        dmask = None
-        if attn_mask is not None and ctx.needs_input_grad[6]:
-            # Full size: the expand that made the [B, Hq, Lq, Lk] view sums it back to the mask's shape.
-            dmask = torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=q.device)
-        dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.scale, ctx.is_causal, ctx.causal_bottom_right, True,
-                         attn_mask, dmask, ctx.dropout_p, rng_state)
-        return dq, dk, dv, None, None, None, dmask, None, None
-
-
 def draw_rng_state(device, generator=None) -> torch.Tensor:
     """A fresh dropout ``rng_state``: a ``[2]`` int64 tensor (seed, offset) drawn with ``torch.randint``
     on ``device`` from ``generator`` (torch's default generator of that device when None, so
@@ -270,21 +235,18 @@ def dropout_keep_mask(rng_state: torch.Tensor, batch: int, heads: int, seqlen_q:
 
 def attention(q, k, v, scale: float, is_causal: bool, causal_bottom_right: bool, deterministic: bool = False,
               attn_mask=None, dropout_p: float = 0.0, rng_state=None, generator=None):
-    """``fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state) -> (out, lse)``
-    with autograd (a floating ``attn_mask`` that requires grad gets one).
+    """``fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, deterministic)
+    -> (out, lse)``, with autograd (a floating ``attn_mask`` that requires grad gets one).
 
     With ``deterministic=True`` the backward runs ``bwd(..., deterministic=True)`` (bitwise reproducible
-    gradients on CUDA); otherwise this is ``fwd`` itself, whose backward is the default one.
-    With ``dropout_p > 0`` and no ``rng_state``, one is drawn with :func:`draw_rng_state` on q's device
-    from ``generator``; the backward reuses it, so it applies the forward's keep-mask. Pass an
-    ``rng_state`` to choose the mask (the same one gives the same mask: see :func:`dropout_keep_mask`).
+    gradients on CUDA). With ``dropout_p > 0`` and no ``rng_state``, one is drawn with
+    :func:`draw_rng_state` on q's device from ``generator``; the backward reuses it, so it applies the
+    forward's keep-mask. Pass an ``rng_state`` to choose the mask (the same one gives the same mask: see
+    :func:`dropout_keep_mask`).
     """
     dropout_p = float(dropout_p)
     if dropout_p == 0.0:
         rng_state = None
     elif rng_state is None:
         rng_state = draw_rng_state(q.device, generator)
-    if deterministic:
-        return _FwdWithDeterministicBwd.apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p,
-                                              rng_state)
-    return fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state)
+    return fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, bool(deterministic))

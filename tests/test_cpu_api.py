@@ -779,3 +779,36 @@ def test_compile_fullgraph_with_masks_matches_eager():
     torch.testing.assert_close(compiled, eager)
     for g, e in zip(grads, torch.autograd.grad(eager, leaves)):
         torch.testing.assert_close(g, e)
+
+
+# deterministic: part of fwd's schema, for the backward autograd runs.
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("heads_first", [False, True])
+def test_fwd_passes_deterministic_to_bwd(deterministic, heads_first):
+    """The backward that autograd runs for fwd (and fwd_heads_first) calls bwd with the forward's
+    deterministic flag: one autograd for both modes."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class BwdCalls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.flags = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.flashattn.bwd.default:
+                self.flags.append(kwargs.get("deterministic", args[9] if len(args) > 9 else False))
+            return func(*args, **kwargs)
+
+    q, k, v = (torch.randn(1, 17, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    op = torch.ops.flashattn.fwd_heads_first if heads_first else torch.ops.flashattn.fwd
+    out, _ = op(q, k, v, 0.35, True, False, None, 0.0, None, deterministic)
+    calls = BwdCalls()
+    with calls:
+        out.sum().backward()
+    assert calls.flags == [deterministic]
+
+
+def test_opcheck_fwd_deterministic():
+    q, k, v = (torch.randn(1, 9, 2, 8, dtype=torch.float32, requires_grad=True) for _ in range(3))
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, (q, k, v, 0.35, True, True, None, 0.0, None, True))
