@@ -67,7 +67,7 @@ namespace flashattn {
 namespace sm90 {
 
 template <int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2, int kQStages_ = 1,
-          bool kStagedOutput_ = false, bool kQInRegisters_ = false, bool kPrefetchScores_ = false,
+          bool kStagedOutput_ = false, bool kPrefetchScores_ = false,
           int kTailBlockN_ = kBlockN_>
 struct FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;  // tile width: the real head dim is <= this
@@ -81,10 +81,6 @@ struct FwdConfig {
   // With a staged output each consumer warpgroup writes its 64 output rows into shared memory and one
   // of its threads stores them with TMA (write_epilogue); without, the threads store them themselves.
   static constexpr bool kStagedOutput = kStagedOutput_;
-  // With Q in registers each consumer warpgroup loads its Q rows into wgmma A fragments once per tile
-  // (kHeadDim / 4 registers per thread) and releases the Q stage at once; the QK^T GEMMs then read
-  // only K from shared memory.
-  static constexpr bool kQInRegisters = kQInRegisters_;
   // With prefetched scores a tile issues its second key block's QK^T GEMM before its first block's
   // softmax, so that the GEMM runs under it (otherwise a tile's first softmax has no GEMM of its own
   // warpgroup to overlap); the first block's scores then take kBlockN / 2 more registers. Unmasked
@@ -142,20 +138,6 @@ static_assert(DefaultFwdConfig<64>::type::kBlockN == fwd_keys_per_step(64) &&
                   DefaultFwdConfig<64>::type::kBlockM == kFwdQueriesPerTile,
               "sm90/fwd_tiles.h is out of date");
 
-// Q held in registers for the QK^T GEMMs (see kQInRegisters), for unmasked launches without key ends
-// at tile width 128 where the wide key blocks below are not used (+0-2% without causal masking, +2.5-3%
-// with it from 4k; H200, bf16, benchmarks/NOTES.md) and at width 64 with two consumer warpgroups
-// (about +1%). Opt-in (FLASHATTN_SM90_Q_REGISTERS=1): in one of three GPU suite runs with it on, two
-// runs of the same causal D=128 launch with the dynamic tail were not bit-for-bit equal
-// (test_static_and_dynamic_schedules_are_identical), which the Q-from-shared-memory kernel has never
-// shown. About 32,000 stress runs did not reproduce it (benchmarks/NOTES.md); until it is understood
-// it stays off. The three-consumer kernel has no room for it (160
-// registers; Q would take 16 more).
-template <int kHeadDim>
-struct QInRegistersFwdConfig;
-template <> struct QInRegistersFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, true>; };
-template <> struct QInRegistersFwdConfig<128> { using type = FwdConfig<128, 128, 2, 2, 1, true, true>; };
-
 // The default configuration at tile width 64 (two consumer warpgroups) with prefetched scores (see
 // kPrefetchScores), which unmasked launches without key ends run there: +2-4% at 1k keys, +1.5% at 2k
 // causal, +1% at 512 without causal masking, level at 512 with it (H200, bf16, benchmarks/NOTES.md);
@@ -164,7 +146,7 @@ template <> struct QInRegistersFwdConfig<128> { using type = FwdConfig<128, 128,
 // tile) it fit without spills, but measured 1-4% slower than without prefetching (95a79e8, reverted).
 template <int kHeadDim>
 struct PrefetchScoresFwdConfig;
-template <> struct PrefetchScoresFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, false, true>; };
+template <> struct PrefetchScoresFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, true>; };
 
 // 176 keys per step at tile width 128, so each key block's barrier waits, O rescale and GEMM issue
 // cover 1.375x the work: +2% at 8k keys and +4% at 16k without causal masking. On shorter rows a
@@ -182,7 +164,7 @@ template <> struct WideKeyFwdConfig<128> { using type = FwdConfig<128, 176, 2>; 
 template <int kHeadDim, int kTail>
 struct WideKeyTailFwdConfig;
 template <int kTail> struct WideKeyTailFwdConfig<128, kTail> {
-  using type = FwdConfig<128, 176, 2, 2, 1, false, false, false, kTail>;
+  using type = FwdConfig<128, 176, 2, 2, 1, false, false, kTail>;
 };
 
 // The unmasked forward of long rows runs in this configuration (see uses_long_row_config): at tile
@@ -474,35 +456,6 @@ __device__ __forceinline__ void issue_qk(float (&scores)[Cfg::kBlockN / 2], cons
   }
 }
 
-// S = Q K^T with Q from registers (kQInRegisters): q holds this thread's A fragment of each k16 step.
-template <typename T, typename Cfg>
-__device__ __forceinline__ void issue_qk(float (&s)[Cfg::kBlockN / 2], const uint32_t (&q)[Cfg::kHeadDim / 16][4],
-                                         const unsigned char* k_tile) {
-  const uint64_t desc_k0 = smem_desc_sw128(k_tile, 16, 1024);
-#pragma unroll
-  for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
-    const uint64_t desc_k = smem_desc_advance(desc_k0, (ks / 4) * Cfg::kKVColBlockBytes + (ks % 4) * 32);
-    Wgmma<T, Cfg::kBlockN>::rs_k(s, q[ks], desc_k, ks > 0);
-  }
-}
-
-// This thread's wgmma A fragments of its warp's 16 Q rows (of the warpgroup's 64 at q_rows, in the
-// swizzled [kColBlocks][kBlockM][64] tile): per k16 step one ldmatrix x4, lane l addressing row l % 16
-// of the warp's rows at the step's columns 8 (l / 16) .. + 7 (matrices 0/1: rows 0-7 / 8-15 of columns
-// 0-7, 2/3: of columns 8-15, mma.sync's A layout). The 128-byte swizzle puts the 16-byte chunk c of
-// row r at chunk c ^ (r % 8).
-template <typename Cfg>
-__device__ __forceinline__ void load_q_fragments(uint32_t (&q)[Cfg::kHeadDim / 16][4], const unsigned char* q_rows,
-                                                 int warp_in_group, int lane) {
-  const int row = warp_in_group * 16 + lane % 16;
-#pragma unroll
-  for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
-    const int col = ks * 16 + (lane / 16) * 8;
-    const int chunk = (col % 64) / 8;
-    sm80::ldmatrix_x4(q[ks], q_rows + (col / 64) * Cfg::kQColBlockBytes + row * 128 + ((chunk ^ (row % 8)) * 16));
-  }
-}
-
 // O (64 x kHeadDim per warpgroup) += P V. V is [keys][head dim], so B is MN-major: the leading byte
 // offset steps between 64-column blocks, the stride byte offset between 8-key groups, and a k16 step
 // (16 keys) advances the start by 16 rows of 128 bytes. kKeys < kBlockN: the block's first kKeys keys only.
@@ -760,7 +713,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
     float s[kBlockN / 2];
     uint32_t prob[kBlockN / 16][4];
-    uint32_t q_frag[Cfg::kQInRegisters ? Cfg::kHeadDim / 16 : 1][4];  // kQInRegisters: Q's A fragments
     // kPrefetchScores: the scores of a tile's first key block (s holds the second's by then).
     float s_first[Cfg::kPrefetchScores ? kBlockN / 2 : 1];
     float(&s0)[kBlockN / 2] = *[&]() {
@@ -772,11 +724,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     }();
     // S = Q K^T for the key block in `k_tile`, into `scores`.
     auto issue_scores = [&](float(&scores)[kBlockN / 2], const unsigned char* k_tile) {
-      if constexpr (Cfg::kQInRegisters) {
-        issue_qk<T, Cfg>(scores, q_frag, k_tile);
-      } else {
-        issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128, kBlockN, Cfg::kNarrowTail>(scores, q_tile_rows, k_tile);
-      }
+      issue_qk<T, Cfg, kMasked && Cfg::kHeadDim >= 128, kBlockN, Cfg::kNarrowTail>(scores, q_tile_rows, k_tile);
     };
     // The narrow tail (kNarrowTail) works on the first kTailBlockN keys' share of s and prob only.
     constexpr int kTailN = Cfg::kTailBlockN;
@@ -827,15 +775,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       bool block_needs = walk.needs_elements(block);
       int block_key_end = block_needs ? walk.prefix_key_end(block, kBlockN, p.mask) : -1;
       mbar_wait(&bars.q_full[q_stage], (q_iter / Cfg::kQStages) & 1);
-      if constexpr (Cfg::kQInRegisters) {
-        load_q_fragments<Cfg>(q_frag, q_tile_rows, (threadIdx.x / 32) % 4, lane);
-        // The stage is released to the producer's next TMA load (the async proxy) after reads through
-        // the generic proxy (ldmatrix); the proxy fence orders the two. Stress runs without it never
-        // differed either (benchmarks/NOTES.md, 70b769f): it is kept as the memory model's safe side.
-        fence_proxy_async_shared();
-        __syncwarp();
-        if (warp_leader) mbar_arrive(&bars.q_empty[q_stage]);  // the warp's loads are done
-      }
       // Block 0: S (into s0), softmax, P.
       mbar_wait(&bars.k_full[stage_of(0)], phase_of(0));
       wgmma_fence();
@@ -850,8 +789,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         fence_registers(s0);
         if (warp_leader) {
           release_kv_stage<kMulticast>(&bars.k_empty[stage_of(0)]);
-          // The tile's last QK^T GEMM is done (with Q in registers, the stage went at the tile's start).
-          if (!Cfg::kQInRegisters && next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
+          // The tile's last QK^T GEMM is done.
+          if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
         }
         softmax.update(s0, apply_masks(s0, block, block_needs, block_key_end), correction);
         apply_dropout(s0, block);
@@ -901,7 +840,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         }
         if (warp_leader) {
           release_kv_stage<kMulticast>(&bars.k_empty[stage]);
-          if (!Cfg::kQInRegisters && next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
+          if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
         }
         bool moved;
         if constexpr (kTail) {  // unmasked launches only: the length mask
@@ -1054,7 +993,7 @@ inline bool narrow_tail_fits(const AttentionShape& sh) {
 template <typename T, typename Cfg, bool kMasked = false, bool kKeyEnds = false, bool kMulticast = false>
 cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   static_assert(!kMulticast || (!kMasked && !kKeyEnds), "multicast runs rows that walk every key block");
-  static_assert(!Cfg::kNarrowTail || (!kMasked && !kKeyEnds && !Cfg::kQInRegisters && !Cfg::kPrefetchScores),
+  static_assert(!Cfg::kNarrowTail || (!kMasked && !kKeyEnds && !Cfg::kPrefetchScores),
                 "a narrow tail: every row walks every key block, Q from shared memory");
   const AttentionShape& sh = p.shape;
   if constexpr (Cfg::kNarrowTail) {
@@ -1143,12 +1082,6 @@ inline bool wants_narrow_tail() {
   return env_switch("FLASHATTN_SM90_NARROW_TAIL", true);
 }
 
-// Whether such a launch (at tile width 64 with two consumer warpgroups, or 128) holds Q in registers:
-// only with FLASHATTN_SM90_Q_REGISTERS=1 (read on every call, as the tests compare both settings).
-inline bool wants_q_in_registers() {
-  return env_switch("FLASHATTN_SM90_Q_REGISTERS", false);
-}
-
 // Whether such a launch at tile width 64 prefetches its second key block's scores
 // (PrefetchScoresFwdConfig): yes unless FLASHATTN_SM90_PREFETCH_SCORES=0 (read on every call, as the
 // tests compare both).
@@ -1200,9 +1133,6 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
     if (!key_ends && wants_wide_key_blocks(p.shape)) return launch_fwd_wide_keys<T, kHeadDim>(p, stream);
   }
   if constexpr (kFwdVariantsBuilt<kHeadDim>) {
-    if (!key_ends && wants_q_in_registers()) {
-      return launch_fwd_every_key<T, typename QInRegistersFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
-    }
     if constexpr (kHeadDim == 64) {
       if (!key_ends && wants_prefetched_scores()) {
         return launch_fwd_every_key<T, typename PrefetchScoresFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);

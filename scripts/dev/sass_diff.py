@@ -72,14 +72,16 @@ def compile_unit(root, unit, workdir, tag):
     return sass, run.stderr
 
 
-def kernels(sass, normalize):
+def kernels(sass, normalize, subs=()):
     out = {}
     for chunk in re.split(r"\n\s+Function : ", sass)[1:]:
         name, _, body = chunk.partition("\n")
         name = name.strip()
+        for pattern, replacement in subs:
+            name = re.sub(pattern, replacement, name)
         if normalize:
             # FwdConfig's last argument (the narrow tail's keys) equal to its keys per step: the default.
-            name = re.sub(r"(FwdConfigILi\d+ELi(\d+)(?:ELi\d+){3}(?:ELb\d){3})ELi\2EEE", r"\1EEE", name)
+            name = re.sub(r"(FwdConfigILi\d+ELi(\d+)(?:ELi\d+){3}(?:ELb\d)+)ELi\2EEE", r"\1EEE", name)
         lines = []
         for line in body.split("\n"):
             line = re.sub(r"/\*[0-9a-f]+\*/", "", line).strip()
@@ -105,13 +107,20 @@ def main():
     parser.add_argument("--head", help="git revision of the new tree (default: the working tree)")
     parser.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=True,
                         help="match FwdConfig names with and without the defaulted tail argument (default on)")
+    parser.add_argument("--sub", action="append", default=[], metavar="REGEX=REPLACEMENT",
+                        help="rewrite kernel names of both trees before matching (re.sub; repeatable), e.g. a "
+                             "namespace that moved: --sub 9flashattn4sm80=9flashattn")
+    parser.add_argument("--base-sub", action="append", default=[], metavar="REGEX=REPLACEMENT",
+                        help="the same for the base tree only, e.g. a template argument the head tree dropped")
     args = parser.parse_args()
+    split = lambda items: [tuple(item.split("=", 1)) for item in items]  # noqa: E731
+    subs, base_subs = split(args.sub), split(args.sub) + split(args.base_sub)
     with tempfile.TemporaryDirectory() as workdir:
         base_root, head_root = tree_of(args.base, workdir), tree_of(args.head, workdir)
         for unit in args.units:
             base_sass, _ = compile_unit(base_root, unit, workdir, "base")
             head_sass, ptxas_log = compile_unit(head_root, unit, workdir, "head")
-            base, head = kernels(base_sass, args.normalize), kernels(head_sass, args.normalize)
+            base, head = kernels(base_sass, args.normalize, base_subs), kernels(head_sass, args.normalize, subs)
             print(f"== {unit}")
             for name, lines in head.items():
                 short = name[:150]
