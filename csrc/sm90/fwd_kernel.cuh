@@ -1062,10 +1062,9 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
 // 1 turns it off or on wherever it fits (read on every call: the tests compare both, and timing them
 // needs no second build). Unset, tile width 128 uses it from 1024 keys on: +1.5-3.8% from 2k, level at
 // 1k, and -1.5% at 512, where a tile's four key blocks leave little L2 traffic to save while the two
-// CTAs of a cluster still wait for each other (benchmarks/NOTES.md); at width 64 it measured 0 to -3%.
-template <int kHeadDim>
+// CTAs of a cluster still wait for each other (benchmarks/NOTES.md). Only width 128 has multicast kernels.
 inline bool wants_multicast(const AttentionShape& sh) {
-  return env_switch("FLASHATTN_SM90_MULTICAST", kHeadDim == 128 && sh.seqlen_k >= 1024);
+  return env_switch("FLASHATTN_SM90_MULTICAST", sh.seqlen_k >= 1024);
 }
 
 // Whether an unmasked launch without key ends at tile width 128 runs WideKeyFwdConfig: without causal
@@ -1082,23 +1081,16 @@ inline bool wants_narrow_tail() {
   return env_switch("FLASHATTN_SM90_NARROW_TAIL", true);
 }
 
-// Whether such a launch at tile width 64 prefetches its second key block's scores
-// (PrefetchScoresFwdConfig): yes unless FLASHATTN_SM90_PREFETCH_SCORES=0 (read on every call, as the
-// tests compare both).
-inline bool wants_prefetched_scores() {
-  return env_switch("FLASHATTN_SM90_PREFETCH_SCORES", true);
-}
-
-// The widths with multicast and Q-in-registers kernels: those where they were measured (benchmarks/NOTES.md).
+// The width with multicast kernels: at width 64 multicast measured 0 to -3% (benchmarks/NOTES.md).
 template <int kHeadDim>
-constexpr bool kFwdVariantsBuilt = kHeadDim == 64 || kHeadDim == 128;
+constexpr bool kFwdMulticastBuilt = kHeadDim == 128;
 
 // An unmasked launch without key ends in configuration Cfg: with K/V multicast where it fits and is
 // wanted, else with single-CTA loads.
 template <typename T, typename Cfg, int kHeadDim>
 cudaError_t launch_fwd_every_key(const FwdParams& p, cudaStream_t stream) {
-  if constexpr (kFwdVariantsBuilt<kHeadDim>) {
-    if (multicast_fits<Cfg>(p.shape) && wants_multicast<kHeadDim>(p.shape)) {
+  if constexpr (kFwdMulticastBuilt<kHeadDim>) {
+    if (multicast_fits<Cfg>(p.shape) && wants_multicast(p.shape)) {
       return launch_fwd_with_config<T, Cfg, false, false, true>(p, stream);
     }
   }
@@ -1132,15 +1124,12 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   if constexpr (kHeadDim == 128) {
     if (!key_ends && wants_wide_key_blocks(p.shape)) return launch_fwd_wide_keys<T, kHeadDim>(p, stream);
   }
-  if constexpr (kFwdVariantsBuilt<kHeadDim>) {
-    if constexpr (kHeadDim == 64) {
-      if (!key_ends && wants_prefetched_scores()) {
-        return launch_fwd_every_key<T, typename PrefetchScoresFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
-      }
-    }
+  if (key_ends) return launch_fwd_with_config<T, Default, false, true>(p, stream);
+  if constexpr (kHeadDim == 64) {  // two consumer warpgroups: prefetched scores
+    return launch_fwd_every_key<T, typename PrefetchScoresFwdConfig<kHeadDim>::type, kHeadDim>(p, stream);
+  } else {
+    return launch_fwd_every_key<T, Default, kHeadDim>(p, stream);
   }
-  return key_ends ? launch_fwd_with_config<T, Default, false, true>(p, stream)
-                  : launch_fwd_every_key<T, Default, kHeadDim>(p, stream);
 }
 
 template <typename T, int kHeadDim>
