@@ -89,7 +89,7 @@ DropoutParams make_dropout(double dropout_p, const std::optional<at::Tensor>& rn
 // caching allocator keeps its memory for the stream's later work even after it is freed). With
 // causal_stats (find_causal_prefix_rows's, on the stream already), the slices of the causal form are
 // left unclassified: no masked kernel reads them.
-MaskParams make_mask(const at::Tensor& mask, const CheckedShape& s, ElementType element_type, sm80::TileShape tile,
+MaskParams make_mask(const at::Tensor& mask, const CheckedShape& s, ElementType element_type, TileShape tile,
                      bool classify, at::Tensor& classes, cudaStream_t stream, const int* causal_stats = nullptr) {
   // CUDA inputs are 16-bit, so a float32 mask is never of q's own type.
   MaskParams m;
@@ -114,7 +114,7 @@ MaskParams make_mask(const at::Tensor& mask, const CheckedShape& s, ElementType 
   m.class_row_stride = (m.tiles_k + kClassWindow - 1) / kClassWindow * kClassWindow;
   // [0]: the classes, [1]: the key counts of key-prefix tiles.
   classes = at::empty({2, batches, heads, tiles_q, m.class_row_stride}, mask.options().dtype(at::kByte));
-  C10_CUDA_CHECK(sm80::classify_mask_tiles(m, element_type, static_cast<int>(batches), static_cast<int>(heads),
+  C10_CUDA_CHECK(classify_mask_tiles(m, element_type, static_cast<int>(batches), static_cast<int>(heads),
                                            static_cast<int>(s.seqlen_q), static_cast<int>(s.seqlen_k), causal_stats,
                                            classes[0].data_ptr<unsigned char>(),
                                            classes[1].data_ptr<unsigned char>(), stream));
@@ -134,14 +134,14 @@ bool worth_classifying(const at::Tensor& mask, const CheckedShape& s) {
   return batch_broadcast || head_broadcast;
 }
 
-// The key-length form of a padding mask m (rows broadcast over the queries; sm80::find_key_prefix_rows):
+// The key-length form of a padding mask m (rows broadcast over the queries; find_key_prefix_rows):
 // an int32 tensor [key_end: B * Hq, masked_rows: B * Hq, masked_row_count: 1], computed on the stream.
 at::Tensor find_key_prefix_rows(const MaskParams& m, const CheckedShape& s, ElementType element_type,
                                 const at::Tensor& like, cudaStream_t stream) {
   const int64_t rows = s.batch * s.heads_q;
   at::Tensor key_rows = at::empty({2 * rows + 1}, like.options().dtype(at::kInt));
   int* key_end = key_rows.data_ptr<int>();
-  C10_CUDA_CHECK(sm80::find_key_prefix_rows(m, element_type, static_cast<int>(s.batch), static_cast<int>(s.heads_q),
+  C10_CUDA_CHECK(flashattn::find_key_prefix_rows(m, element_type, static_cast<int>(s.batch), static_cast<int>(s.heads_q),
                                             static_cast<int>(s.seqlen_k), key_end, key_end + rows, key_end + 2 * rows,
                                             stream));
   return key_rows;
@@ -153,22 +153,22 @@ bool key_length_candidate(const MaskParams& m, const CheckedShape& s, bool class
   return classified && !is_causal && !dropout && (m.row_stride == 0 || s.seqlen_q == 1);
 }
 
-// Whether a mask is a candidate for the causal form of its key lengths (sm80::find_causal_prefix_rows):
+// Whether a mask is a candidate for the causal form of its key lengths (find_causal_prefix_rows):
 // classified, with a row per query, and no causal masking or dropout of the call's own.
 bool causal_length_candidate(const MaskParams& m, const CheckedShape& s, bool classified, bool is_causal,
                              bool dropout) {
   return classified && !is_causal && !dropout && m.row_stride != 0 && s.seqlen_q > 1;
 }
 
-// The causal form of a mask m's key lengths: an int32 tensor laid out as sm80::find_causal_prefix_rows's
+// The causal form of a mask m's key lengths: an int32 tensor laid out as find_causal_prefix_rows's
 // workspace ([key_end: B * Hq, masked_rows: B * Hq, masked_row_count: 1, per-slice statistics]),
 // computed on the stream. m needs no classes.
 at::Tensor find_causal_prefix_rows(const MaskParams& m, const CheckedShape& s, ElementType element_type,
                                    const at::Tensor& like, cudaStream_t stream) {
   const int batch = static_cast<int>(s.batch), heads = static_cast<int>(s.heads_q);
-  at::Tensor key_rows = at::empty({sm80::causal_prefix_workspace_ints(batch, heads, m)}, like.options().dtype(at::kInt));
+  at::Tensor key_rows = at::empty({causal_prefix_workspace_ints(batch, heads, m)}, like.options().dtype(at::kInt));
   const int seqlen_q = static_cast<int>(s.seqlen_q), seqlen_k = static_cast<int>(s.seqlen_k);
-  C10_CUDA_CHECK(sm80::find_causal_prefix_rows(m, element_type, batch, heads, seqlen_q, seqlen_k,
+  C10_CUDA_CHECK(flashattn::find_causal_prefix_rows(m, element_type, batch, heads, seqlen_q, seqlen_k,
                                                causal_form_offset(seqlen_q, seqlen_k), key_rows.data_ptr<int>(),
                                                stream));
   return key_rows;
@@ -176,7 +176,7 @@ at::Tensor find_causal_prefix_rows(const MaskParams& m, const CheckedShape& s, E
 
 // Where the per-slice statistics lie in find_causal_prefix_rows's tensor.
 const int* causal_stats_of(const at::Tensor& key_rows, const CheckedShape& s) {
-  return key_rows.data_ptr<int>() + sm80::causal_prefix_stats_offset(static_cast<int>(s.batch), static_cast<int>(s.heads_q));
+  return key_rows.data_ptr<int>() + causal_prefix_stats_offset(static_cast<int>(s.batch), static_cast<int>(s.heads_q));
 }
 
 // The key-length form of mask m (its strides are enough) for a call of the sm90 kernels, computed on
@@ -217,13 +217,13 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   at::Tensor classes;
   // A mask's tile classes are computed on the grid of the kernel that reads them.
   const bool classified = attn_mask.has_value() && worth_classifying(*attn_mask, s);
-  auto set_mask = [&](sm80::TileShape tile, const int* causal_stats) {
+  auto set_mask = [&](TileShape tile, const int* causal_stats) {
     if (attn_mask.has_value()) {
       p.mask = make_mask(*attn_mask, s, p.shape.element_type, tile, classified, classes, stream, causal_stats);
     }
   };
   if (use_sm90_fwd(q, p)) {
-    const sm90::TileShape tile = sm90::fwd_tile_shape(p.shape.head_dim);
+    const TileShape tile = sm90::fwd_tile_shape(p.shape.head_dim);
     // A classified mask whose rows are broadcast over the queries (a padding mask): its rows that keep
     // a prefix of the keys run as plain attention over that prefix (FwdParams::key_end). One with a
     // row per query: its (batch, head) slices that are causal masks, alone or with right padding, run
@@ -355,7 +355,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   at::Tensor dq_keys_done;
   if (deterministic) dq_keys_done = at::zeros({s.batch, s.heads_q, s.seqlen_q}, q.options().dtype(at::kInt));
 
-  // An additive mask can saturate a row's LSE (sm80/saturated_rows.h): the preprocess then writes the
+  // An additive mask can saturate a row's LSE (cuda/saturated_rows.h): the preprocess then writes the
   // dout the main kernel reads, rows rebalanced, into this workspace (rows padded to 8 elements, so
   // that its strides suit 16-byte loads and TMA whatever the head dim).
   const bool additive_mask = attn_mask.has_value() && attn_mask->scalar_type() != at::kBool;
@@ -407,8 +407,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   if (attn_mask.has_value()) {
     // Tile classes on the grid of the kernel that reads them. Deterministic mode needs every key block
     // to take its dq turn at every query block: no skipping.
-    const sm90::TileShape sm90_tile = sm90::bwd_tile_shape();
-    const sm80::TileShape tile = sm90 ? sm80::TileShape{sm90_tile.queries, sm90_tile.keys}
+    const TileShape sm90_tile = sm90::bwd_tile_shape();
+    const TileShape tile = sm90 ? TileShape{sm90_tile.queries, sm90_tile.keys}
                                       : sm80::bwd_tile_shape(p.shape.head_dim);
     const bool classified = !deterministic && worth_classifying(*attn_mask, s);
     p.mask = make_mask(*attn_mask, s, p.shape.element_type, tile, false, classes, stream);  // strides only
@@ -444,7 +444,7 @@ at::Tensor dropout_keep_mask(const at::Tensor& rng_state, int64_t batch, int64_t
   if (keep.numel() == 0) return keep;
   DropoutParams d = make_dropout(dropout_p, rng_state);
   if (!d.enabled) return keep.fill_(true);
-  C10_CUDA_CHECK(sm80::write_dropout_keep_mask(d, batch * heads, static_cast<int>(seqlen_q),
+  C10_CUDA_CHECK(write_dropout_keep_mask(d, batch * heads, static_cast<int>(seqlen_q),
                                                static_cast<int>(seqlen_k), keep.data_ptr<bool>(),
                                                at::cuda::getCurrentCUDAStream()));
   return keep;

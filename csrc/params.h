@@ -40,7 +40,7 @@ struct AttentionShape {
   bool rows_aligned_16;
 };
 
-// The diagonal a mask's causal form is tested on (sm80::find_causal_prefix_rows) and run at: bottom-right
+// The diagonal a mask's causal form is tested on (find_causal_prefix_rows, cuda/api.h) and run at: bottom-right
 // (query q sees keys up to q + Lk - Lq, as a mask over a key cache is built) when Lq <= Lk, else top-left
 // (torch.tril of an Lq x Lk matrix).
 inline int causal_form_offset(int seqlen_q, int seqlen_k) { return seqlen_q <= seqlen_k ? seqlen_k - seqlen_q : 0; }
@@ -64,7 +64,7 @@ enum class MaskKind : int {
   kAdditiveFloat32 = 3,  // the same in float32
 };
 
-// Bits of a tile class (sm80::classify_mask_tiles): what a kernel tile of the mask holds.
+// Bits of a tile class (classify_mask_tiles, cuda/api.h): what a kernel tile of the mask holds.
 constexpr unsigned char kTileAnyVisible = 1;  // some element lets its key take part (else: skip the tile)
 constexpr unsigned char kTileNeedsMask = 2;   // some element is not neutral (False, or a value != 0)
 // With kTileNeedsMask: every row of the tile keeps the same first keys of the tile (True, or 0) and
@@ -160,7 +160,7 @@ struct BwdParams {
   // key_end_causal: the causal form, as in FwdParams).
   const int* key_end = nullptr;
   bool key_end_causal = false;
-  // With an additive mask (sm80/saturated_rows.h): the preprocess reads the caller's dout from
+  // With an additive mask (cuda/saturated_rows.h): the preprocess reads the caller's dout from
   // dout_caller, scales the rows whose LSE is saturated, and writes all rows to `dout`, then a
   // [B, Lq, Hq, D] workspace. nullptr: `dout` is the caller's, read as is.
   const void* dout_caller = nullptr;

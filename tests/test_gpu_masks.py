@@ -324,7 +324,7 @@ def test_finfo_min_mask_rows_match_the_reference():
 ])
 def test_saturated_rows_gradients(kind, shape_name, seqlens, heads, head_dim, dtype, causal):
     """Rows whose every key carries a huge negative value (finfo.min, -1e9): the LSE has no room for
-    log(sum) in float32, so the backward rebalances those rows (csrc/sm80/saturated_rows.h). Out and
+    log(sum) in float32, so the backward rebalances those rows (csrc/cuda/saturated_rows.h). Out and
     every gradient, the mask's included, against the oracle."""
     check_masked(2, seqlens[0], seqlens[1], heads[0], heads[1], head_dim, dtype, causal, kind, shape_name,
                  mask_grad=True)

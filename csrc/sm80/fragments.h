@@ -84,8 +84,8 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], Loa
       load_b(b, np, ks);
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        ElementOps<T>::mma(acc[mt][2 * np], a[mt], b[0], b[1]);
-        ElementOps<T>::mma(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+        mma_m16n8k16<T>(acc[mt][2 * np], a[mt], b[0], b[1]);
+        mma_m16n8k16<T>(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
       }
     }
   }

@@ -18,10 +18,10 @@
 
 #include "common/dropout.h"
 #include "common/mask.h"
+#include "cuda/mask_view.h"
 #include "params.h"
 #include "sm80/fragments.h"
 #include "sm80/kernel_configs.h"
-#include "sm80/mask_tile.h"
 #include "sm80/tile_io.h"
 
 namespace flashattn {

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/api.h"  // TileShape
 #include "params.h"
 
 namespace flashattn {
@@ -21,10 +22,6 @@ bool fwd_supported(const FwdParams& params);
 // The query x key tile of the forward's masked variant (the one that reads masks) for this head dim
 // (fwd_supported): an attention mask's tile classes must be computed on it ({0, 0} when no sm90
 // forward serves the head dim).
-struct TileShape {
-  int queries;
-  int keys;
-};
 TileShape fwd_tile_shape(int head_dim);
 
 // Whether the backward's masked variant serves this head dim (given bwd_supported).
@@ -42,7 +39,7 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 // can describe. Deterministic mode is the sm80 path's.
 bool bwd_supported(const BwdParams& params);
 
-// Backward: writes dq, dk, dv (same workspace contract as sm80::run_bwd). Returns
+// Backward: writes dq, dk, dv (same workspace contract as sm80::run_bwd, sm80/api.h). Returns
 // cudaErrorNotSupported, before launching anything, when a TMA descriptor cannot be built.
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 

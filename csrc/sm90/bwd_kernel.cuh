@@ -1,7 +1,7 @@
 // Backward attention on the sm90 path: TMA, mbarriers, wgmma and warp specialisation (sm_90a only).
 //
-// The same three launches as the sm80 backward: its preprocess kernel (delta = rowsum(dO * O) and the
-// LSE in base 2), this main kernel, and its dq conversion kernel.
+// The same three launches as the sm80 backward: the preprocess kernel (cuda/bwd_aux.cuh: delta =
+// rowsum(dO * O) and the LSE in base 2), this main kernel, and the dq conversion kernel.
 //
 // Main kernel: one CTA per (128-key block, kv head, batch), three warpgroups.
 //   Warpgroup 0, the producer: its first warp loads the CTA's K and V blocks once (TMA, one thread),
@@ -36,8 +36,9 @@
 
 #include "common/mask.h"
 #include "params.h"
-#include "sm80/bwd_kernel.cuh"  // the preprocess and dq conversion kernels
-#include "sm80/mask_tile.h"     // MaskView: the attention mask of one (batch, head, query tile)
+#include "cuda/bwd_aux.cuh"
+#include "cuda/element_ops.h"
+#include "cuda/mask_view.h"
 #include "sm90/bwd_dropout.h"
 #include "sm90/class_bits.h"
 #include "sm90/fragments.h"
@@ -130,8 +131,8 @@ struct BwdStepWalk {
   int kv_head, batch, n_block;
   ClassBits bits;  // the window of steps last loaded
 
-  __device__ __forceinline__ sm80::MaskView<T> mask(int step) const {
-    return sm80::MaskView<T>(p.mask, batch, steps.head(step, kv_head), steps.m_begin + step % steps.num_m);
+  __device__ __forceinline__ MaskView<T> mask(int step) const {
+    return MaskView<T>(p.mask, batch, steps.head(step, kv_head), steps.m_begin + step % steps.num_m);
   }
   // Fills the bit sets with steps [first, first + kClassWindow) (p.mask.tile_class set, first <
   // steps.count()); steps past the last are never visible.
@@ -321,7 +322,7 @@ __device__ __forceinline__ void write_dmask(const BwdParams& p, const float (&ds
     if (f32) {
       static_cast<float*>(p.dmask)[offset] = ds[i];
     } else {
-      static_cast<T*>(p.dmask)[offset] = sm80::ElementOps<T>::from_float(ds[i]);
+      static_cast<T*>(p.dmask)[offset] = ElementOps<T>::from_float(ds[i]);
     }
   }
 }
@@ -445,7 +446,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     wgmma_wait<1>();  // S^T is ready; dP^T may still run while P^T is computed
     fence_registers(s);
     // P^T; keys this query may not see get 0 (only blocks on the causal diagonal or past the end).
-    const sm80::MaskView<T> mask = kMasked ? walk.mask(step) : sm80::MaskView<T>();
+    const MaskView<T> mask = kMasked ? walk.mask(step) : MaskView<T>();
     const bool needs_mask = key0 + 64 > keys_end || (sh.is_causal && key0 + 63 > m0 + sh.causal_offset);
     if (mask_needed) {
       // With the attention mask: exp2(S^T scale + mask - LSE), all in base-2 units, where visible. The
@@ -554,7 +555,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   if (reducer) bulk_wait();
 
   // dK = scale * dS^T Q and dV, straight from the accumulators.
-  using Ops = sm80::ElementOps<T>;
+  using Ops = ElementOps<T>;
   T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_strides.batch + kv_head * p.dk_strides.head;  // [Lk, D]
   T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_strides.batch + kv_head * p.dv_strides.head;  // [Lk, D]
 #pragma unroll
@@ -595,7 +596,7 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   const int64_t grid = static_cast<int64_t>((sh.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN) * sh.heads_kv * sh.batch;
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
 
-  err = sm80::launch_bwd_preprocess<T>(p, stream);
+  err = launch_bwd_preprocess<T>(p, stream);
   if (err != cudaSuccess) return err;
   auto kernel = bwd_kernel<T, Cfg, kMasked, false>;
   if constexpr (kMasked) {
@@ -618,7 +619,7 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
       if (err != cudaSuccess) return err;
     }
   }
-  return sm80::launch_bwd_convert_dq<T>(p, stream);
+  return launch_bwd_convert_dq<T>(p, stream);
 }
 
 template <typename T, int kHeadDim>

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "sm80/ptx.h"  // ElementOps: packing two floats into one register
+#include "cuda/element_ops.h"
 
 namespace flashattn {
 namespace sm90 {
@@ -14,7 +14,7 @@ namespace sm90 {
 // The accumulator's n8 blocks 2kk and 2kk + 1 as the A fragment of k16 step kk, rounded to T.
 template <typename T, int kCols>
 __device__ __forceinline__ void accumulator_to_a(uint32_t (&a)[kCols / 16][4], const float (&acc)[kCols / 2]) {
-  using Ops = sm80::ElementOps<T>;
+  using Ops = ElementOps<T>;
 #pragma unroll
   for (int kk = 0; kk < kCols / 16; ++kk) {
 #pragma unroll

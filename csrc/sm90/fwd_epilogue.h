@@ -7,8 +7,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/element_ops.h"
 #include "params.h"
-#include "sm80/ptx.h"  // ElementOps: packing two floats into one register
 #include "sm90/fwd_softmax.h"
 #include "sm90/ptx.h"
 
@@ -23,7 +23,7 @@ namespace sm90 {
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void quad_row_segment(const float (&o)[kHeadDim / 2], float inv, int half, int c, int lane,
                                                  uint32_t (&v)[4]) {
-  using Ops = sm80::ElementOps<T>;
+  using Ops = ElementOps<T>;
   const int q = lane % 4;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {  // v[i]: columns (4c + i) * 8 + 2q, +1
@@ -120,7 +120,7 @@ __device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (
                                                const OnlineSoftmax<kBlockN>& softmax, int head, int batch,
                                                int row0, int first_row, int lane, float out_scale,
                                                const OutputStaging& staging) {
-  using Ops = sm80::ElementOps<T>;
+  using Ops = ElementOps<T>;
   const AttentionShape& sh = p.shape;
   T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head;  // [Lq, D]
   float* lse = p.lse + (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;      // [Lq]

@@ -49,9 +49,9 @@
 #include "common/dropout.h"
 #include "common/env_switch.h"
 #include "common/mask.h"
+#include "cuda/element_ops.h"
+#include "cuda/mask_view.h"
 #include "params.h"
-#include "sm80/mask_tile.h"  // MaskView: the attention mask of one (batch, head, query tile)
-#include "sm80/ptx.h"        // ElementOps: packing two floats into one register
 #include "sm90/class_bits.h"
 #include "sm90/fast_divider.h"
 #include "sm90/fragments.h"
@@ -236,12 +236,12 @@ constexpr bool kFwdDynamicTail = !kMasked;
 // the walk runs on the consumers' critical path at every key block.
 template <typename T, bool kMasked>
 struct KeyBlockWalk {
-  sm80::MaskView<T> mask;
+  MaskView<T> mask;
   int num_n_blocks;
   ClassBits bits;  // the window of blocks last loaded
 
   __device__ __forceinline__ KeyBlockWalk(const FwdParams& p, const FwdTile& t, int block_m)
-      : mask(kMasked ? sm80::MaskView<T>(p.mask, t.batch, t.head, t.m0 / block_m) : sm80::MaskView<T>()),
+      : mask(kMasked ? MaskView<T>(p.mask, t.batch, t.head, t.m0 / block_m) : MaskView<T>()),
         num_n_blocks(t.num_n_blocks) {}
 
   // Bit i = bit `flag_bit` of byte i of the four words (16 class bytes).
@@ -490,7 +490,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
 // times but holds more registers.
 template <int kBlockN, int kChunk, typename T>
 __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int row0, int lane, const AttentionShape& sh,
-                                            const sm80::MaskView<T>& mask, bool mask_needed) {
+                                            const MaskView<T>& mask, bool mask_needed) {
   static_assert((kBlockN / 4) % kChunk == 0 && kChunk % 2 == 0, "whole chunks of key pairs");
   // The common case of a boolean mask with contiguous, even-aligned rows (causal-shaped, padding and
   // block-sparse masks as torch builds them) over a block inside the keys: a thread's keys come in

@@ -5,6 +5,7 @@ instruction" in benchmarks/NOTES.md.
 
   python3 scripts/dev/sass_diff.py --base ba35c95 fwd_bf16_hdim64_sm90 fwd_bf16_hdim128_sm90
   python3 scripts/dev/sass_diff.py --base HEAD~3 --head HEAD fwd_masked_bf16_hdim128_sm90
+  python3 scripts/dev/sass_diff.py --base HEAD~1 --sub 9flashattn4sm80=9flashattn sm80/mask_tiles:cuda/mask_tiles
 
 Each tree's csrc/ (--base and --head are git revisions; --head defaults to the working tree) is
 compiled with the build's nvcc flags, disassembled with cuobjdump, and split into kernels. Addresses
@@ -59,12 +60,16 @@ def tree_of(rev, workdir):
     return root
 
 
+def unit_source(root, unit):
+    """csrc/instantiations/<unit>.cu, or csrc/<unit>.cu for a unit given as a path (one with a '/')."""
+    return os.path.join(root, "csrc", *(() if "/" in unit else ("instantiations",)), unit + ".cu")
+
+
 def compile_unit(root, unit, workdir, tag):
     from torch.utils.cpp_extension import include_paths
-    obj = os.path.join(workdir, f"{tag}_{unit}.o")
+    obj = os.path.join(workdir, f"{tag}_{unit.replace('/', '_')}.o")
     cmd = [cuda_tool("nvcc"), *NVCC_FLAGS, f"-I{os.path.join(root, 'csrc')}",
-           *(f"-I{p}" for p in include_paths()), "-c", os.path.join(root, "csrc", "instantiations", unit + ".cu"),
-           "-o", obj]
+           *(f"-I{p}" for p in include_paths()), "-c", unit_source(root, unit), "-o", obj]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit(f"nvcc failed on {unit} ({tag}):\n{run.stderr[-3000:]}")
@@ -102,7 +107,9 @@ def summary(lines):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("units", nargs="+", help="csrc/instantiations/<unit>.cu names, e.g. fwd_bf16_hdim64_sm90")
+    parser.add_argument("units", nargs="+",
+                        help="csrc/instantiations/<unit>.cu names, e.g. fwd_bf16_hdim64_sm90, or paths under csrc/ "
+                             "without .cu (sm80/dispatch); BASE:HEAD for a unit that moved (sm80/mask_tiles:cuda/mask_tiles)")
     parser.add_argument("--base", required=True, help="git revision of the old tree")
     parser.add_argument("--head", help="git revision of the new tree (default: the working tree)")
     parser.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=True,
@@ -118,8 +125,9 @@ def main():
     with tempfile.TemporaryDirectory() as workdir:
         base_root, head_root = tree_of(args.base, workdir), tree_of(args.head, workdir)
         for unit in args.units:
-            base_sass, _ = compile_unit(base_root, unit, workdir, "base")
-            head_sass, ptxas_log = compile_unit(head_root, unit, workdir, "head")
+            base_unit, _, head_unit = unit.partition(":")
+            base_sass, _ = compile_unit(base_root, base_unit, workdir, "base")
+            head_sass, ptxas_log = compile_unit(head_root, head_unit or base_unit, workdir, "head")
             base, head = kernels(base_sass, args.normalize, base_subs), kernels(head_sass, args.normalize, subs)
             print(f"== {unit}")
             for name, lines in head.items():

@@ -3,10 +3,9 @@
 #include <algorithm>
 
 #include "common/dropout.h"
-#include "sm80/api.h"
+#include "cuda/api.h"
 
 namespace flashattn {
-namespace sm80 {
 namespace {
 
 constexpr int kKeepMaskThreads = 256;
@@ -39,5 +38,4 @@ cudaError_t write_dropout_keep_mask(const DropoutParams& dropout, int64_t batch_
   return cudaGetLastError();
 }
 
-}  // namespace sm80
 }  // namespace flashattn

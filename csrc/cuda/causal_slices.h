@@ -1,10 +1,9 @@
-// The per-slice statistics of sm80::find_causal_prefix_rows's first pass and the decision they give:
+// The per-slice statistics of find_causal_prefix_rows's first pass and the decision they give:
 // whether a distinct (batch, head) slice of a mask is a causal mask over its first L keys. Shared by that
 // pass's second one (per (batch, head) row) and by classify_mask_tiles, which skips such slices.
 #pragma once
 
 namespace flashattn {
-namespace sm80 {
 
 // 4 ints per slice, zeroed before the first pass; "+ 1" and "Lk -" make 0 mean "no row yet".
 enum CausalSliceStat { kFailed = 0, kFullMaxPlus1 = 1, kLkMinusCutMin = 2, kCutMaxPlus1 = 3, kSliceStats = 4 };
@@ -20,5 +19,4 @@ __device__ __forceinline__ int causal_slice_key_end(const int* st, int seqlen_k)
   return causal ? length : -1;
 }
 
-}  // namespace sm80
 }  // namespace flashattn

@@ -8,12 +8,11 @@
 
 #include <cmath>
 
-#include "sm80/api.h"
-#include "sm80/causal_slices.h"
-#include "sm80/mask_elements.h"
+#include "cuda/api.h"
+#include "cuda/causal_slices.h"
+#include "cuda/mask_elements.h"
 
 namespace flashattn {
-namespace sm80 {
 namespace {
 
 constexpr int kClassifyThreads = 256;
@@ -129,5 +128,4 @@ cudaError_t classify_mask_tiles(const MaskParams& m, ElementType element_type, i
   return cudaGetLastError();
 }
 
-}  // namespace sm80
 }  // namespace flashattn

@@ -22,11 +22,10 @@
 
 #include "common/mask.h"
 #include "params.h"
-#include "sm80/mask_tile.h"
-#include "sm80/ptx.h"
+#include "cuda/mask_view.h"
+#include "cuda/element_ops.h"
 
 namespace flashattn {
-namespace sm80 {
 
 // |LSE| (base 2) from which a row counts as saturated: floats there are 1/128 or more apart, so the
 // LSE can be off by 0.4% in P or more (log2 of a row's sum is at most 31).
@@ -102,5 +101,4 @@ __device__ void rebalance_saturated_row(const BwdParams& p, int batch, int head,
   }
 }
 
-}  // namespace sm80
 }  // namespace flashattn

@@ -16,12 +16,11 @@
 
 #include <algorithm>
 
-#include "sm80/api.h"
-#include "sm80/causal_slices.h"
-#include "sm80/mask_elements.h"
+#include "cuda/api.h"
+#include "cuda/causal_slices.h"
+#include "cuda/mask_elements.h"
 
 namespace flashattn {
-namespace sm80 {
 namespace {
 
 constexpr int kRowWarps = 8;
@@ -141,5 +140,4 @@ cudaError_t find_causal_prefix_rows(const MaskParams& m, ElementType element_typ
   return cudaGetLastError();
 }
 
-}  // namespace sm80
 }  // namespace flashattn

@@ -8,11 +8,10 @@
 
 #include <cmath>
 
-#include "sm80/api.h"
-#include "sm80/mask_elements.h"
+#include "cuda/api.h"
+#include "cuda/mask_elements.h"
 
 namespace flashattn {
-namespace sm80 {
 namespace {
 
 constexpr int kPrefixThreads = 256;
@@ -70,5 +69,4 @@ cudaError_t find_key_prefix_rows(const MaskParams& m, ElementType element_type, 
   return cudaGetLastError();
 }
 
-}  // namespace sm80
 }  // namespace flashattn

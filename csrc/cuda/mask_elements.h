@@ -9,10 +9,9 @@
 #include <cstdint>
 
 #include "params.h"
-#include "sm80/ptx.h"
+#include "cuda/element_ops.h"
 
 namespace flashattn {
-namespace sm80 {
 
 // Neutral: leaves the score alone (True, or 0.0). Excluded: removes the key (False, or -inf). A float
 // element that is neither (any other value; NaN too, which must reach the output) is read by the
@@ -54,5 +53,4 @@ __device__ __forceinline__ uint32_t bool_keep_bits16(const MaskParams& m, int64_
   return nonzero_bytes(w.x) | nonzero_bytes(w.y) << 4 | nonzero_bytes(w.z) << 8 | nonzero_bytes(w.w) << 12;
 }
 
-}  // namespace sm80
 }  // namespace flashattn

@@ -1,4 +1,4 @@
-// Reading an attention mask (params.h, MaskParams) inside the sm80 kernels: the per-tile class that
+// Reading an attention mask (params.h, MaskParams) inside the kernels of both GPU paths: the per-tile class that
 // lets a kernel skip a tile or leave its elements unread, and one element as an additive term in the
 // kernels' base-2 score units.
 #pragma once
@@ -8,10 +8,9 @@
 #include <cstdint>
 
 #include "params.h"
-#include "sm80/ptx.h"
+#include "cuda/element_ops.h"
 
 namespace flashattn {
-namespace sm80 {
 
 // Additive mask values below this (in base-2 units, about -6.9e29 in the mask's own units) are raised
 // to it, so that a very negative finite value (e.g. torch.finfo(torch.bfloat16).min, which times
@@ -113,5 +112,4 @@ struct MaskView {
   }
 };
 
-}  // namespace sm80
 }  // namespace flashattn

@@ -1,0 +1,179 @@
+// The first and last launches of every backward, sm80 and sm90 alike: the preprocess (delta =
+// rowsum(dout * out), the LSE in base 2, dq_accum zeroed) and the dq conversion (dq from the fp32
+// workspace).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/element_ops.h"
+#include "cuda/saturated_rows.h"
+#include "params.h"
+
+namespace flashattn {
+
+// The two auxiliary kernels run on a grid of (query head x chunk of rows) along x and batches along y
+// (looping past the grid's limit), so no thread divides a 64-bit index. A chunk is kAuxRows rows for
+// the dq conversion and kAuxThreads / lanes rows for the preprocess (lanes threads per row).
+constexpr int kAuxRows = 16;
+constexpr int kAuxThreads = 256;
+constexpr int kAuxMaxGridY = 65535;
+
+struct AuxTile {
+  int head, row0, batch;
+  __device__ __forceinline__ AuxTile(int chunks_per_head, int rows_per_chunk)
+      : head(static_cast<int>(blockIdx.x) / chunks_per_head),
+        row0(static_cast<int>(blockIdx.x) % chunks_per_head * rows_per_chunk),
+        batch(static_cast<int>(blockIdx.y)) {}
+};
+
+// delta[b, h, i] = sum_d dout[b, i, h, d] * out[b, i, h, d] and lse_log2 = lse * log2(e) (+inf for a
+// row that saw no key, so its P = exp2(s - lse_log2) is 0). The padding rows i in [seqlen_q,
+// stats_stride) get delta 0 and lse_log2 +inf. A row is summed by kLanes threads, 8 columns each at a
+// time: 8 for head dims up to 64 (every thread loads), 16 above. It also zeroes the row's dq_accum (the
+// main kernels add into it), which saves the backward a separate fill of that workspace. With
+// params.dout_caller set (additive masks), dout is read from there and written to params.dout,
+// saturated rows rebalanced (cuda/saturated_rows.h), and delta is the sum over the written values.
+template <typename T, int kLanes>
+__global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdParams p, int chunks_per_head) {
+  using Ops = ElementOps<T>;
+  static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row's threads share a warp");
+  const AttentionShape& s = p.shape;
+  const AuxTile tile(chunks_per_head, kAuxThreads / kLanes);
+  const int query = tile.row0 + static_cast<int>(threadIdx.x) / kLanes;
+  const int sub = static_cast<int>(threadIdx.x) % kLanes;
+  const bool rebalance = p.dout_caller != nullptr;
+  const void* dout_read = rebalance ? p.dout_caller : p.dout;
+  const TensorStrides& dout_read_strides = rebalance ? p.dout_caller_strides : p.dout_strides;
+  for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
+    const int64_t row = static_cast<int64_t>(batch) * s.heads_q + tile.head;
+    float lse_log2 = INFINITY;
+    if (query < s.seqlen_q) {
+      const float lse = p.lse[row * s.seqlen_q + query];
+      if (lse != -INFINITY) lse_log2 = lse * 1.4426950408889634f;
+    }
+    float rescale = 1.f;
+    if (rebalance) {
+      const bool saturated = query < s.seqlen_q && fabsf(lse_log2) >= kSaturatedLseLog2 && isfinite(lse_log2);
+      if (__any_sync(0xffffffff, saturated)) {
+        rebalance_saturated_row<T, kLanes>(p, batch, tile.head, query, saturated, sub, &lse_log2, &rescale);
+      }
+    }
+    float sum = 0.f;
+    if (query < s.seqlen_q) {
+      float4* accum =
+          reinterpret_cast<float4*>(p.dq_accum + (row * s.seqlen_q + query) * p.dq_accum_dim);  // [dq_accum_dim / 4]
+      for (int c = sub; c < p.dq_accum_dim / 4; c += kLanes) accum[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+      const T* out = static_cast<const T*>(p.out) + batch * p.out_strides.batch + query * p.out_strides.row +
+                     tile.head * p.out_strides.head;  // [D]
+      const T* dout = static_cast<const T*>(dout_read) + batch * dout_read_strides.batch +
+                      query * dout_read_strides.row + tile.head * dout_read_strides.head;  // [D]
+      // With rebalance, p.dout is the workspace this kernel fills (see BwdParams::dout_caller).
+      T* dout_written = rebalance ? static_cast<T*>(const_cast<void*>(p.dout)) + batch * p.dout_strides.batch +
+                                        query * p.dout_strides.row + tile.head * p.dout_strides.head
+                                  : nullptr;  // [D]
+      for (int col0 = sub * 8; col0 < s.head_dim; col0 += kLanes * 8) {
+        if (s.rows_aligned_16 && col0 + 8 <= s.head_dim) {
+          const uint4 o_vec = *reinterpret_cast<const uint4*>(out + col0);
+          uint4 do_vec = *reinterpret_cast<const uint4*>(dout + col0);
+          const T* o8 = reinterpret_cast<const T*>(&o_vec);
+          T* do8 = reinterpret_cast<T*>(&do_vec);
+          if (rebalance) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) do8[i] = Ops::from_float(Ops::to_float(do8[i]) * rescale);
+            *reinterpret_cast<uint4*>(dout_written + col0) = do_vec;
+          }
+#pragma unroll
+          for (int i = 0; i < 8; ++i) sum += Ops::to_float(o8[i]) * Ops::to_float(do8[i]);
+        } else {
+          for (int c = col0; c < col0 + 8 && c < s.head_dim; ++c) {
+            T d = dout[c];
+            if (rebalance) {
+              d = Ops::from_float(Ops::to_float(d) * rescale);
+              dout_written[c] = d;
+            }
+            sum += Ops::to_float(out[c]) * Ops::to_float(d);
+          }
+        }
+      }
+    }
+    sum = group_sum<kLanes>(sum);
+    if (sub == 0 && query < p.stats_stride) {
+      p.delta[row * p.stats_stride + query] = query < s.seqlen_q ? sum : 0.f;
+      p.lse_log2[row * p.stats_stride + query] = lse_log2;
+    }
+  }
+}
+
+// dq[b, i, h, d] = scale * dq_accum[b, h, i, d]: each thread converts 4 consecutive columns of a row.
+template <typename T>
+__global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_kernel(const BwdParams p, int chunks_per_head) {
+  using Ops = ElementOps<T>;
+  const AttentionShape& s = p.shape;
+  const AuxTile tile(chunks_per_head, kAuxRows);
+  const int quads = (s.head_dim + 3) / 4;
+  for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
+    const int64_t accum_rows = (static_cast<int64_t>(batch) * s.heads_q + tile.head) * s.seqlen_q;
+    for (int i = threadIdx.x; i < kAuxRows * quads; i += blockDim.x) {
+      const int query = tile.row0 + i / quads;
+      const int col = i % quads * 4;
+      if (query >= s.seqlen_q) break;  // i only grows
+      const float4 v = *reinterpret_cast<const float4*>(p.dq_accum + (accum_rows + query) * p.dq_accum_dim + col);
+      T* dq = static_cast<T*>(p.dq) + batch * p.dq_strides.batch + query * p.dq_strides.row +
+              tile.head * p.dq_strides.head;  // [D]
+      if (col + 4 <= s.head_dim && (reinterpret_cast<uintptr_t>(dq + col) & 7) == 0) {
+        *reinterpret_cast<uint2*>(dq + col) = make_uint2(Ops::pack(v.x * s.scale, v.y * s.scale),
+                                                         Ops::pack(v.z * s.scale, v.w * s.scale));
+      } else {
+        const float values[4] = {v.x, v.y, v.z, v.w};
+        for (int c = 0; c < 4 && col + c < s.head_dim; ++c) dq[col + c] = Ops::from_float(values[c] * s.scale);
+      }
+    }
+  }
+}
+
+// Grid of an auxiliary kernel covering `rows` rows per (batch, head) in chunks of rows_per_chunk; fails
+// past the grid's x limit.
+inline cudaError_t aux_grid(const AttentionShape& s, int64_t rows, int rows_per_chunk, int* chunks_per_head,
+                            dim3* grid) {
+  const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+  if (chunks * s.heads_q > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  *chunks_per_head = static_cast<int>(chunks);
+  *grid = dim3(static_cast<unsigned>(chunks * s.heads_q), static_cast<unsigned>(std::min(s.batch, kAuxMaxGridY)));
+  return cudaSuccess;
+}
+
+// The first launch of every backward (sm80 and sm90): delta and lse_log2, and dq_accum zeroed.
+template <typename T>
+cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
+  if (p.dq_accum_dim % 4 != 0) return cudaErrorInvalidValue;  // rows zeroed 16 bytes at a time
+  int chunks_per_head = 0;
+  dim3 grid;
+  // 8 threads per row load a row of up to 64 columns at once; 16 threads for wider rows.
+  const bool narrow = p.shape.head_dim <= 64;
+  const int lanes = narrow ? 8 : 16;
+  cudaError_t err = aux_grid(p.shape, p.stats_stride, kAuxThreads / lanes, &chunks_per_head, &grid);
+  if (err != cudaSuccess) return err;
+  if (narrow) {
+    bwd_preprocess_kernel<T, 8><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
+  } else {
+    bwd_preprocess_kernel<T, 16><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
+  }
+  return cudaGetLastError();
+}
+
+// The last launch of every backward: dq from the fp32 workspace.
+template <typename T>
+cudaError_t launch_bwd_convert_dq(const BwdParams& p, cudaStream_t stream) {
+  int chunks_per_head = 0;
+  dim3 grid;
+  cudaError_t err = aux_grid(p.shape, p.shape.seqlen_q, kAuxRows, &chunks_per_head, &grid);
+  if (err != cudaSuccess) return err;
+  bwd_convert_dq_kernel<T><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
+  return cudaGetLastError();
+}
+
+}  // namespace flashattn
