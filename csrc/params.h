@@ -1,4 +1,4 @@
-// Plain structs that carry one attention call from the host code (flash_api.cpp) to the kernels.
+// Plain structs that carry one attention call from the host code (csrc/torch/) to the kernels.
 // This is the only boundary between them: no torch types cross it.
 //
 // Layout convention of every tensor: [batch, seqlen, heads, head_dim] with arbitrary element strides

@@ -15,19 +15,19 @@
 // softmax; the LSE is that of the undropped scores) with the keep-mask of common/dropout.h, seeded by
 // rng_state, a [2] int64 tensor (seed, offset) on q's device that the backward must get unchanged;
 // dropout_keep_mask materialises that mask (for tests: it is quadratic in memory). fwd's `deterministic`
-// is for its backward alone (fwd_autograd.cpp passes it to bwd): the forward is always reproducible.
-// fwd's autograd kernel is in fwd_autograd.cpp; the fake kernels are registered in flashattn/ops.py.
+// is for its backward alone (autograd.cpp passes it to bwd): the forward is always reproducible.
+// fwd's autograd kernel is in autograd.cpp; the fake kernels are registered in flashattn/ops.py.
 // The forward is bitwise reproducible; the CUDA backward is only with deterministic=True (its dq sums
 // in a fixed order), the CPU backward always is.
 #include <torch/extension.h>
 
 #include <tuple>
 
-#include "checks.h"
+#include "torch/checks.h"
 #include "cpu/attention_cpu.h"
 
 #ifdef FLASHATTN_WITH_CUDA
-#include "cuda_ops.h"
+#include "torch/cuda_ops.h"
 #include "sm90/api.h"
 #endif
 
@@ -38,7 +38,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
                                            double scale, bool is_causal, bool causal_bottom_right,
                                            const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                            const std::optional<at::Tensor>& rng_state,
-                                           bool /*deterministic: the backward's, see fwd_autograd.cpp*/) {
+                                           bool /*deterministic: the backward's, see autograd.cpp*/) {
   const CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
   return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, attn_mask, dropout_p, rng_state);
 }

@@ -1,14 +1,14 @@
 // See cuda_ops.h.
 #ifdef FLASHATTN_WITH_CUDA
 
-#include "cuda_ops.h"
+#include "torch/cuda_ops.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <limits>
 
-#include "checks.h"
+#include "torch/checks.h"
 #include "common/env_switch.h"
 #include "sm80/api.h"
 #include "sm90/api.h"

@@ -1,4 +1,4 @@
-// The CUDA implementations of the flashattn ops (schemas in flash_api.cpp): argument checks, output
+// The CUDA implementations of the flashattn ops (schemas in library.cpp): argument checks, output
 // and workspace allocation, the choice between the sm90 and sm80 kernel paths, and the launch on the
 // current stream. Compiled only in builds with the CUDA kernels.
 #pragma once

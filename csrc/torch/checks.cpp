@@ -1,4 +1,4 @@
-#include "checks.h"
+#include "torch/checks.h"
 
 #include <c10/util/Exception.h>
 
