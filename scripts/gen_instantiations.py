@@ -34,7 +34,7 @@ def main():
     for dtype, element in ELEMENTS.items():
         for head_dim in SM90_HEAD_DIMS:
             for suffix in ("", "_masked"):
-                text = (f"{HEADER}#include \"sm90/fwd_kernel.cuh\"\n\n"
+                text = (f"{HEADER}#include \"sm90/fwd_launch.cuh\"\n\n"
                         f"template cudaError_t flashattn::sm90::launch_fwd{suffix}<{element}, {head_dim}>(\n"
                         f"    const flashattn::FwdParams&, cudaStream_t);\n")
                 (out_dir / f"fwd{suffix}_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
