@@ -1,6 +1,7 @@
 """TFLOP/s of torch.ops.flashattn.fwd beside SDPA's cuDNN backend (bf16, B * N = 16k, H * D = 2048) over a
 small grid: a quick look while changing the forward kernels; benchmarks/bench.py is the measurement of
-record. Usage: fwd_timing.py [head dims, e.g. 64,128,256] [seqlens, e.g. 512,1024,2048]"""
+record. scripts/dev/ab_fwd.sh runs it in two trees for an A/B in one device call.
+Usage: fwd_timing.py [head dims, e.g. 64,128,256] [seqlens, e.g. 512,1024,2048]"""
 import sys
 
 import torch

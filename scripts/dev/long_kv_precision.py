@@ -1,6 +1,8 @@
 """Error of attention over 8.4M keys (k, v past 2^31 elements) for flashattn's two paths and torch SDPA's
 flash and cuDNN backends, against a float64 chunked reference of sampled rows: tells an indexing bug
-(only flashattn off) from the precision of accumulating that many keys (every kernel off alike)."""
+(only flashattn off) from the precision of accumulating that many keys (every kernel off alike).
+README.md's Limits cite it for the accuracy of very long key sequences. On the GPU machine (k and v are
+4 GiB each): python3 scripts/dev/long_kv_precision.py"""
 import os
 import sys
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Compares the sm_90a SASS of kernel translation units between two trees, kernel by kernel, on a
-machine without a GPU: the evidence behind "every other kernel is unchanged instruction for
-instruction" in benchmarks/NOTES.md.
+machine without a GPU: the project's check that a code move or refactor leaves the kernels' SASS
+unchanged, and the evidence behind "every other kernel is unchanged instruction for instruction" in
+docs/perf-log.md and in commit messages.
 
   python3 scripts/dev/sass_diff.py --base ba35c95 fwd_bf16_hdim64_sm90 fwd_bf16_hdim128_sm90
   python3 scripts/dev/sass_diff.py --base HEAD~3 --head HEAD fwd_masked_bf16_hdim128_sm90

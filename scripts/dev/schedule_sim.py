@@ -1,6 +1,6 @@
 """Arithmetic, no GPU: how evenly the sm90 forward's persistent CTAs share the causal tiles of one
 launch. A tile of n key blocks costs n + F key-block steps (F: the per-tile fixed cost; 2.0 from the
-short-row fit in benchmarks/NOTES.md). Prints, per shape on the standard grid (B * N = 16k, H * D =
+short-row fit in docs/perf-log.md, 327f0f6). Prints, per shape on the standard grid (B * N = 16k, H * D =
 2048, 128-query tiles), the busiest CTA's work over the mean for
   pairs    the static schedule (query blocks j and num_m - 1 - j paired, CTA c runs units c, c + G, ...);
   dynamic  pairs for all but the last S (head, batch) rows, then those rows' tiles one by one,
@@ -8,6 +8,8 @@ short-row fit in benchmarks/NOTES.md). Prints, per shape on the standard grid (B
            picks it (fwd_dynamic_heads in csrc/sm90/fwd_schedule.h: about four tiles per CTA, capped so
            the S rows' K and V fit in 24 MiB; none when the cap leaves fewer than two per CTA);
   all      every tile dynamic (S = all rows; best balance, but K and V of every row read at once).
+The model behind the tail size S in csrc/sm90/fwd_schedule.h and its prediction in docs/perf-log.md
+(753ffdb); rerun it when the schedule or the tile costs change.
 Usage: schedule_sim.py [CTAs, default 132] [F, default 2.0]"""
 import heapq
 import math
