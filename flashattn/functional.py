@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from . import ops
+from .ops import MAX_HEAD_DIM
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -33,7 +34,6 @@ __all__ = [
     "flash_attn_qkvpacked_func",
 ]
 
-MAX_HEAD_DIM = 256
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
