@@ -126,11 +126,6 @@ def _mask_for_kernels(attn_mask: torch.Tensor, lead_shape, batch: int, heads_q: 
     return expanded.reshape((batch, heads_q, seqlen_q, seqlen_k))
 
 
-def _contiguous_last_dim(t: torch.Tensor) -> torch.Tensor:
-    # Not .contiguous(): it returns an empty tensor unchanged, and the op checks the strides even then.
-    return t if t.size(-1) <= 1 or t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)
-
-
 def scaled_dot_product_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -214,14 +209,11 @@ def scaled_dot_product_attention(
                                  key.size(-2))  # (N, Hq, L, S)
     # torch.use_deterministic_algorithms(True) asks every op for reproducible results: the backward
     # then adds dq in a fixed order (the FlashAttention-2 API's deterministic=True).
-    if torch.are_deterministic_algorithms_enabled():
-        q, k, v = (_contiguous_last_dim(t.transpose(1, 2)) for t in (query, key, value))  # (N, L, H, E) views
-        out, _ = ops.attention(q, k, v, float(scale), bool(is_causal), False, True, mask, float(dropout_p))
-    else:
-        # The transposes to the kernels' layout happen inside the op, below autograd (no view nodes).
-        rng_state = ops.draw_rng_state(query.device) if dropout_p > 0.0 else None
-        out, _ = ops.fwd_heads_first(query, key, value, float(scale), bool(is_causal), False, mask, float(dropout_p),
-                                     rng_state)  # (N, L, Hq, E)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    # The transposes to the kernels' layout happen inside the op, below autograd (no view nodes).
+    rng_state = ops.draw_rng_state(query.device) if dropout_p > 0.0 else None
+    out, _ = ops.fwd_heads_first(query, key, value, float(scale), bool(is_causal), False, mask, float(dropout_p),
+                                 rng_state, deterministic)  # (N, L, Hq, E)
     out = out.transpose(1, 2)  # (N, Hq, L, E)
     if ndim != 4:
         out = out.reshape(lead_shape + tuple(out.shape[1:]))

@@ -652,6 +652,40 @@ def test_flash_attn_deterministic_is_passed_to_the_backward(api, causal):
         assert torch.equal(g, g_det)
 
 
+def _sdpa_call(deterministic_algorithms, dropout_p=0.0, last_dim_strided=False):
+    """One scaled_dot_product_attention call on fresh leaves (the same inputs every time), forward and
+    backward, with torch.use_deterministic_algorithms set as given; returns (out, grads, the flags the
+    backward op received)."""
+    gen = torch.Generator().manual_seed(7)
+    randn = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float32).requires_grad_()  # noqa: E731
+    q, k, v = randn(2, 4, 9, 8), randn(2, 2, 12, 8), randn(2, 2, 12, 8)
+    inputs = (q, k, v)
+    if last_dim_strided:  # views whose last dim has stride 2: the op copies them
+        inputs = tuple(t.repeat_interleave(2, dim=-1)[..., ::2] for t in inputs)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic_algorithms)
+    try:
+        torch.manual_seed(3)
+        out = flashattn.scaled_dot_product_attention(*inputs, dropout_p=dropout_p, is_causal=True, enable_gqa=True)
+        with _BwdCalls() as calls:
+            grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    return out.detach(), grads, calls.flags
+
+
+@pytest.mark.parametrize("dropout_p, last_dim_strided", [(0.0, False), (0.3, False), (0.0, True)])
+def test_sdpa_deterministic_algorithms_reach_the_backward(dropout_p, last_dim_strided):
+    # Under torch.use_deterministic_algorithms(True) the drop-in's backward runs with deterministic=True;
+    # nothing else changes (same output, same gradients on the CPU, the same dropout mask for a seed).
+    out, grads, flags = _sdpa_call(False, dropout_p, last_dim_strided)
+    out_det, grads_det, flags_det = _sdpa_call(True, dropout_p, last_dim_strided)
+    assert flags == [False] and flags_det == [True]
+    assert torch.equal(out, out_det)
+    for g, g_det in zip(grads, grads_det):
+        assert torch.equal(g, g_det)
+
+
 def test_gradcheck_flash_attn_func_deterministic():
     q = _rand(1, 3, 4, 4, requires_grad=True)
     k = _rand(1, 6, 2, 4, requires_grad=True)
