@@ -37,9 +37,6 @@ __all__ = [
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-# Read once at import: calling into the extension module from inside torch.compile would break the graph.
-_CUDA_KERNELS_BUILT = ops.cuda_kernels_built()
-
 _warned_reasons: Set[str] = set()
 _capability_cache: Dict[int, Tuple[int, int]] = {}
 
@@ -97,7 +94,7 @@ def _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -
     if attn_mask is not None and attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
         return f"a {attn_mask.dtype} attn_mask with {query.dtype} inputs is not supported by flashattn"
     if device_type == "cuda":
-        if not _CUDA_KERNELS_BUILT:
+        if not ops.cuda_kernels_built():
             return "flashattn was built without its CUDA kernels"
         if query.dtype not in _CUDA_DTYPES:
             return f"{query.dtype} CUDA inputs are not supported by flashattn's CUDA kernels (float16/bfloat16 only)"
@@ -255,7 +252,7 @@ def _flash_attn_checks(q, k, v) -> None:
     """What the FlashAttention-2 API checks before the op's own checks: one device, kernels for it."""
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"flashattn: q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type == "cuda" and not _CUDA_KERNELS_BUILT:
+    if q.device.type == "cuda" and not ops.cuda_kernels_built():
         raise RuntimeError(
             "flashattn: q is a CUDA tensor but this build of flashattn has no CUDA kernels "
             "(reinstall with a CUDA toolkit present, or FLASHATTN_BUILD_CUDA=1)"

@@ -73,9 +73,14 @@ _RNG_STATE_HIGH = 2 ** 62
 MAX_HEAD_DIM = 256
 
 
+# Read once at import: it is fixed for the life of the process, and a call into the extension module from
+# inside torch.compile would break the graph (the attention functions ask cuda_kernels_built() while traced).
+_CUDA_KERNELS_BUILT = bool(_C.compiled_with_cuda())
+
+
 def cuda_kernels_built() -> bool:
     """True when the extension was compiled with its CUDA kernels."""
-    return bool(_C.compiled_with_cuda())
+    return _CUDA_KERNELS_BUILT
 
 
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -162,7 +162,7 @@ def _cpu_q_cuda_kv(layout):
 
 
 def _no_cuda_kernels(mp):
-    mp.setattr(fa_functional, "_CUDA_KERNELS_BUILT", False)
+    mp.setattr(flashattn.ops, "cuda_kernels_built", lambda: False)
 
 
 def _old_gpu(mp):
