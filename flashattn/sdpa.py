@@ -1,9 +1,11 @@
-"""Public attention functions: a drop-in for torch's SDPA and the FlashAttention-2 Python API.
+"""The drop-in for torch's SDPA: :func:`scaled_dot_product_attention`, and the rule that decides when a
+call falls back to torch (:func:`fallback_reason`).
 
-Both call the same custom op, ``torch.ops.flashattn.fwd`` (backward: ``torch.ops.flashattn.bwd``),
-which computes exact attention without materializing the score matrix. They differ in layout,
-in the alignment of the causal mask when the query and key lengths differ, and in what they do
-with arguments the kernels do not implement:
+It calls the same custom op as the FlashAttention-2 API (:mod:`flashattn.flash_attn_interface`),
+``torch.ops.flashattn.fwd`` (backward: ``torch.ops.flashattn.bwd``), which computes exact attention
+without materializing the score matrix. The two APIs differ in layout, in the alignment of the causal
+mask when the query and key lengths differ, and in what they do with arguments the kernels do not
+implement:
 
 ==========================  =====================================  ======================================
                             :func:`scaled_dot_product_attention`   :func:`flash_attn_func` and friends
@@ -27,12 +29,7 @@ import torch.nn.functional as F
 from . import ops
 from .ops import MAX_HEAD_DIM
 
-__all__ = [
-    "scaled_dot_product_attention",
-    "flash_attn_func",
-    "flash_attn_kvpacked_func",
-    "flash_attn_qkvpacked_func",
-]
+__all__ = ["scaled_dot_product_attention", "fallback_reason"]
 
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -56,8 +53,11 @@ def _warn_fallback_once(reason: str) -> None:
     warnings.warn(f"{reason}; falling back to torch SDPA", stacklevel=3)
 
 
-def _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -> Optional[str]:
-    """Why flashattn's kernels cannot serve this SDPA call, or None when they can."""
+def fallback_reason(query, key, value, attn_mask=None, dropout_p=0.0, enable_gqa=False) -> Optional[str]:
+    """Why flashattn's kernels cannot serve this :func:`scaled_dot_product_attention` call (the reason
+    its fallback warning names), or None when they can. Raises, as the call does, for arguments that
+    torch's SDPA rejects too: a query, key, value or attn_mask that is not a tensor, and head counts
+    that differ without ``enable_gqa`` (none of them 1)."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):  # as torch's SDPA does, rather than an AttributeError below
             raise TypeError(f"scaled_dot_product_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -180,7 +180,7 @@ def scaled_dot_product_attention(
     """
     if attn_mask is not None and is_causal:
         raise RuntimeError("scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
-    reason = _sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa)
+    reason = fallback_reason(query, key, value, attn_mask, dropout_p, enable_gqa)
     if reason is not None:
         _warn_fallback_once(reason)
         kwargs = {"scale": scale}
@@ -217,206 +217,3 @@ def scaled_dot_product_attention(
     if ndim == 2:
         out = out.squeeze(0)
     return out
-
-
-# ----------------------------------------------------------------------------------------------------
-# FlashAttention-2 compatible API
-# ----------------------------------------------------------------------------------------------------
-
-
-def _reject_unimplemented(window_size, softcap, alibi_slopes) -> None:
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError(
-            f"flashattn: window_size={tuple(window_size)} (sliding-window attention) is not implemented yet "
-            "(only window_size=(-1, -1))"
-        )
-    if softcap != 0.0:
-        raise NotImplementedError(f"flashattn: softcap={softcap} is not implemented yet (only softcap=0.0)")
-    if alibi_slopes is not None:
-        raise NotImplementedError("flashattn: alibi_slopes is not implemented yet (only alibi_slopes=None)")
-
-
-def _check_tensor(name: str, t, ndim: int, layout: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != ndim:
-        raise ValueError(f"flashattn: {name} must have {ndim} dims {layout}, got shape {tuple(t.shape)}")
-    if t.size(-1) > 1 and t.stride(-1) != 1:
-        raise ValueError(
-            f"flashattn: {name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}; "
-            "call .contiguous() first"
-        )
-
-
-def _flash_attn_checks(q, k, v) -> None:
-    """What the FlashAttention-2 API checks before the op's own checks: one device, kernels for it."""
-    if k.device != q.device or v.device != q.device:
-        raise ValueError(f"flashattn: q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type == "cuda" and not ops.cuda_kernels_built():
-        raise RuntimeError(
-            "flashattn: q is a CUDA tensor but this build of flashattn has no CUDA kernels "
-            "(reinstall with a CUDA toolkit present, or FLASHATTN_BUILD_CUDA=1)"
-        )
-
-
-def _fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic, with_keep_mask, attn_mask=None):
-    """ops.attention with the FlashAttention-2 API's defaults (scale, bottom-right causal mask):
-    (out, softmax_lse, keep_mask), keep_mask the dropout keep-mask (batch, nheads, seqlen_q, seqlen_k)
-    bool, True = kept, when with_keep_mask and dropout_p > 0, else None."""
-    if softmax_scale is None:
-        # (A head dim of 0 gets any scale: the op rejects it with a message naming the head dim.)
-        softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0
-    dropout_p = float(dropout_p)
-    # Drawn here rather than inside ops.attention so that the keep-mask can be shown for the same state.
-    rng_state = ops.draw_rng_state(q.device) if dropout_p > 0.0 else None
-    out, softmax_lse = ops.attention(q, k, v, float(softmax_scale), bool(causal), True, bool(deterministic),
-                                     attn_mask, dropout_p, rng_state)
-    keep_mask = None
-    if with_keep_mask and rng_state is not None:
-        keep_mask = ops.dropout_keep_mask(rng_state, q.size(0), q.size(2), q.size(1), k.size(1), dropout_p)
-    return out, softmax_lse, keep_mask
-
-
-def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs):
-    _flash_attn_checks(q, k, v)
-    out, softmax_lse, keep_mask = _fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic,
-                                                 return_attn_probs)
-    return (out, softmax_lse, keep_mask) if return_attn_probs else out
-
-
-_FA2_ARGS_DOC = """
-    Args (after the tensors), as in flash_attn 2:
-        dropout_p: attention dropout probability in [0, 1) (other values raise the op's RuntimeError):
-            each probability is dropped after the softmax with this probability and the kept ones are
-            scaled by ``1 / (1 - dropout_p)``. Applied whenever it is > 0 (pass 0.0 at evaluation, as
-            with flash_attn). The keep-mask comes from torch's default generator of q's device
-            (``torch.manual_seed`` reproduces it) through flashattn's own Philox mask, the same on the
-            CPU and on CUDA (not flash_attn's); the backward applies the same mask.
-        softmax_scale: multiplies q k^T before the softmax; defaults to ``1 / sqrt(headdim)``.
-        causal: causal mask aligned to the bottom-right corner: key j is visible to query i iff
-            ``j <= i + seqlen_k - seqlen_q``. When ``seqlen_q > seqlen_k`` the first
-            ``seqlen_q - seqlen_k`` query rows see no key; their output is 0.
-        window_size: must be ``(-1, -1)`` (no sliding window yet; other values raise NotImplementedError).
-        softcap: must be 0.0 (no score soft-capping yet; other values raise NotImplementedError).
-        alibi_slopes: must be None (no ALiBi yet; other values raise NotImplementedError).
-        deterministic: make the backward bitwise reproducible. By default the CUDA backward adds
-            each key block's share of dq with atomics in whatever order the blocks run, so dq's last
-            bits can differ from run to run (dk and dv do not). With ``True`` the blocks add in a
-            fixed order and dq, dk, dv are the same bits on every run with the same inputs, GPU and
-            build; blocks then wait for their turn, which costs some backward speed (not measured
-            yet). The forward is always bitwise reproducible, and so is the CPU backward (the flag
-            changes nothing there).
-        return_attn_probs: also return ``softmax_lse`` ``(batch, nheads, seqlen_q)`` float32, the
-            natural-log log-sum-exp of each row of (undropped) scaled scores (-inf for a row that sees
-            no key, where flash_attn reports +inf), and, where flash_attn returns its debugging
-            ``S_dmask``, the dropout keep-mask: a bool ``(batch, nheads, seqlen_q, seqlen_k)`` tensor,
-            True where a probability was kept, or ``None`` when ``dropout_p == 0``. This differs from
-            flash_attn's ``S_dmask`` (which holds the probabilities with dropped ones negated) and,
-            like it, is quadratic in memory: for tests and debugging (attention probabilities are
-            never materialized here; ``attention_reference(..., dropout_mask=keep_mask)`` rebuilds
-            the output from it).
-
-    Returns:
-        out ``(batch, seqlen_q, nheads, headdim)`` contiguous, in the inputs' dtype;
-        or ``(out, softmax_lse, keep_mask)`` with ``return_attn_probs=True``.
-
-    Supported: float16/bfloat16 CUDA tensors on GPUs of compute capability 8.0 or newer, and
-    float16/bfloat16/float32/float64 CPU tensors; head dims 1..256; any strides except that the last
-    dim must be contiguous (raises ValueError otherwise). Invalid shapes, dtypes or devices raise with
-    a message naming the argument. Autograd flows to every input tensor; ``softmax_lse`` is not
-    differentiable.
-"""
-
-
-def flash_attn_func(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    window_size: Tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    alibi_slopes: Optional[torch.Tensor] = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-):
-    _reject_unimplemented(window_size, softcap, alibi_slopes)
-    _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
-    _check_tensor("k", k, 4, "(batch, seqlen_k, nheads_k, headdim)")
-    _check_tensor("v", v, 4, "(batch, seqlen_k, nheads_k, headdim)")
-    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs)
-
-
-flash_attn_func.__doc__ = (
-    """Exact attention in the FlashAttention-2 layout: ``flash_attn.flash_attn_func`` compatible.
-
-    q ``(batch, seqlen_q, nheads, headdim)``, k and v ``(batch, seqlen_k, nheads_k, headdim)``;
-    nheads must be a multiple of nheads_k (multi-query / grouped-query attention: query head h
-    reads key/value head ``h // (nheads // nheads_k)``).
-"""
-    + _FA2_ARGS_DOC
-)
-
-
-def flash_attn_kvpacked_func(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    window_size: Tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    alibi_slopes: Optional[torch.Tensor] = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-):
-    _reject_unimplemented(window_size, softcap, alibi_slopes)
-    _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
-    _check_tensor("kv", kv, 5, "(batch, seqlen_k, 2, nheads_k, headdim)")
-    if kv.size(2) != 2:
-        raise ValueError(f"flashattn: kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got {tuple(kv.shape)}")
-    k, v = kv.unbind(dim=2)  # strided views into kv; autograd stacks dk, dv back into one dkv
-    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs)
-
-
-flash_attn_kvpacked_func.__doc__ = (
-    """:func:`flash_attn_func` with k and v packed in one tensor: ``flash_attn.flash_attn_kvpacked_func`` compatible.
-
-    q ``(batch, seqlen_q, nheads, headdim)``, kv ``(batch, seqlen_k, 2, nheads_k, headdim)``
-    (k = ``kv[:, :, 0]``, v = ``kv[:, :, 1]``). k and v are read in place as strided views (no
-    copy); the gradient reaches kv as one ``(batch, seqlen_k, 2, nheads_k, headdim)`` tensor.
-"""
-    + _FA2_ARGS_DOC
-)
-
-
-def flash_attn_qkvpacked_func(
-    qkv: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    window_size: Tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    alibi_slopes: Optional[torch.Tensor] = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-):
-    _reject_unimplemented(window_size, softcap, alibi_slopes)
-    _check_tensor("qkv", qkv, 5, "(batch, seqlen, 3, nheads, headdim)")
-    if qkv.size(2) != 3:
-        raise ValueError(f"flashattn: qkv must have shape (batch, seqlen, 3, nheads, headdim), got {tuple(qkv.shape)}")
-    q, k, v = qkv.unbind(dim=2)  # strided views into qkv; autograd stacks dq, dk, dv back into one dqkv
-    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs)
-
-
-flash_attn_qkvpacked_func.__doc__ = (
-    """Self-attention on packed q, k, v: ``flash_attn.flash_attn_qkvpacked_func`` compatible.
-
-    qkv ``(batch, seqlen, 3, nheads, headdim)`` (q = ``qkv[:, :, 0]``, k = ``qkv[:, :, 1]``,
-    v = ``qkv[:, :, 2]``). q, k and v are read in place as strided views (no copy); the gradient
-    reaches qkv as one ``(batch, seqlen, 3, nheads, headdim)`` tensor. With ``causal=True`` the mask is
-    the usual lower triangle (seqlen_q == seqlen_k).
-"""
-    + _FA2_ARGS_DOC
-)

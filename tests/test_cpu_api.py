@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashattn
-from flashattn import functional as fa_functional
+from flashattn import sdpa as fa_sdpa
 from flashattn.reference import attention_reference, causal_visibility
 from flashattn.testing import GRAD_FACTOR, OUT_FACTOR, assert_oracle, make_qkv, reference_and_baseline
 
@@ -35,9 +35,9 @@ def _torch_sdpa(q, k, v, **kwargs):
 @pytest.fixture
 def fresh_fallback_warnings():
     """Forget which fallback reasons were already warned about, so each test sees its warning."""
-    fa_functional._warned_reasons.clear()
+    fa_sdpa._warned_reasons.clear()
     yield
-    fa_functional._warned_reasons.clear()
+    fa_sdpa._warned_reasons.clear()
 
 
 class _OpLog(TorchDispatchMode):
