@@ -54,3 +54,8 @@ def test_no_module_imports_another_modules_private_names():
                     offenders.append(f"{os.path.relpath(path, PACKAGE_DIR)}:{node.lineno}: {', '.join(private)}")
     assert not offenders, "\n".join(offenders)
 
+
+
+def test_benchmark_code_is_not_in_the_package():
+    assert not os.path.exists(os.path.join(PACKAGE_DIR, "benchmark.py"))
+    assert not os.path.exists(os.path.join(PACKAGE_DIR, "charts.py"))

@@ -17,8 +17,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from flashattn import benchmark  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import harness  # noqa: E402  (benchmarks/harness.py)
 
 FLUSH_BYTES = 256 * 2**20  # triton's do_bench flush buffer
 
@@ -58,12 +60,12 @@ def main():
     print("|---|---|---|---|---|--:|--:|--:|--:|")
     for config in args.configs.split(","):
         head_dim, seqlen, causal = (int(x) for x in config.split(":"))
-        batch, heads = benchmark.config_shape(seqlen, head_dim)
-        q, k, v, dout = benchmark.make_inputs(batch, seqlen, heads, head_dim, torch.bfloat16, "cuda")
+        batch, heads = harness.config_shape(seqlen, head_dim)
+        q, k, v, dout = harness.make_inputs(batch, seqlen, heads, head_dim, torch.bfloat16, "cuda")
         for r in range(args.rounds):
             for name in args.methods.split(","):
-                forward = benchmark.make_impl(name, bool(causal), seqlen)
-                fn = benchmark.timed_fn(forward, "fwd", q, k, v, dout)
+                forward = harness.make_impl(name, bool(causal), seqlen)
+                fn = harness.timed_fn(forward, "fwd", q, k, v, dout)
                 flush, timed, host = timed_loop(fn, args.calls)
                 whole = do_bench(fn, warmup=10, rep=50, return_mode="median")
                 print(f"| {name} | {head_dim} | {seqlen} | {causal} | {r} | {flush * 1e3:.1f} | {timed * 1e3:.1f} "

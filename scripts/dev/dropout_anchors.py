@@ -19,7 +19,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from bench_masks import MODEL_DIM, TOKENS, run_mode  # noqa: E402
 from flashattn import ops  # noqa: E402
-from flashattn.benchmark import rotating_medians, time_ms  # noqa: E402
+from harness import rotating_medians, time_ms  # noqa: E402  (benchmarks/harness.py)
 
 
 def main():
