@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Attention throughput and memory beside torch SDPA's backends and FlexAttention.
 
-A thin wrapper, kept so existing commands work: the harness is flashattn/benchmark.py, also run as
-``python -m flashattn bench``. Same flags (``--help``):
+A thin wrapper, kept so existing commands work: the harness is benchmarks/harness.py, also run as
+``python -m flashattn bench`` from a source checkout. Same flags (``--help``):
 
     python benchmarks/bench.py --quick --out benchmarks/results/<name>
     python benchmarks/bench.py --dtype bf16 --headdim 128 --seqlen 4096 16384 --causal true --mode fwd bwd
@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-from flashattn.benchmark import main  # noqa: E402
+from harness import main  # noqa: E402  (benchmarks/harness.py: this script's folder is on sys.path)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,8 +10,8 @@ same run:
   dropout        dropout_p = 0.1 vs dropout_p = 0 (both flashattn, no mask)
 
 TFLOP/s use the unmasked FLOP count (causal: halved), so a ratio is a ratio of times. The two methods
-of a figure are timed in --rounds rotating rounds (flashattn.benchmark.rotating_medians; a figure is
-the median of its rounds), so that clock changes over the run fall on both alike.
+of a figure are timed in --rounds rotating rounds (harness.rotating_medians; a figure is the median
+of its rounds), so that clock changes over the run fall on both alike.
 
   python3 benchmarks/bench_masks.py --out DIR      # writes DIR/masks.json and DIR/masks.md
 """
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flashattn  # noqa: E402
 from flashattn import ops  # noqa: E402
-from flashattn.benchmark import rotating_medians, time_ms  # noqa: E402
+from harness import rotating_medians, time_ms  # noqa: E402  (benchmarks/harness.py)
 
 TOKENS, MODEL_DIM = 16384, 2048
 

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import flashattn  # noqa: E402
-from flashattn.benchmark import metadata, short_error  # noqa: E402
+from harness import metadata, short_error  # noqa: E402  (benchmarks/harness.py)
 
 MIB = 2**20
 IMPLS = ["flashattn", "sdpa_flash", "sdpa_cudnn"]

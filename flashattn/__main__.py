@@ -4,8 +4,9 @@
   matrix. Meant to be pasted into a bug report.
 * ``check``: a quick forward + backward correctness pass on the available device (CUDA when flashattn's
   kernels can run there, else the CPU) against the reference; non-zero exit status on any failure.
-* ``bench``: throughput and memory beside torch's SDPA backends and FlexAttention (see
-  :mod:`flashattn.benchmark`; ``python -m flashattn bench --help``). Needs a CUDA GPU.
+* ``bench``: throughput and memory beside torch's SDPA backends and FlexAttention (``python -m flashattn
+  bench --help``). Needs a CUDA GPU and a source checkout: it runs the harness in benchmarks/harness.py,
+  beside the package, which an installed package does not have.
 * ``demo``: one causal attention call, its error against a float32 reference, time and memory beside SDPA.
 """
 from __future__ import annotations
@@ -386,18 +387,35 @@ def _parser() -> argparse.ArgumentParser:
     check_parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                               help="auto: CUDA when flashattn's kernels can run there, else CPU")
     check_parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
-    commands.add_parser("bench", help="throughput and memory beside torch SDPA and FlexAttention (CUDA); "
-                                      "python -m flashattn bench --help", add_help=False)
+    commands.add_parser("bench", help="throughput and memory beside torch SDPA and FlexAttention (CUDA, from a "
+                                      "source checkout); python -m flashattn bench --help", add_help=False)
     commands.add_parser("demo", help="run causal attention and compare with torch SDPA")
     return parser
+
+
+def benchmarks_dir() -> str:
+    """Where the benchmark harness is in a source checkout: benchmarks/ beside the flashattn package."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(flashattn.__file__))), "benchmarks")
+
+
+def bench(argv: List[str]) -> int:
+    """``python -m flashattn bench``: benchmarks/harness.py's main, which is not part of an installed package."""
+    folder = benchmarks_dir()
+    if not os.path.isfile(os.path.join(folder, "harness.py")):
+        print(f"flashattn bench: needs a source checkout of flashattn, with benchmarks/harness.py beside the package "
+              f"(not found: {os.path.join(folder, 'harness.py')}); run it from the checkout's root or an editable "
+              "install (pip install -e .)", file=sys.stderr)
+        return 1
+    sys.path.insert(0, folder)
+    from harness import main as bench_main
+
+    return bench_main(argv)
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "bench":
-        from flashattn.benchmark import main as bench_main
-
-        return bench_main(argv[1:])
+        return bench(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "info":
         info()

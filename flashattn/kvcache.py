@@ -20,7 +20,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from .functional import _check_tensor, _fa2_attention, _flash_attn_checks, _reject_unimplemented
+from ._fa2_common import check_devices, check_tensor, fa2_attention, reject_unimplemented
 
 __all__ = ["flash_attn_with_kvcache"]
 
@@ -90,15 +90,15 @@ def flash_attn_with_kvcache(
     Returns out ``(batch, seqlen_q, nheads, headdim)``, and with ``return_softmax_lse=True`` also the
     log-sum-exp ``(batch, nheads, seqlen_q)`` float32 (-inf for a row that sees no key).
     """
-    _reject_unimplemented(window_size, softcap, alibi_slopes)
+    reject_unimplemented(window_size, softcap, alibi_slopes)
     for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
                         ("cache_leftpad", cache_leftpad), ("block_table", block_table)):
         if value is not None:
             raise NotImplementedError(f"flashattn: {name} is not implemented yet in flash_attn_with_kvcache (only None)")
-    _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
-    _check_tensor("k_cache", k_cache, 4, "(batch, seqlen_cache, nheads_k, headdim)")
-    _check_tensor("v_cache", v_cache, 4, "(batch, seqlen_cache, nheads_k, headdim)")
-    _flash_attn_checks(q, k_cache, v_cache)
+    check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
+    check_tensor("k_cache", k_cache, 4, "(batch, seqlen_cache, nheads_k, headdim)")
+    check_tensor("v_cache", v_cache, 4, "(batch, seqlen_cache, nheads_k, headdim)")
+    check_devices(q, k_cache, v_cache)
     if (k is None) != (v is None):
         raise ValueError("flashattn: k and v must be given together (or neither)")
     batch, seqlen_q, nheads = q.shape[:3]
@@ -112,8 +112,8 @@ def flash_attn_with_kvcache(
     if k is not None:
         if cache_seqlens is None:
             raise ValueError("flashattn: appending k and v needs cache_seqlens (where each sequence's cache ends)")
-        _check_tensor("k", k, 4, "(batch, seqlen_new, nheads_k, headdim)")
-        _check_tensor("v", v, 4, "(batch, seqlen_new, nheads_k, headdim)")
+        check_tensor("k", k, 4, "(batch, seqlen_new, nheads_k, headdim)")
+        check_tensor("v", v, 4, "(batch, seqlen_new, nheads_k, headdim)")
         expected = (batch, k.size(1)) + tuple(k_cache.shape[2:])
         if tuple(k.shape) != expected or tuple(v.shape) != expected:
             raise ValueError(
@@ -140,5 +140,5 @@ def flash_attn_with_kvcache(
         visible = (keys < lengths[:, None])[:, None, None, :]  # [batch, 1, 1, seqlen_cache]
     mask = visible.expand(batch, nheads, seqlen_q, seqlen_cache)
     # The causal mask is in `mask`, aligned to each sequence's own length.
-    out, lse, _ = _fa2_attention(q, k_cache, v_cache, 0.0, softmax_scale, False, False, False, mask)
+    out, lse, _ = fa2_attention(q, k_cache, v_cache, 0.0, softmax_scale, False, False, False, mask)
     return (out, lse) if return_softmax_lse else out

@@ -54,7 +54,8 @@ import torch
 
 from . import _C  # noqa: F401  (loading the library registers torch.ops.flashattn.*)
 
-__all__ = ["fwd", "fwd_heads_first", "bwd", "attention", "cuda_kernels_built", "draw_rng_state", "dropout_keep_mask"]
+__all__ = ["MAX_HEAD_DIM", "fwd", "fwd_heads_first", "bwd", "attention", "cuda_kernels_built", "draw_rng_state",
+           "dropout_keep_mask"]
 
 fwd = torch.ops.flashattn.fwd.default
 # fwd with q, k, v in (B, H, L, E) (SDPA's layout), transposed for the kernels below autograd; out and lse
@@ -67,12 +68,19 @@ _keep_mask_op = torch.ops.flashattn.dropout_keep_mask.default
 # bounds simple. The kernels use all 64 bits of the seed and the low 32 bits of the offset.
 _RNG_STATE_HIGH = 2 ** 62
 
-_MAX_HEAD_DIM = 256
+# The largest head dim the kernels take (csrc/checks.cpp checks the same bound); the SDPA drop-in falls
+# back to torch above it.
+MAX_HEAD_DIM = 256
+
+
+# Read once at import: it is fixed for the life of the process, and a call into the extension module from
+# inside torch.compile would break the graph (the attention functions ask cuda_kernels_built() while traced).
+_CUDA_KERNELS_BUILT = bool(_C.compiled_with_cuda())
 
 
 def cuda_kernels_built() -> bool:
     """True when the extension was compiled with its CUDA kernels."""
-    return bool(_C.compiled_with_cuda())
+    return _CUDA_KERNELS_BUILT
 
 
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -107,8 +115,8 @@ def _check_qkv_meta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         lambda: "flashattn.fwd: q, k and v must have the same head dim",
     )
     torch._check(
-        1 <= head_dim <= _MAX_HEAD_DIM,
-        lambda: f"flashattn.fwd: head dim must be in [1, {_MAX_HEAD_DIM}], got {head_dim}",
+        1 <= head_dim <= MAX_HEAD_DIM,
+        lambda: f"flashattn.fwd: head dim must be in [1, {MAX_HEAD_DIM}], got {head_dim}",
     )
     torch._check(heads_kv >= 1 or heads_q == 0, lambda: "flashattn.fwd: k and v must have at least one head")
     torch._check(

@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .functional import _check_tensor, _fa2_attention, _flash_attn_checks, _reject_unimplemented
+from ._fa2_common import check_devices, check_tensor, fa2_attention, reject_unimplemented
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
 
@@ -91,7 +91,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
             deterministic, return_attn_probs, block_table):
     if block_table is not None:
         raise NotImplementedError("flashattn: block_table (paged KV cache) is not implemented yet (only None)")
-    _flash_attn_checks(q, k, v)
+    check_devices(q, k, v)
     _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
     _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
@@ -114,8 +114,8 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     v_pad = _gather_padded(v, cu_seqlens_k, offset_k)
     batch = offset_q.size(0)
     key_mask = valid_k[:, None, None, :].expand(batch, nheads, max_seqlen_q, max_seqlen_k)  # True = the key takes part
-    out_pad, lse_pad, keep_mask = _fa2_attention(q_pad, k_pad, v_pad, dropout_p, softmax_scale, causal, deterministic,
-                                                 return_attn_probs, key_mask)
+    out_pad, lse_pad, keep_mask = fa2_attention(q_pad, k_pad, v_pad, dropout_p, softmax_scale, causal, deterministic,
+                                                return_attn_probs, key_mask)
     positions = _packed_positions(cu_seqlens_q, lengths_q, max_seqlen_q, total_q, pad_at_end)
     out = out_pad.reshape((batch * max_seqlen_q,) + tuple(q.shape[1:])).index_select(0, positions)
     if not return_attn_probs:
@@ -164,10 +164,10 @@ def flash_attn_varlen_func(
     return_attn_probs: bool = False,
     block_table: Optional[torch.Tensor] = None,
 ):
-    _reject_unimplemented(window_size, softcap, alibi_slopes)
-    _check_tensor("q", q, 3, "(total_q, nheads, headdim)")
-    _check_tensor("k", k, 3, "(total_k, nheads_k, headdim)")
-    _check_tensor("v", v, 3, "(total_k, nheads_k, headdim)")
+    reject_unimplemented(window_size, softcap, alibi_slopes)
+    check_tensor("q", q, 3, "(total_q, nheads, headdim)")
+    check_tensor("k", k, 3, "(total_k, nheads_k, headdim)")
+    check_tensor("v", v, 3, "(total_k, nheads_k, headdim)")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                    deterministic, return_attn_probs, block_table)
 
@@ -198,9 +198,9 @@ def flash_attn_varlen_kvpacked_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
 ):
-    _reject_unimplemented(window_size, softcap, alibi_slopes)
-    _check_tensor("q", q, 3, "(total_q, nheads, headdim)")
-    _check_tensor("kv", kv, 4, "(total_k, 2, nheads_k, headdim)")
+    reject_unimplemented(window_size, softcap, alibi_slopes)
+    check_tensor("q", q, 3, "(total_q, nheads, headdim)")
+    check_tensor("kv", kv, 4, "(total_k, 2, nheads_k, headdim)")
     if kv.size(1) != 2:
         raise ValueError(f"flashattn: kv must have shape (total_k, 2, nheads_k, headdim), got {tuple(kv.shape)}")
     k, v = kv.unbind(dim=1)
@@ -230,8 +230,8 @@ def flash_attn_varlen_qkvpacked_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
 ):
-    _reject_unimplemented(window_size, softcap, alibi_slopes)
-    _check_tensor("qkv", qkv, 4, "(total, 3, nheads, headdim)")
+    reject_unimplemented(window_size, softcap, alibi_slopes)
+    check_tensor("qkv", qkv, 4, "(total, 3, nheads, headdim)")
     if qkv.size(1) != 3:
         raise ValueError(f"flashattn: qkv must have shape (total, 3, nheads, headdim), got {tuple(qkv.shape)}")
     q, k, v = qkv.unbind(dim=1)

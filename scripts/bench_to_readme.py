@@ -9,7 +9,7 @@ root (where README.md is), so commit the results folder under benchmarks/results
 
     python scripts/bench_to_readme.py benchmarks/results/2026-12-01_h200_abc1234 > section.md
 
-Needs only the Python standard library (``--write-charts`` also needs matplotlib and flashattn).
+Needs only the Python standard library (``--write-charts`` also needs matplotlib, for benchmarks/charts.py).
 """
 from __future__ import annotations
 
@@ -219,8 +219,8 @@ def main(argv=None) -> int:
                    help="draw the PNG charts from bench.json into results_dir first (for a run that stopped before drawing them)")
     args = p.parse_args(argv)
     if args.write_charts:
-        sys.path.insert(0, REPO)
-        from flashattn.charts import write_charts
+        sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+        from charts import write_charts
 
         for path in write_charts(load(args.results_dir)["results"], args.results_dir):
             print(f"wrote {path}", file=sys.stderr)

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from flashattn import benchmark
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+import harness  # noqa: E402  (benchmarks/harness.py)
 SCRIPT = os.path.join(REPO, "scripts", "bench_to_readme.py")
-IMPLS = ["flashattn"] + benchmark.ANCHORS
+IMPLS = ["flashattn"] + harness.ANCHORS
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
@@ -30,19 +30,19 @@ def _tflops(method, dtype, head_dim, causal, seqlen, mode):
 
 
 def _rows():
-    """Rows shaped as benchmark.run returns them: the standard grid, with cuDNN unavailable for the D=256
+    """Rows shaped as harness.run returns them: the standard grid, with cuDNN unavailable for the D=256
     backward and the last fp16 configs skipped by the time budget."""
-    args = benchmark.parse_args([])
+    args = harness.parse_args([])
     rows = []
     for dtype in args.dtype:
         for head_dim in args.headdim:
             for causal in (False, True):
                 for seqlen in args.seqlen:
                     if dtype == "fp16" and head_dim == 256 and causal:
-                        rows += benchmark.skipped_rows(dtype, head_dim, seqlen, causal, args.mode, IMPLS,
+                        rows += harness.skipped_rows(dtype, head_dim, seqlen, causal, args.mode, IMPLS,
                                                        "time budget of 420 s reached")
                         continue
-                    batch, heads = benchmark.config_shape(seqlen, head_dim)
+                    batch, heads = harness.config_shape(seqlen, head_dim)
                     for mode in args.mode:
                         tflops = {m: _tflops(m, dtype, head_dim, causal, seqlen, mode) for m in IMPLS}
                         status = {}
@@ -60,10 +60,10 @@ def _rows():
 def run_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("results") / "2026-12-01_h200_abc1234"
     rows, args = _rows()
-    meta = dict(benchmark.metadata("cpu"), gpu="NVIDIA H200", capability="9.0", cudnn=91900, git_commit="abc1234",
+    meta = dict(harness.metadata("cpu"), gpu="NVIDIA H200", capability="9.0", cudnn=91900, git_commit="abc1234",
                 date="2026-12-01 10:00 UTC", command="python -m flashattn bench --out /tmp/out/bench --time-budget 420",
                 elapsed_s=431.0, complete=False, flex={"dynamic": True, "prewarm": None})
-    benchmark.write_results(str(folder), meta, rows, IMPLS, vars(args), charts=HAS_MATPLOTLIB)
+    harness.write_results(str(folder), meta, rows, IMPLS, vars(args), charts=HAS_MATPLOTLIB)
     return folder
 
 
@@ -78,7 +78,7 @@ def test_section_states_how_the_run_was_made(run_dir):
     assert "```bash\npython -m flashattn bench --out /tmp/out/bench --time-budget 420\n```" in text
     assert "2026-12-01 10:00 UTC" in text and "`abc1234`" in text
     assert "NVIDIA H200 (sm_90)" in text and "cuDNN 91900" in text
-    assert f"torch {benchmark.torch.__version__}" in text
+    assert f"torch {harness.torch.__version__}" in text
     assert "run time 7.2 min, 6 of 72 configs not run (time budget of 420 s reached)" in text
     assert "dynamic shapes" in text
 
@@ -93,7 +93,7 @@ def test_ratio_table_layout_and_values(run_dir):
     row = next(r for r in body if r[:3] == ["128", "yes", "4k"])
     ours = _tflops("flashattn", "bf16", 128, True, 4096, "fwd")
     assert row[3] == f"{ours:.0f}"
-    assert row[4:8] == [f"{ours / _tflops(a, 'bf16', 128, True, 4096, 'fwd'):.2f}" for a in benchmark.ANCHORS]
+    assert row[4:8] == [f"{ours / _tflops(a, 'bf16', 128, True, 4096, 'fwd'):.2f}" for a in harness.ANCHORS]
     assert row[4:8] == ["0.94", "0.50", "1.50", "0.75"]
     bwd = _tflops("flashattn", "bf16", 128, True, 4096, "bwd")
     assert row[8] == f"{bwd:.0f}" and row[9] == "0.94"

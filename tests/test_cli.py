@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -12,9 +13,11 @@ import torch
 
 import flashattn
 from flashattn import __main__ as cli
-from flashattn import benchmark, charts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+import charts  # noqa: E402  (benchmarks/charts.py)
+import harness  # noqa: E402  (benchmarks/harness.py)
 
 
 def _run(*args, hide_gpus=True, timeout=300):
@@ -111,6 +114,31 @@ def test_bench_help_lists_the_grid_flags(capsys):
         assert flag in out
 
 
+def test_bench_without_a_source_checkout_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "benchmarks_dir", lambda: str(tmp_path / "benchmarks"))
+    assert cli.main(["bench", "--help"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and "needs a source checkout" in lines[0]
+    assert str(tmp_path / "benchmarks" / "harness.py") in lines[0]
+
+
+def test_installed_package_alone_runs_info_and_explains_bench(tmp_path):
+    # The package directory by itself, as a non-editable install has it: no benchmarks/ beside it.
+    shutil.copytree(os.path.dirname(os.path.abspath(flashattn.__file__)), tmp_path / "flashattn",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env.pop("PYTHONPATH", None)
+    run = lambda *args: subprocess.run([sys.executable, "-m", "flashattn", *args], capture_output=True,  # noqa: E731
+                                       text=True, timeout=300, env=env, cwd=tmp_path)
+    info = run("info")
+    assert info.returncode == 0 and str(tmp_path / "flashattn") in info.stdout, info.stdout + info.stderr
+    result = run("bench", "--help")
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "needs a source checkout" in result.stderr, result.stderr
+
+
 def test_unknown_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["nonsense"])
@@ -124,22 +152,22 @@ def test_unknown_command_is_a_usage_error(capsys):
 
 
 def test_bench_args_quick_and_overrides():
-    args = benchmark.parse_args(["--quick", "--batch", "3", "--heads", "5"])
+    args = harness.parse_args(["--quick", "--batch", "3", "--heads", "5"])
     assert args.dtype == ["bf16"] and args.mode == ["fwd", "bwd"]
-    assert benchmark.config_shape(4096, 128, args.batch, args.heads) == (3, 5)
-    assert benchmark.config_shape(4096, 128) == (benchmark.TOKENS // 4096, benchmark.MODEL_DIM // 128)
+    assert harness.config_shape(4096, 128, args.batch, args.heads) == (3, 5)
+    assert harness.config_shape(4096, 128) == (harness.TOKENS // 4096, harness.MODEL_DIM // 128)
     with pytest.raises(SystemExit):
-        benchmark.parse_args(["--batch", "0"])
+        harness.parse_args(["--batch", "0"])
 
 
 def test_bench_pipeline_on_cpu_writes_json_and_markdown(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHATTN_GIT_COMMIT", "abc1234")
-    args = benchmark.parse_args(
+    args = harness.parse_args(
         ["--dtype", "bf16", "--headdim", "16", "--seqlen", "32", "64", "--causal", "true", "--mode", "fwd", "bwd",
          "--anchors", "sdpa_flash", "sdpa_cudnn", "--batch", "1", "--heads", "2", "--warmup", "1", "--rep", "2",
          "--no-progress"]
     )
-    rows = benchmark.run(args, device="cpu")
+    rows = harness.run(args, device="cpu")
     assert [(r["seqlen"], r["mode"]) for r in rows] == [(32, "fwd"), (32, "bwd"), (64, "fwd"), (64, "bwd")]
     for row in rows:
         assert row["tflops"]["flashattn"] > 0
@@ -147,9 +175,9 @@ def test_bench_pipeline_on_cpu_writes_json_and_markdown(tmp_path, monkeypatch):
         # cuDNN does not run on CPU tensors: reported, not fatal.
         assert "sdpa_cudnn" not in row["tflops"] and row["status"]["sdpa_cudnn"].startswith("unavailable")
 
-    meta = benchmark.metadata("cpu")
+    meta = harness.metadata("cpu")
     assert meta["git_commit"] == "abc1234"
-    written = benchmark.write_results(str(tmp_path), meta, rows, ["flashattn"] + args.anchors, vars(args), charts=False)
+    written = harness.write_results(str(tmp_path), meta, rows, ["flashattn"] + args.anchors, vars(args), charts=False)
     saved = json.loads((tmp_path / "bench.json").read_text())
     for key in ("date", "git_commit", "torch", "gpu", "flashattn"):
         assert key in saved["meta"]
@@ -171,20 +199,20 @@ def test_bench_memory_measurement_path(tmp_path, monkeypatch):
         measured.append(device.type)
         return 2.0
 
-    monkeypatch.setattr(benchmark, "peak_extra_mib", fake_peak)
-    monkeypatch.setattr(benchmark, "_free_bytes", lambda device: 2.0 * 6 * 2 * 32 * 32 * 4)
-    args = benchmark.parse_args(
+    monkeypatch.setattr(harness, "peak_extra_mib", fake_peak)
+    monkeypatch.setattr(harness, "_free_bytes", lambda device: 2.0 * 6 * 2 * 32 * 32 * 4)
+    args = harness.parse_args(
         ["--dtype", "fp16", "--headdim", "8", "--seqlen", "32", "64", "--causal", "false", "--mode", "fwdbwd",
          "--anchors", "sdpa_flash", "sdpa_efficient", "--batch", "2", "--heads", "1", "--warmup", "1", "--rep", "2",
          "--no-progress"]
     )
-    rows = benchmark.run(args, device="cpu")
+    rows = harness.run(args, device="cpu")
     assert rows[0]["peak_mib"] == {"flashattn": 2.0, "sdpa_flash": 2.0, "sdpa_math": 2.0}
     assert rows[1]["peak_mib"] == {"flashattn": 2.0, "sdpa_flash": 2.0}
     assert rows[1]["memory_status"]["sdpa_math"].startswith("skipped: would need")
     assert "sdpa_efficient" not in rows[0]["peak_mib"]  # unavailable on CPU tensors: not measured either
     assert len(measured) == 5
-    written = benchmark.write_results(str(tmp_path), benchmark.metadata("cpu"), rows,
+    written = harness.write_results(str(tmp_path), harness.metadata("cpu"), rows,
                                       ["flashattn"] + args.anchors, vars(args), charts=False)
     table = (tmp_path / "bench.md").read_text()
     assert "| dtype | D | N | causal | mode | flashattn | sdpa_flash | sdpa_math |" in table
@@ -196,21 +224,21 @@ def test_bench_memory_measurement_path(tmp_path, monkeypatch):
 
 
 def test_bench_timing_defaults_measure_at_least_25_ms():
-    args = benchmark.parse_args([])
+    args = harness.parse_args([])
     # do_bench runs floor(rep / t) calls (at least one): with rep = 50 ms that covers >= 25 ms for any t.
     assert (args.warmup, args.rep) == (10, 50)
     for t in (0.05, 0.3, 4.9, 12.6, 24.9, 25.1, 80.0):
         assert max(1, int(args.rep / t)) * t >= 25
     assert args.time_budget is None and not args.flex_static and args.flex_prewarm
-    args = benchmark.parse_args(["--time-budget", "420", "--flex-static", "--no-flex-prewarm"])
+    args = harness.parse_args(["--time-budget", "420", "--flex-static", "--no-flex-prewarm"])
     assert args.time_budget == 420 and args.flex_static and not args.flex_prewarm
     for bad in (["--time-budget", "0"], ["--rep", "0"], ["--warmup", "-1"]):
         with pytest.raises(SystemExit):
-            benchmark.parse_args(bad)
+            harness.parse_args(bad)
 
 
 def _tiny_args(*extra):
-    return benchmark.parse_args(
+    return harness.parse_args(
         ["--dtype", "bf16", "--headdim", "16", "--seqlen", "32", "64", "--causal", "both", "--mode", "fwd", "bwd",
          "--anchors", "sdpa_flash", "--batch", "1", "--heads", "2", "--warmup", "1", "--rep", "2", "--no-progress",
          "--no-memory", *extra]
@@ -225,7 +253,7 @@ def test_bench_time_budget_reports_the_configs_not_run(tmp_path, capsys):
         seen.append(len(rows))
         args.time_budget = 1e-9  # spent: the configs after the first are not started
 
-    rows = benchmark.run(args, device="cpu", on_config=after_config)
+    rows = harness.run(args, device="cpu", on_config=after_config)
     assert seen == [2, 4, 6, 8]  # called after every config, skipped ones included
     assert [(r["seqlen"], r["causal"], bool(r.get("skipped"))) for r in rows[::2]] == [
         (32, False, False), (64, False, True), (32, True, True), (64, True, True)]
@@ -233,13 +261,13 @@ def test_bench_time_budget_reports_the_configs_not_run(tmp_path, capsys):
         assert row["tflops"] == {} and row["skipped"] == "time budget of 1e-09 s reached"
         assert row["status"] == {"flashattn": "skipped: time budget of 1e-09 s reached",
                                  "sdpa_flash": "skipped: time budget of 1e-09 s reached"}
-        cells = [c.strip() for c in benchmark.table_row(row, ["flashattn", "sdpa_flash"]).strip("|").split("|")]
+        cells = [c.strip() for c in harness.table_row(row, ["flashattn", "sdpa_flash"]).strip("|").split("|")]
         assert cells[6:8] == ["skipped", "skipped"]
     assert "the 3 configs left are not run (reported as skipped)" in capsys.readouterr().out
 
-    meta = dict(benchmark.metadata("cpu"), command="python -m flashattn bench --time-budget 1000", elapsed_s=12.0,
+    meta = dict(harness.metadata("cpu"), command="python -m flashattn bench --time-budget 1000", elapsed_s=12.0,
                 complete=False)
-    benchmark.write_results(str(tmp_path), meta, rows, ["flashattn", "sdpa_flash"], vars(args), charts=False)
+    harness.write_results(str(tmp_path), meta, rows, ["flashattn", "sdpa_flash"], vars(args), charts=False)
     table = (tmp_path / "bench.md").read_text()
     assert "INCOMPLETE: 3 of 4 configs not run (time budget of 1e-09 s reached)" in table
     assert "- bf16 D=16 N=64 causal=True: not run (time budget of 1e-09 s reached)" in table
@@ -250,7 +278,7 @@ def test_bench_time_budget_reports_the_configs_not_run(tmp_path, capsys):
 
 def test_bench_time_budget_spent_before_the_start_runs_nothing():
     args = _tiny_args("--time-budget", "5")
-    rows = benchmark.run(args, device="cpu", started=time.monotonic() - 10)
+    rows = harness.run(args, device="cpu", started=time.monotonic() - 10)
     assert len(rows) == 8 and all(r.get("skipped") for r in rows)
 
 
@@ -258,20 +286,20 @@ def test_bench_flex_failure_is_reported_after_the_per_shape_retry(monkeypatch):
     # FlexAttention has no CPU backward (torch 2.14): the dynamic-shape compilation fails, the run retries the
     # shape with a per-shape compilation, and reports both errors without stopping.
     made = []
-    real = benchmark.FlexAttention.forward
+    real = harness.FlexAttention.forward
 
     def recording_forward(self, group, causal, seqlen, device):
         made.append((group, seqlen, self.is_dynamic(group)))
         return real(self, group, causal, seqlen, device)
 
-    monkeypatch.setattr(benchmark.FlexAttention, "forward", recording_forward)
-    args = benchmark.parse_args(
+    monkeypatch.setattr(harness.FlexAttention, "forward", recording_forward)
+    args = harness.parse_args(
         ["--dtype", "bf16", "--headdim", "16", "--seqlen", "32", "64", "--causal", "true", "--mode", "fwd", "bwd",
          "--anchors", "flex", "--batch", "1", "--heads", "2", "--warmup", "1", "--rep", "2", "--no-progress",
          "--no-memory"]
     )
     meta = {}
-    rows = benchmark.run(args, device="cpu", meta=meta)
+    rows = harness.run(args, device="cpu", meta=meta)
     assert meta["flex"] == {"dynamic": True, "prewarm": None}  # no worker processes on the CPU
     group = ("bf16", 16, 2, True)
     assert made == [(group, 32, True), (group, 32, False), (group, 64, False)]
@@ -284,37 +312,37 @@ def test_bench_flex_failure_is_reported_after_the_per_shape_retry(monkeypatch):
 
 
 def test_flex_compile_units_of_the_standard_grid():
-    args = benchmark.parse_args([])
+    args = harness.parse_args([])
     configs = [(d, h, c, n) for d in args.dtype for h in args.headdim for c in (False, True) for n in args.seqlen]
-    units = benchmark.flex_compile_units(configs)
+    units = harness.flex_compile_units(configs)
     assert len(units) == 12  # one dynamic-shape compilation per dtype, head dim and causal mode
     assert units[0]["group"] == ["bf16", 64, 32, False]
     assert units[0]["shapes"] == [[512, 32, 32], [1024, 16, 32], [2048, 8, 32], [4096, 4, 32], [8192, 2, 32],
                                   [16384, 1, 32]]
     assert units[-1]["group"] == ["fp16", 256, 8, True]
-    assert len(benchmark.flex_compile_units(configs, dynamic=False)) == 72
-    assert len(benchmark.flex_compile_units(configs, batch=2, heads=4)) == 12
+    assert len(harness.flex_compile_units(configs, dynamic=False)) == 72
+    assert len(harness.flex_compile_units(configs, batch=2, heads=4)) == 12
 
 
 def test_flex_prewarm_reports_failing_and_stopped_workers(capsys):
     # The workers are real subprocesses importing this checkout. On the CPU FlexAttention has no backward
     # (torch 2.14), so they fail inside FlexAttention; the summary and the log say so and the caller goes on.
-    units = benchmark.flex_compile_units([("bf16", 16, True, 128), ("bf16", 16, False, 128)], batch=1, heads=2)
+    units = harness.flex_compile_units([("bf16", 16, True, 128), ("bf16", 16, False, 128)], batch=1, heads=2)
     lines = []
-    summary = benchmark.prewarm_flex(units, True, True, device="cpu", timeout_s=240, max_workers=2, log=lines.append)
+    summary = harness.prewarm_flex(units, True, True, device="cpu", timeout_s=240, max_workers=2, log=lines.append)
     assert summary["workers"] == 2 and summary["timed_out_workers"] == 0
     failures = [line for line in lines if "a FlexAttention worker failed" in line]
     assert len(failures) == summary["failed_workers"]
     assert all("FlexAttention does not support backward on CPU" in line for line in failures), failures
     assert "compilation workers done" in lines[-1]
-    summary = benchmark.prewarm_flex(units, True, True, device="cpu", timeout_s=0, max_workers=2, log=lines.append)
+    summary = harness.prewarm_flex(units, True, True, device="cpu", timeout_s=0, max_workers=2, log=lines.append)
     assert summary["timed_out_workers"] == 2
 
 
 def test_table_marks_unavailable_anchors_and_ratios():
     row = {"dtype": "bf16", "head_dim": 64, "seqlen": 1024, "causal": True, "mode": "fwd", "max_abs_err": 1e-3,
            "tflops": {"flashattn": 200.0, "sdpa_flash": 250.0}, "status": {"sdpa_cudnn": "unavailable: x"}}
-    line = benchmark.table_row(row, ["flashattn", "sdpa_flash", "sdpa_cudnn", "flex"])
+    line = harness.table_row(row, ["flashattn", "sdpa_flash", "sdpa_cudnn", "flex"])
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[6:] == ["200.0", "250.0", "n/a", "-", "0.80", "-", "-"]
 
@@ -365,8 +393,8 @@ def test_results_without_matplotlib_skip_the_charts(tmp_path, monkeypatch, capsy
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(charts.MatplotlibMissing):
         charts.write_charts(_synthetic_rows(), str(tmp_path / "c"))
-    meta = benchmark.metadata("cpu")
-    written = benchmark.write_results(str(tmp_path), meta, _synthetic_rows(), ["flashattn", "sdpa_flash", "flex"], {})
+    meta = harness.metadata("cpu")
+    written = harness.write_results(str(tmp_path), meta, _synthetic_rows(), ["flashattn", "sdpa_flash", "flex"], {})
     assert sorted(os.path.basename(p) for p in written) == ["bench.json", "bench.md"]
     assert "matplotlib is not installed" in capsys.readouterr().err
     assert "sdpa_math" in (tmp_path / "bench.md").read_text()  # the memory table
@@ -374,7 +402,7 @@ def test_results_without_matplotlib_skip_the_charts(tmp_path, monkeypatch, capsy
 
 def test_progress_without_tqdm_counts_on_stderr(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tqdm", None)
-    progress = benchmark.Progress(2)
+    progress = harness.Progress(2)
     progress.start("first")
     progress.write("| row |")
     progress.step()
@@ -440,22 +468,22 @@ def test_kernel_archs_absent_without_cuda_code(tmp_path):
 def test_bench_settles_the_gpu_before_each_configs_first_timing(monkeypatch):
     # keep_gpu_busy must run once per config, before that config's first timed call, with --settle's ms.
     events = []
-    real_time_ms = benchmark.time_ms
-    monkeypatch.setattr(benchmark, "keep_gpu_busy", lambda device, ms: events.append(("settle", ms)))
-    monkeypatch.setattr(benchmark, "time_ms", lambda *a, **kw: events.append(("time",)) or real_time_ms(*a, **kw))
-    rows = benchmark.run(_tiny_args("--settle", "7"), device="cpu")
+    real_time_ms = harness.time_ms
+    monkeypatch.setattr(harness, "keep_gpu_busy", lambda device, ms: events.append(("settle", ms)))
+    monkeypatch.setattr(harness, "time_ms", lambda *a, **kw: events.append(("time",)) or real_time_ms(*a, **kw))
+    rows = harness.run(_tiny_args("--settle", "7"), device="cpu")
     assert len(rows) == 8  # 2 seqlens x 2 causal x 2 modes
     settles = [i for i, e in enumerate(events) if e[0] == "settle"]
     assert len(settles) == 4 and all(events[i] == ("settle", 7.0) for i in settles)
     assert all(events[i + 1] == ("time",) for i in settles)
-    assert benchmark.parse_args([]).settle == 0
+    assert harness.parse_args([]).settle == 0
     with pytest.raises(SystemExit):
-        benchmark.parse_args(["--settle", "-1"])
+        harness.parse_args(["--settle", "-1"])
 
 
 def test_keep_gpu_busy_is_a_no_op_off_cuda():
     start = time.perf_counter()
-    benchmark.keep_gpu_busy(torch.device("cpu"), 5000)
+    harness.keep_gpu_busy(torch.device("cpu"), 5000)
     assert time.perf_counter() - start < 1
 
 
@@ -471,10 +499,10 @@ def test_bench_times_the_methods_in_rotating_rounds(monkeypatch):
         calls.append((name, rep))
         return fake_ms[name][sum(1 for c in calls if c[0] == name) - 1]
 
-    monkeypatch.setattr(benchmark, "time_ms", fake_time_ms)
+    monkeypatch.setattr(harness, "time_ms", fake_time_ms)
     opts = _tiny_args("--rounds", "3", "--rep", "6")
     status = {}
-    ms = benchmark.time_round_robin(forwards, "fwd", None, None, None, None, opts, "cpu", status)
+    ms = harness.time_round_robin(forwards, "fwd", None, None, None, None, opts, "cpu", status)
     assert [c[0] for c in calls] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     assert all(rep == 2.0 for _, rep in calls)
     assert ms == {"a": 2.0, "b": 8.0, "c": 3.0} and status == {}
@@ -486,11 +514,11 @@ def test_bench_round_robin_drops_a_failing_method(monkeypatch):
             raise RuntimeError("boom")
         return 1.0
 
-    monkeypatch.setattr(benchmark, "time_ms", fake_time_ms)
+    monkeypatch.setattr(harness, "time_ms", fake_time_ms)
     forwards = {"good": lambda q, k, v: "good", "bad": lambda q, k, v: "bad"}
     status = {}
-    ms = benchmark.time_round_robin(forwards, "fwd", None, None, None, None, _tiny_args("--rounds", "2"), "cpu",
+    ms = harness.time_round_robin(forwards, "fwd", None, None, None, None, _tiny_args("--rounds", "2"), "cpu",
                                     status)
     assert ms == {"good": 1.0} and status["bad"].startswith("failed: RuntimeError: boom")
     with pytest.raises(SystemExit):
-        benchmark.parse_args(["--rounds", "0"])
+        harness.parse_args(["--rounds", "0"])

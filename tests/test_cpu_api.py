@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashattn
-from flashattn import functional as fa_functional
+from flashattn import sdpa as fa_sdpa
 from flashattn.reference import attention_reference, causal_visibility
 from flashattn.testing import GRAD_FACTOR, OUT_FACTOR, assert_oracle, make_qkv, reference_and_baseline
 
@@ -35,9 +35,9 @@ def _torch_sdpa(q, k, v, **kwargs):
 @pytest.fixture
 def fresh_fallback_warnings():
     """Forget which fallback reasons were already warned about, so each test sees its warning."""
-    fa_functional._warned_reasons.clear()
+    fa_sdpa._warned_reasons.clear()
     yield
-    fa_functional._warned_reasons.clear()
+    fa_sdpa._warned_reasons.clear()
 
 
 class _OpLog(TorchDispatchMode):
@@ -646,6 +646,40 @@ def _fa2_call(api, deterministic, causal):
 def test_flash_attn_deterministic_is_passed_to_the_backward(api, causal):
     out, grads, flags = _fa2_call(api, False, causal)
     out_det, grads_det, flags_det = _fa2_call(api, True, causal)
+    assert flags == [False] and flags_det == [True]
+    assert torch.equal(out, out_det)
+    for g, g_det in zip(grads, grads_det):
+        assert torch.equal(g, g_det)
+
+
+def _sdpa_call(deterministic_algorithms, dropout_p=0.0, last_dim_strided=False):
+    """One scaled_dot_product_attention call on fresh leaves (the same inputs every time), forward and
+    backward, with torch.use_deterministic_algorithms set as given; returns (out, grads, the flags the
+    backward op received)."""
+    gen = torch.Generator().manual_seed(7)
+    randn = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float32).requires_grad_()  # noqa: E731
+    q, k, v = randn(2, 4, 9, 8), randn(2, 2, 12, 8), randn(2, 2, 12, 8)
+    inputs = (q, k, v)
+    if last_dim_strided:  # views whose last dim has stride 2: the op copies them
+        inputs = tuple(t.repeat_interleave(2, dim=-1)[..., ::2] for t in inputs)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic_algorithms)
+    try:
+        torch.manual_seed(3)
+        out = flashattn.scaled_dot_product_attention(*inputs, dropout_p=dropout_p, is_causal=True, enable_gqa=True)
+        with _BwdCalls() as calls:
+            grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    return out.detach(), grads, calls.flags
+
+
+@pytest.mark.parametrize("dropout_p, last_dim_strided", [(0.0, False), (0.3, False), (0.0, True)])
+def test_sdpa_deterministic_algorithms_reach_the_backward(dropout_p, last_dim_strided):
+    # Under torch.use_deterministic_algorithms(True) the drop-in's backward runs with deterministic=True;
+    # nothing else changes (same output, same gradients on the CPU, the same dropout mask for a seed).
+    out, grads, flags = _sdpa_call(False, dropout_p, last_dim_strided)
+    out_det, grads_det, flags_det = _sdpa_call(True, dropout_p, last_dim_strided)
     assert flags == [False] and flags_det == [True]
     assert torch.equal(out, out_det)
     for g, g_det in zip(grads, grads_det):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import flashattn
-import flashattn.functional as fa_functional
+import flashattn.sdpa as fa_sdpa
 from flashattn import ops
 from flashattn.reference import attention_reference
 from flashattn.testing import GRAD_FACTOR, OUT_FACTOR, assert_oracle
@@ -347,7 +347,7 @@ def test_torch_compile_fullgraph_draws_the_rng_state_in_the_graph():
 
 def test_sdpa_dropout_runs_on_the_kernels():
     """No fallback warning; the result is the reference under the mask torch's generator gives."""
-    fa_functional._warned_reasons.clear()
+    fa_sdpa._warned_reasons.clear()
     q = torch.randn(2, 4, 21, 16, requires_grad=True)
     k, v = (torch.randn(2, 2, 30, 16, requires_grad=True) for _ in range(2))
     bias = torch.randn(21, 30)
@@ -377,12 +377,12 @@ def test_sdpa_dropout_follows_the_seed():
 
 
 def test_sdpa_dropout_of_one_falls_back_to_torch():
-    fa_functional._warned_reasons.clear()
+    fa_sdpa._warned_reasons.clear()
     q, k, v = (torch.randn(1, 2, 5, 8) for _ in range(3))
     with pytest.warns(UserWarning, match=r"dropout_p outside \[0, 1\)"):
         out = flashattn.scaled_dot_product_attention(q, k, v, dropout_p=1.0)
     assert torch.equal(out, torch.zeros_like(out))  # torch drops everything
-    fa_functional._warned_reasons.clear()
+    fa_sdpa._warned_reasons.clear()
 
 
 @pytest.mark.parametrize("api", ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"])

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import flashattn
-from flashattn import functional as fa_functional
+from flashattn import sdpa as fa_sdpa
 
 from conftest import CUDA_SKIP_REASON
 
@@ -162,11 +162,11 @@ def _cpu_q_cuda_kv(layout):
 
 
 def _no_cuda_kernels(mp):
-    mp.setattr(fa_functional, "_CUDA_KERNELS_BUILT", False)
+    mp.setattr(flashattn.ops, "cuda_kernels_built", lambda: False)
 
 
 def _old_gpu(mp):
-    mp.setitem(fa_functional._capability_cache, torch.cuda.current_device(), (7, 5))
+    mp.setitem(fa_sdpa._capability_cache, torch.cuda.current_device(), (7, 5))
 
 
 _UNIMPLEMENTED = {
@@ -359,9 +359,9 @@ def test_table_and_calls_match():
 
 @pytest.fixture
 def fresh_fallback_warnings():
-    fa_functional._warned_reasons.clear()
+    fa_sdpa._warned_reasons.clear()
     yield
-    fa_functional._warned_reasons.clear()
+    fa_sdpa._warned_reasons.clear()
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
@@ -392,7 +392,7 @@ def test_row(row, monkeypatch, fresh_fallback_warnings):
 
 def _describe(call) -> str:
     """What a call does now, as the result and message cells of a table row."""
-    fa_functional._warned_reasons.clear()
+    fa_sdpa._warned_reasons.clear()
     mp = pytest.MonkeyPatch()
     try:
         with warnings.catch_warnings(record=True) as caught:

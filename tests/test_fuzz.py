@@ -49,7 +49,7 @@ from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashattn
-from flashattn import functional as fa_functional
+from flashattn import sdpa as fa_sdpa
 from flashattn.reference import attention_reference
 from flashattn.testing import GRAD_FACTOR, OUT_FACTOR, assert_oracle
 
@@ -359,7 +359,7 @@ def check_sdpa_case(case: SdpaCase, device: str = "cpu"):
     # flashattn's accepts them, and the flag means nothing there, so the reference goes without it.
     ref_gqa = gqa if case.heads_q is not None else {}
     # The case must reach flashattn's kernels, not torch's (a fallback would make the test vacuous).
-    reason = fa_functional._sdpa_fallback_reason(q, k, v, None, 0.0, case.enable_gqa)
+    reason = fa_sdpa.fallback_reason(q, k, v, None, 0.0, case.enable_gqa)
     assert reason is None, reason
 
     def api(q, k, v):
@@ -442,7 +442,7 @@ def check_sdpa_mask_case(case: SdpaMaskCase, device: str = "cpu"):
     mask = make_mask(case.mask, case.mask.shape(weights), sdpa.dtype, device)
     gqa = {"enable_gqa": True} if sdpa.enable_gqa else {}
     ref_gqa = gqa if sdpa.heads_q is not None else {}  # see check_sdpa_case
-    reason = fa_functional._sdpa_fallback_reason(q, k, v, mask, 0.0, sdpa.enable_gqa)
+    reason = fa_sdpa.fallback_reason(q, k, v, mask, 0.0, sdpa.enable_gqa)
     assert reason is None, reason
 
     if mask is not None and sdpa.is_causal:  # an error in torch, and so in the drop-in
@@ -539,7 +539,8 @@ REGRESSIONS = [
         causal=True, bottom_right=True, layout_q=_PLAIN4, layout_k=_PLAIN4, layout_v=_PLAIN4,
         layout_dout=_STRIDED_LAST_BROADCAST4, seed=1), id="fa2-empty-out-strided-dout"),
     # An empty SDPA input whose last dim is strided: the drop-in's .contiguous() left it as it was and
-    # flashattn.fwd raised, where torch returns an empty result. Fixed in flashattn/functional.py.
+    # flashattn.fwd raised, where torch returns an empty result. Fixed in the drop-in's copy of a strided
+    # last dim (which fwd_heads_first makes now, in csrc/fwd_autograd.cpp).
     pytest.param(check_sdpa_case, SdpaCase(
         lead=(0,), heads_q=2, heads_kv=2, enable_gqa=False, seqlen_q=3, seqlen_k=4, head_dim=8,
         dtype=torch.float32, scale=None, is_causal=False, layout_q=_STRIDED_LAST_BROADCAST4,

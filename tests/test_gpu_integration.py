@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashattn
-from flashattn import functional as fa_functional
+from flashattn import sdpa as fa_sdpa
 from flashattn.reference import attention_reference, causal_visibility
 from flashattn.testing import GRAD_FACTOR, OUT_FACTOR, assert_oracle
 
@@ -68,7 +68,7 @@ def test_sdpa_matches_torch(dtype, case):
     dout = torch.randn(batch, heads_q, seqlen_q, head_dim, device="cuda", dtype=dtype)
 
     leaves = _leaves(q, k, v)
-    fa_functional._warned_reasons.clear()
+    fa_sdpa._warned_reasons.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = flashattn.scaled_dot_product_attention(*leaves, is_causal=is_causal, enable_gqa=enable_gqa)
@@ -107,7 +107,7 @@ def test_sdpa_dropout_p_one_goes_to_torch():
     (its cuDNN backend does; calling it a second time with p = 1 crashed the process here, so the
     error is not compared against a second torch call)."""
     q, k, v = (torch.randn(2, 4, 33, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-    fa_functional._warned_reasons.clear()
+    fa_sdpa._warned_reasons.clear()
     with pytest.warns(UserWarning, match="dropout_p"):
         try:
             out = flashattn.scaled_dot_product_attention(q, k, v, dropout_p=1.0)
@@ -126,7 +126,7 @@ def test_sdpa_falls_back_on_cuda(kwargs, reason):
     dtype = kwargs.pop("dtype", torch.float16)
     head_dim = kwargs.pop("head_dim", 64)
     q, k, v = (torch.randn(2, 4, 33, head_dim, device="cuda", dtype=dtype) for _ in range(3))
-    fa_functional._warned_reasons.clear()
+    fa_sdpa._warned_reasons.clear()
     with pytest.warns(UserWarning, match=reason):
         out = flashattn.scaled_dot_product_attention(q, k, v, **kwargs)
     assert out.shape == q.shape

@@ -60,8 +60,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without transfor
     ) from exc
 
 from .. import ops
-from ..functional import _sdpa_fallback_reason
 from ..reference import causal_visibility
+from ..sdpa import fallback_reason
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
@@ -188,7 +188,7 @@ def _plan(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     heads_q, heads_kv = query.size(1), key.size(1)
     if heads_kv == 0 or heads_q % heads_kv != 0 or value.size(1) != heads_kv:
         return f"{heads_q} query heads over {heads_kv} key/value heads (not a whole group size)", ""
-    reason = _sdpa_fallback_reason(query, key, value, None, 0.0, True)
+    reason = fallback_reason(query, key, value, None, 0.0, True)
     if reason is not None:
         return reason, ""
 

@@ -1,8 +1,8 @@
 """PNG charts of benchmark results (matplotlib, an optional dependency).
 
-Input: the result rows of :mod:`flashattn.benchmark` (the ``results`` list of its bench.json), each a
-dict with dtype, head_dim, seqlen, causal, mode, ``tflops`` {method: TFLOP/s} and, when memory was
-measured, ``peak_mib`` {method: MiB}.
+Input: the result rows of :mod:`harness` (benchmarks/harness.py; the ``results`` list of its bench.json),
+each a dict with dtype, head_dim, seqlen, causal, mode, ``tflops`` {method: TFLOP/s} and, when memory
+was measured, ``peak_mib`` {method: MiB}.
 
 * ``tflops_<dtype>_<mode>.png``: one panel per (head dim, causal); in each, grouped bars per seqlen
   with one bar per method.

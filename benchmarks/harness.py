@@ -1,6 +1,8 @@
 """Attention throughput and memory: flashattn beside PyTorch's own kernels, all measured in the same run.
 
-``python -m flashattn bench`` (and ``benchmarks/bench.py``, a thin wrapper) run this module.
+``python benchmarks/bench.py`` (a thin wrapper) and, from a source checkout, ``python -m flashattn bench``
+run this module's :func:`main`. It lives beside the package, not in it: an installed flashattn has no
+benchmark harness.
 
 The standard grid (GUIDE section 5): B * N = 16k tokens and H * D = 2048, so every config does the
 same number of tokens and model width; N in 512..16k, D in 64/128/256, causal and not, bf16 and
@@ -77,7 +79,10 @@ FLOPS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 # skip sizes that would not fit rather than to predict the measurement.
 MATH_SCORE_BUFFERS = {"fwd": 3, "bwd": 6, "fwdbwd": 6}
 MIB = 2**20
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# This folder (benchmarks/, for the charts module and the FlexAttention workers) and the folder the flashattn
+# being measured is imported from (its checkout, when it runs from one).
+BENCHMARKS_DIR = os.path.dirname(os.path.abspath(__file__))
+FLASHATTN_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(flashattn.__file__)))
 # Worker processes that compile FlexAttention ahead of the grid (each compiles on one core).
 FLEX_PREWARM_MAX_WORKERS = 12
 FLEX_PREWARM_TIMEOUT_S = 300.0
@@ -557,7 +562,9 @@ def prewarm_flex(units: List[dict], dynamic: bool, backward: bool, device="cuda"
     summary = {"units": len(units), "workers": n_workers, "seconds": None, "failed_workers": 0, "timed_out_workers": 0}
     env = dict(os.environ)
     env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # one core per worker; compile_threads is not part of the cache keys
-    env["PYTHONPATH"] = os.path.dirname(PACKAGE_DIR) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # The workers import this harness and the same flashattn as this process.
+    paths = [FLASHATTN_PARENT, BENCHMARKS_DIR] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     log(f"FlexAttention: compiling {len(units)} {'group' if dynamic else 'shape'}{'s' if len(units) != 1 else ''} "
         f"in {n_workers} worker processes first (fills torch's compile caches; every timing is made in this process)")
     with tempfile.TemporaryDirectory(prefix="flashattn_flex_") as tmp:
@@ -571,7 +578,7 @@ def prewarm_flex(units: List[dict], dynamic: bool, backward: bool, device="cuda"
             with open(log_path, "w") as out:
                 proc = subprocess.Popen(
                     [sys.executable, "-c",
-                     "import sys; from flashattn.benchmark import _flex_prewarm_worker; "
+                     "import sys; from harness import _flex_prewarm_worker; "
                      "sys.exit(_flex_prewarm_worker(sys.argv[1]))", spec_path],
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
             procs.append((proc, log_path))
@@ -696,10 +703,11 @@ class Progress:
 
 
 def _git_commit() -> str:
-    """The short commit of the checkout this package lives in, or "unknown" (FLASHATTN_GIT_COMMIT overrides)."""
+    """The short commit of the checkout the measured flashattn package lives in, or "unknown"
+    (FLASHATTN_GIT_COMMIT overrides)."""
     if os.environ.get("FLASHATTN_GIT_COMMIT"):
         return os.environ["FLASHATTN_GIT_COMMIT"]
-    checkout = os.path.dirname(PACKAGE_DIR)
+    checkout = FLASHATTN_PARENT
     try:
         def git(*args):
             return subprocess.run(["git", "-C", checkout, *args], capture_output=True, text=True, timeout=10).stdout.strip()
@@ -844,7 +852,7 @@ def write_results(out_dir, meta, rows, impl_names, args_dict, charts=True) -> Li
         f.write("\n".join(lines) + "\n")
     written.append(path)
     if charts:
-        from .charts import MatplotlibMissing, write_charts
+        from charts import MatplotlibMissing, write_charts  # benchmarks/charts.py, beside this file
 
         try:
             written += write_charts(rows, out_dir)

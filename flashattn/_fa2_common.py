@@ -1,0 +1,67 @@
+"""What the FlashAttention-2 API functions share (:mod:`flashattn.flash_attn_interface`,
+:mod:`flashattn.varlen`, :mod:`flashattn.kvcache`): their argument checks, and the op call with the
+API's defaults (softmax scale, bottom-right causal mask, the dropout keep-mask returned on request).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import ops
+
+__all__ = ["check_devices", "check_tensor", "fa2_attention", "reject_unimplemented"]
+
+
+def reject_unimplemented(window_size, softcap, alibi_slopes) -> None:
+    """Raises NotImplementedError for the flash_attn arguments whose features flashattn does not have yet."""
+    if tuple(window_size) != (-1, -1):
+        raise NotImplementedError(
+            f"flashattn: window_size={tuple(window_size)} (sliding-window attention) is not implemented yet "
+            "(only window_size=(-1, -1))"
+        )
+    if softcap != 0.0:
+        raise NotImplementedError(f"flashattn: softcap={softcap} is not implemented yet (only softcap=0.0)")
+    if alibi_slopes is not None:
+        raise NotImplementedError("flashattn: alibi_slopes is not implemented yet (only alibi_slopes=None)")
+
+
+def check_tensor(name: str, t, ndim: int, layout: str) -> None:
+    """Raises unless `t` is a tensor of `ndim` dims (`layout` names them in the message) with a contiguous
+    last dim."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"flashattn: {name} must have {ndim} dims {layout}, got shape {tuple(t.shape)}")
+    if t.size(-1) > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"flashattn: {name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}; "
+            "call .contiguous() first"
+        )
+
+
+def check_devices(q, k, v) -> None:
+    """What the FlashAttention-2 API checks before the op's own checks: one device, kernels for it."""
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"flashattn: q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type == "cuda" and not ops.cuda_kernels_built():
+        raise RuntimeError(
+            "flashattn: q is a CUDA tensor but this build of flashattn has no CUDA kernels "
+            "(reinstall with a CUDA toolkit present, or FLASHATTN_BUILD_CUDA=1)"
+        )
+
+
+def fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic, with_keep_mask, attn_mask=None):
+    """ops.attention with the FlashAttention-2 API's defaults (scale, bottom-right causal mask):
+    (out, softmax_lse, keep_mask), keep_mask the dropout keep-mask (batch, nheads, seqlen_q, seqlen_k)
+    bool, True = kept, when with_keep_mask and dropout_p > 0, else None."""
+    if softmax_scale is None:
+        # (A head dim of 0 gets any scale: the op rejects it with a message naming the head dim.)
+        softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0
+    dropout_p = float(dropout_p)
+    # Drawn here rather than inside ops.attention so that the keep-mask can be shown for the same state.
+    rng_state = ops.draw_rng_state(q.device) if dropout_p > 0.0 else None
+    out, softmax_lse = ops.attention(q, k, v, float(softmax_scale), bool(causal), True, bool(deterministic),
+                                     attn_mask, dropout_p, rng_state)
+    keep_mask = None
+    if with_keep_mask and rng_state is not None:
+        keep_mask = ops.dropout_keep_mask(rng_state, q.size(0), q.size(2), q.size(1), k.size(1), dropout_p)
+    return out, softmax_lse, keep_mask
