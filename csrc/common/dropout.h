@@ -77,7 +77,7 @@ inline uint32_t dropout_threshold(double p) {
 
 // The keep-mask's rounds. Salmon et al. find Philox4x32 with 7 rounds free of statistical failures in
 // TestU01's BigCrush (10 is their default, with a safety margin). Seven cost each score of the forward
-// ~30% less of the RNG's work, which dominates dropout's cost (benchmarks/NOTES.md).
+// less of the RNG's work, which dominates dropout's cost (docs/perf-log.md).
 constexpr int kDropoutPhiloxRounds = 7;
 
 // The random words of the octet {query0, query0 + 8} x {key0 + 8i, i < 4} (query0 % 16 < 8, key0 % 32 < 8)

@@ -30,7 +30,7 @@ struct FwdConfig {
   static constexpr int kKeepBitsBytes = kThreads * kMTiles * 8;
 };
 
-// The configuration each head dim runs with (see benchmarks/NOTES.md for how they were chosen).
+// The configuration each head dim runs with (docs/perf-log.md has how they were chosen).
 template <int kHeadDim>
 struct DefaultFwdConfig;
 template <> struct DefaultFwdConfig<32> { using type = FwdConfig<32, 4, 2, 64, true, 2>; };

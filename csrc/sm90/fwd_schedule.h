@@ -12,8 +12,7 @@
 // once read the same K and V (L2 hits). With 1, a unit is one tile (when the tiles fit in one wave,
 // pairing would only halve the CTAs; without causal masking or a mask every tile costs the same).
 //
-// The dynamic tail: the static pairs still leave the busiest CTA about one pair above the mean (3% at
-// the standard shapes: 15.5 waves of pairs). So, with dynamic_heads = S > 0, only the pairs of all but
+// The dynamic tail: the static pairs still leave the busiest CTA about one pair above the mean. So, with dynamic_heads = S > 0, only the pairs of all but
 // the last S (head, batch) rows are dealt out statically; the last S rows' tiles are then taken one by
 // one, heaviest first (all S rows' last query blocks, then their second to last, ...), each by the first
 // CTA whose producer asks (an atomicAdd on FwdParams::tile_counter, zeroed before the launch). The
@@ -35,8 +34,8 @@ namespace sm90 {
 // waves are what the pairs leave uneven), but no more rows than keep their K and V within about half
 // of the L2 (24 MiB; the heaviest-first order reads all S rows' keys at once, where the pairs read one
 // or two rows' at a time). 0 (no dynamic tail) when that cap leaves fewer than two tiles per CTA, too
-// few to even anything out: at head dim 256 it always does (192 tiles), and there the tail measured
-// -1% to +2%, within the noise (benchmarks/NOTES.md).
+// few to even anything out: at head dim 256 it always does, and there the tail measured no gain
+// (docs/perf-log.md).
 inline int fwd_dynamic_heads(const AttentionShape& sh, int num_m, int grid) {
   if (num_m < 1) return 0;
   const int rows = sh.heads_q * sh.batch;
