@@ -47,7 +47,7 @@ include_dirs = [os.path.join(HERE, "csrc")]
 if want_cuda():
     ext = CUDAExtension(
         name="flashattn._C",
-        sources=sources("csrc/torch/*.cpp") + sources("csrc/cpu/*.cpp") + sources("csrc/cuda/*.cu") + sources("csrc/sm80/*.cu")
+        sources=sources("csrc/torch/*.cpp") + sources("csrc/cpu/*.cpp") + sources("csrc/*.cu") + sources("csrc/cuda/*.cu") + sources("csrc/sm80/*.cu")
         + sources("csrc/sm90/*.cu") + sources("csrc/instantiations/*.cu"),
         include_dirs=include_dirs,
         define_macros=[("FLASHATTN_WITH_CUDA", "1")] + ([("FLASHATTN_SM90", "1")] if "90a" in cuda_archs() else []),

@@ -13,9 +13,10 @@ Two public APIs over the same custom ops (``torch.ops.flashattn.fwd`` / ``bwd``)
   and :func:`flash_attn_with_kvcache` (attention over a KV cache that grows in place; see
   :mod:`flashattn.kvcache`).
 
-:func:`attention_reference` is the plain-PyTorch definition both are tested against.
+:func:`attention_reference` is the plain-PyTorch definition both are tested against; :mod:`flashattn.plan`
+shows and switches the choices the GPU planner makes (which kernel path and variant runs a call).
 """
-from . import ops
+from . import ops, plan
 from .flash_attn_interface import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from .kvcache import flash_attn_with_kvcache
 from .ops import cuda_kernels_built
@@ -37,5 +38,6 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
     "ops",
+    "plan",
     "scaled_dot_product_attention",
 ]

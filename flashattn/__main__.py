@@ -147,8 +147,8 @@ support matrix
   GPUs            compute capability 8.0+ (A100, H100/H200, RTX 30xx/40xx, ...): sm80 kernels (mma.sync)
                   on all of them; on compute capability 9.0 (H100/H200) the sm90 path (TMA, wgmma, warp
                   specialisation) runs the forward for head dims 33..256 and the backward for 33..64
-                  and 97..128, given 16-byte-aligned strides; sm80 otherwise (FLASHATTN_FORCE_SM80=1
-                  forces sm80)
+                  and 97..128, given 16-byte-aligned strides; sm80 otherwise (FLASHATTN_FORCE_SM80=1,
+                  or flashattn.plan's force_sm80 option, forces sm80)
   head dims       any of 1..256 (CUDA: padded inside the kernels to the next compiled tile width);
                   q, k and v must share the head dim
   heads           grouped-query / multi-query attention: heads_q a multiple of heads_kv
@@ -235,6 +235,9 @@ def info() -> None:
                "built without CUDA kernels" if not built_cuda else "no usable GPU (see above)")
         print(f"  CUDA                    none ({why}): scaled_dot_product_attention falls back to torch SDPA, "
               "flash_attn_func raises")
+    if built_cuda and hasattr(flashattn.ops._C, "plan_options"):
+        options = flashattn.ops._C.plan_options()
+        print("  planner options         " + ", ".join(f"{k}={v}" for k, v in options.items()))
     print("  CPU (all four dtypes)   CPU implementation (the same tiled online-softmax algorithm; float32 math, float64 for float64)")
     print(SUPPORT_MATRIX)
 

@@ -36,7 +36,7 @@ def main():
             for suffix in ("", "_masked"):
                 text = (f"{HEADER}#include \"sm90/fwd_launch.cuh\"\n\n"
                         f"template cudaError_t flashattn::sm90::launch_fwd{suffix}<{element}, {head_dim}>(\n"
-                        f"    const flashattn::FwdParams&, cudaStream_t);\n")
+                        f"    const flashattn::FwdParams&, const flashattn::sm90::FwdLaunchPlan&, cudaStream_t);\n")
                 (out_dir / f"fwd{suffix}_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
         for head_dim in SM90_BWD_HEAD_DIMS:
             for suffix in ("", "_masked") if head_dim in SM90_BWD_MASKED_HEAD_DIMS else ("",):

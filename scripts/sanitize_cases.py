@@ -4,11 +4,11 @@
 Every case (a small shape with an awkward size, head dim, causal alignment, dtype or memory layout)
 runs in these phases, in this order, each over all cases before the next begins:
 
-  fwd-default        torch.ops.flashattn.fwd with FLASHATTN_FORCE_SM80 unset: the kernel the dispatch
+  fwd-default        torch.ops.flashattn.fwd as the planner chooses: the kernel the dispatch
                      picks (on Hopper the sm90 kernel where it applies, the sm80 one elsewhere)
-  fwd-sm80           the same calls with FLASHATTN_FORCE_SM80=1 (flashattn reads it on every call)
+  fwd-sm80           the same calls with the planner's force_sm80 option (flashattn.plan)
   bwd-default        torch.ops.flashattn.bwd, likewise, on out and lse from flashattn's CPU implementation
-  bwd-sm80           the same with FLASHATTN_FORCE_SM80=1
+  bwd-sm80           the same with force_sm80
   bwd-deterministic  bwd(..., deterministic=True), where the op has that argument
 
 Inputs are drawn on the CPU and copied to the GPU (a memcpy, no kernel), strided views are taken on
@@ -37,8 +37,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flashattn  # noqa: E402  (registers torch.ops.flashattn)
+import flashattn.plan  # noqa: E402
 
-FORCE_SM80_ENV = "FLASHATTN_FORCE_SM80"
 PHASES = ("fwd-default", "fwd-sm80", "bwd-default", "bwd-sm80", "bwd-deterministic")
 CAUSAL_MODES = {"none": (False, False), "top_left": (True, False), "bottom_right": (True, True)}
 F16, BF16 = torch.float16, torch.bfloat16
@@ -278,10 +278,7 @@ def run_item(phase: str, index: int, case: Case, expected: Expected, device) -> 
     q, k, v, dout, mask = _inputs(case, index, device)
     p, rng = _dropout(case, index, device)
     out_cpu, lse_cpu, grads_cpu = expected(index, case)
-    if phase.endswith("-sm80"):
-        os.environ[FORCE_SM80_ENV] = "1"
-    else:
-        os.environ.pop(FORCE_SM80_ENV, None)
+    flashattn.plan.set_options(force_sm80=phase.endswith("-sm80"))
     try:
         if phase.startswith("fwd"):
             out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng)
@@ -292,7 +289,7 @@ def run_item(phase: str, index: int, case: Case, expected: Expected, device) -> 
                                             phase == "bwd-deterministic", mask, dmask, p, rng)
             grads = grads + ((dmask,) if dmask is not None else ())
     finally:
-        os.environ.pop(FORCE_SM80_ENV, None)
+        flashattn.plan.set_options(force_sm80=False)
     if phase.startswith("fwd"):
         _check("out", out, out_cpu, 0.02)
         _check("lse", lse, lse_cpu, 0.01)

@@ -32,7 +32,6 @@ def _seed():
     yield
 
 
-FORCE_SM80_ENV = "FLASHATTN_FORCE_SM80"
 
 
 def pytest_configure(config):
@@ -43,12 +42,20 @@ def pytest_configure(config):
     )
 
 
+@pytest.fixture
+def plan_options():
+    """Sets some of the planner's switches for one test (flashattn.plan.set_options, e.g.
+    ``plan_options(force_sm80=True)``); they are restored after it."""
+    import flashattn.plan
+
+    before = flashattn.plan.current_options()
+    yield flashattn.plan.set_options
+    flashattn.plan.set_options(**before)
+
+
 @pytest.fixture(params=["default", "sm80"])
-def kernel_path(request, monkeypatch):
-    """Runs a test with the kernels the dispatch picks (the sm90 ones on Hopper where they apply) and
-    again with FLASHATTN_FORCE_SM80=1 (the sm80 ones); flashattn reads the variable on every call."""
-    if request.param == "sm80":
-        monkeypatch.setenv(FORCE_SM80_ENV, "1")
-    else:
-        monkeypatch.delenv(FORCE_SM80_ENV, raising=False)
+def kernel_path(request, plan_options):
+    """Runs a test with the kernels the planner picks (the sm90 ones on Hopper where they apply) and
+    again with its force_sm80 option (the sm80 ones)."""
+    plan_options(force_sm80=request.param == "sm80")
     return request.param

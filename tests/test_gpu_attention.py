@@ -202,7 +202,7 @@ DETERMINISTIC_CASES = [
 
 
 @pytest.mark.parametrize("case", DETERMINISTIC_CASES, ids=lambda c: "b{}-{}x{}-h{}kv{}-d{}-{}".format(*c))
-def test_deterministic_backward_is_bitwise_reproducible(case, monkeypatch):
+def test_deterministic_backward_is_bitwise_reproducible(case, plan_options):
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal_mode = case
     is_causal, bottom_right = CAUSAL_MODES[causal_mode]
     dtype = torch.bfloat16
@@ -235,7 +235,7 @@ def test_deterministic_backward_is_bitwise_reproducible(case, monkeypatch):
 
     # The sm80 kernel serves deterministic mode on every GPU; its default mode computes dk and dv the
     # same way (only dq's order of additions differs), so those match bit for bit.
-    monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
+    plan_options(force_sm80=True)
     _, dk_sm80, dv_sm80 = torch.ops.flashattn.bwd(*args)
     assert torch.equal(dk_sm80, runs[0][1]) and torch.equal(dv_sm80, runs[0][2])
 

@@ -96,8 +96,8 @@ def test_dropout_oracle(batch, seqlens, heads_q, heads_kv, head_dim, dtype, caus
 
 @pytest.mark.parametrize("batch,seqlens,heads_q,heads_kv,head_dim,dtype,causal,dropout_p", _cases()[::3])
 def test_dropout_oracle_on_the_sm80_path(batch, seqlens, heads_q, heads_kv, head_dim, dtype, causal, dropout_p,
-                                         monkeypatch):
-    monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
+                                         plan_options):
+    plan_options(force_sm80=True)
     check_dropout(batch, seqlens[0], seqlens[1], heads_q, heads_kv, head_dim, dtype, causal, dropout_p)
 
 

@@ -214,10 +214,10 @@ def test_mask_oracle(batch, seqlens, heads_q, heads_kv, head_dim, dtype, causal,
 
 @pytest.mark.parametrize("batch,seqlens,heads_q,heads_kv,head_dim,dtype,causal,kind,shape_name", _cases()[::4])
 def test_mask_oracle_on_the_sm80_path(batch, seqlens, heads_q, heads_kv, head_dim, dtype, causal, kind, shape_name,
-                                      monkeypatch):
-    """Every fourth case again with FLASHATTN_FORCE_SM80=1: on Hopper the masked forward otherwise runs
+                                      plan_options):
+    """Every fourth case again with the planner's force_sm80 option: on Hopper the masked forward otherwise runs
     the sm90 kernel, so this keeps the sm80 masked forward under the oracle there too."""
-    monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
+    plan_options(force_sm80=True)
     check_masked(batch, seqlens[0], seqlens[1], heads_q, heads_kv, head_dim, dtype, causal, kind, shape_name,
                  mask_grad=kind == "float")
 
@@ -331,8 +331,8 @@ def test_saturated_rows_gradients(kind, shape_name, seqlens, heads, head_dim, dt
 
 
 @pytest.mark.parametrize("kind", ["finfo_min", "minus_1e9"])
-def test_saturated_rows_gradients_on_the_sm80_path(kind, monkeypatch):
-    monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
+def test_saturated_rows_gradients_on_the_sm80_path(kind, plan_options):
+    plan_options(force_sm80=True)
     check_masked(2, 97, 203, 4, 2, 64, torch.bfloat16, "bottom_right", kind, "bhqk", mask_grad=True)
 
 

@@ -1,12 +1,13 @@
 """Both CUDA kernel paths against the oracle on an sm_90 GPU.
 
 On compute capability 9.0 the forward and backward run the sm90 path (TMA + wgmma) for the inputs
-they cover and the sm80 path for the rest; FLASHATTN_FORCE_SM80=1 (read on every call) forces the
+they cover and the sm80 path for the rest; the planner's force_sm80 option (flashattn.plan) forces the
 sm80 path. The main grid in test_gpu_attention.py runs whatever the default picks; this file runs the
 awkward shapes, forward and backward, under both settings so neither path goes untested on a Hopper
-GPU, and a third time with FLASHATTN_SM90_DIRECT_OUTPUT=1, where the sm90 forward writes its output
-from registers instead of through shared memory and a TMA store (the setting compute-sanitizer's
-initcheck runs under).
+GPU, and a third time with sm90_staged_output off, where the sm90 forward writes its output from
+registers instead of through shared memory and a TMA store (the setting compute-sanitizer's initcheck
+runs under). The sm90 forward's other variants are each run against the oracle and held bit for bit to
+the variant they replace.
 """
 import itertools
 
@@ -26,11 +27,11 @@ LAYOUTS = ["contiguous", "bhsd", "padded", "unaligned"]
 HEAD_CONFIGS = [(2, 4, 4), (1, 8, 2)]
 
 
-def _select_path(monkeypatch, path):
+def _select_path(plan_options, path):
     if path == "sm80":
-        monkeypatch.setenv("FLASHATTN_FORCE_SM80", "1")
+        plan_options(force_sm80=True)
     elif path == "direct_output":
-        monkeypatch.setenv("FLASHATTN_SM90_DIRECT_OUTPUT", "1")
+        plan_options(sm90_staged_output=False)
 
 
 def _cases():
@@ -48,8 +49,8 @@ def _cases():
 
 @pytest.mark.parametrize("path", ["default", "sm80", "direct_output"])
 @pytest.mark.parametrize("dtype,seqlens,causal,head_dim,layout,heads", _cases())
-def test_paths_match_oracle(monkeypatch, path, dtype, seqlens, causal, head_dim, layout, heads):
-    _select_path(monkeypatch, path)
+def test_paths_match_oracle(plan_options, path, dtype, seqlens, causal, head_dim, layout, heads):
+    _select_path(plan_options, path)
     batch, heads_q, heads_kv = heads
     run_case(batch, seqlens[0], seqlens[1], heads_q, heads_kv, head_dim, dtype, causal, layout)
 
@@ -57,9 +58,9 @@ def test_paths_match_oracle(monkeypatch, path, dtype, seqlens, causal, head_dim,
 @pytest.mark.parametrize("path", ["default", "sm80"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
-def test_paths_on_long_rows(monkeypatch, path, head_dim, causal):
+def test_paths_on_long_rows(plan_options, path, head_dim, causal):
     # Many key and query blocks per CTA, so the rings of stages wrap several times, Lq != Lk, and GQA.
-    _select_path(monkeypatch, path)
+    _select_path(plan_options, path)
     run_case(1, 2048, 1900, 4, 2, head_dim, torch.bfloat16, causal)
 
 
@@ -82,14 +83,14 @@ def test_sm90_forward_is_built_for_hopper():
 @pytest.mark.parametrize("seqlens,head_dim,causal", [((300, 300), 64, False), ((1025, 999), 128, True),
                                                      ((97, 203), 96, False), ((4100, 4100), 64, False),
                                                      ((4100, 4100), 40, True)])
-def test_staged_and_direct_output_are_identical(monkeypatch, seqlens, head_dim, causal):
+def test_staged_and_direct_output_are_identical(plan_options, seqlens, head_dim, causal):
     # The TMA-store epilogue and the stores from registers write the same values: bit for bit equal
     # outputs and LSE (partial last tiles; the three-consumer long-row configuration at 4100 rows).
     torch.manual_seed(0)
     q = torch.randn(2, seqlens[0], 4, head_dim, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, seqlens[1], 2, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     staged = torch.ops.flashattn.fwd(q, k, v, head_dim ** -0.5, causal, False)
-    monkeypatch.setenv("FLASHATTN_SM90_DIRECT_OUTPUT", "1")
+    plan_options(sm90_staged_output=False)
     direct = torch.ops.flashattn.fwd(q, k, v, head_dim ** -0.5, causal, False)
     assert torch.equal(staged[0], direct[0]) and torch.equal(staged[1], direct[1])
 
@@ -121,20 +122,15 @@ def _causal_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim):
     return q, k, v
 
 
-# With Q from shared memory (the default) and in registers (FLASHATTN_SM90_Q_REGISTERS=1): one GPU
-# suite run with Q in registers by default saw two runs of odd-query-blocks differ (the first dynamic
-# run and either the second or the static one: that version of the test did not say which).
-@pytest.mark.parametrize("q_registers", ["0", "1"])
 @pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim", DYNAMIC_TAIL_SHAPES)
-def test_static_and_dynamic_schedules_are_identical(monkeypatch, q_registers, batch, seqlen_q, seqlen_k, heads_q,
-                                                    heads_kv, head_dim):
+def test_static_and_dynamic_schedules_are_identical(plan_options, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+                                                    head_dim):
     # Which CTA runs a tile changes nothing in its arithmetic: the dynamic tail, run four times, and the
-    # static pairs (FLASHATTN_SM90_STATIC_SCHEDULE=1) give bit for bit the same output and LSE.
-    monkeypatch.setenv("FLASHATTN_SM90_Q_REGISTERS", q_registers)
+    # static pairs (sm90_dynamic_tail off) give bit for bit the same output and LSE.
     q, k, v = _causal_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)
     scale = head_dim ** -0.5
     runs = {f"dynamic {i}": torch.ops.flashattn.fwd(q, k, v, scale, True, True) for i in range(4)}
-    monkeypatch.setenv("FLASHATTN_SM90_STATIC_SCHEDULE", "1")
+    plan_options(sm90_dynamic_tail=False)
     runs["static"] = torch.ops.flashattn.fwd(q, k, v, scale, True, True)
     first = runs.pop("dynamic 0")
     for name, other in runs.items():
@@ -168,82 +164,70 @@ def test_dynamic_tail_replays_in_a_cuda_graph():
     _assert_graph_replays_match_eager(*_causal_inputs(8, 1024, 1024, 16, 4, 64), causal=True)
 
 
-# K/V multicast (the sm90 forward without causal masking, at tile widths 64 and 128, when a row's query
-# tiles pair up): each CTA of a cluster of two loads half of every key block into both. On by default
-# at width 128; FLASHATTN_SM90_MULTICAST=1 turns it on wherever it fits, 0 off (read on every call).
+# K/V multicast (the sm90 forward at tile width 128 without causal masking, when a row's query tiles
+# pair up): each CTA of a cluster of two loads half of every key block into both. On by default from
+# 1024 keys; the sm90_multicast option "on" turns it on wherever it fits, "off" off.
 MULTICAST_SHAPES = [
     pytest.param(2, 1024, 1024, 16, 16, 128, "contiguous", id="d128"),
     # The last tile's second warpgroup has no rows (900 = 7 * 128 + 4), a partial last key block, GQA.
     pytest.param(1, 900, 777, 8, 2, 128, "contiguous", id="d128-empty-warpgroup-gqa"),
     # A head dim below the tile width (columns zero-filled), long key rows, strided inputs.
     pytest.param(3, 256, 4100, 4, 4, 112, "bhsd", id="d112-long-keys-strided"),
-    pytest.param(2, 512, 300, 8, 8, 64, "padded", id="d64"),
-    # Three consumer warpgroups (192-query tiles): 22 tiles per row. (Rows that are not 16-byte aligned
-    # would take the sm80 path, so every layout here is one TMA can describe.)
-    pytest.param(1, 4096, 4096, 4, 4, 64, "contiguous", id="d64-long-rows"),
+    # Few keys (multicast off by default there). Rows that are not 16-byte aligned would take the sm80
+    # path, so every layout here is one TMA can describe.
+    pytest.param(2, 512, 300, 8, 8, 128, "padded", id="d128-short-keys"),
 ]
 
 
-# With Q in registers (FLASHATTN_SM90_Q_REGISTERS=1) and from shared memory (=0, the default).
-@pytest.mark.parametrize("q_registers", ["0", "1"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,layout", MULTICAST_SHAPES)
-def test_multicast_matches_oracle(monkeypatch, q_registers, dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
-                                  head_dim, layout):
-    monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", "1")
-    monkeypatch.setenv("FLASHATTN_SM90_Q_REGISTERS", q_registers)
+def test_multicast_matches_oracle(plan_options, dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
+                                  layout):
+    plan_options(sm90_multicast="on")
     run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "none", layout)
 
 
 @pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,layout", MULTICAST_SHAPES)
-def test_multicast_and_single_cta_loads_are_identical(monkeypatch, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+def test_multicast_and_single_cta_loads_are_identical(plan_options, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
                                                       head_dim, layout):
     # Where K and V come from changes nothing in the arithmetic: bit for bit the same output and LSE.
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda", layout)
-    results = {}
-    for setting in ("1", "0"):
-        monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", setting)
-        results[setting] = torch.ops.flashattn.fwd(q, k, v, head_dim ** -0.5, False, False)
-    assert torch.equal(results["1"][0], results["0"][0]) and torch.equal(results["1"][1], results["0"][1])
+    assert_option_changes_no_bit(plan_options, "sm90_multicast", ("off", "on"), q, k, v, False, bottom_right=False)
 
 
-def test_multicast_replays_in_a_cuda_graph(monkeypatch):
-    monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", "1")
+def test_multicast_replays_in_a_cuda_graph(plan_options):
+    plan_options(sm90_multicast="on")
     _assert_graph_replays_match_eager(*_causal_inputs(2, 1024, 1024, 16, 16, 128), causal=False)
 
 
-# FLASHATTN_SM90_Q_REGISTERS (tile widths 64 and 128, the unmasked forward without key ends; not the
-# 192-query tiles): each consumer warpgroup holds its Q rows in registers for the QK^T GEMMs (opt-in).
-# Both settings, with and without multicast, causal or not; wide key blocks off,
-# so that width 128 runs the Q-in-registers kernel or the one reading Q from shared memory.
-@pytest.mark.parametrize("q_registers", ["0", "1"])
+# The default 128-key blocks at tile width 128 (sm90_wide_key_blocks off), where the planner would
+# choose 176-key ones, with and without multicast, causal or not.
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
 @pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,layout", [
-    pytest.param(2, 1024, 1024, 8, 8, 128, "contiguous", id="d128"),
-    pytest.param(1, 900, 777, 8, 2, 112, "bhsd", id="d112-gqa-strided"),
-    pytest.param(2, 300, 1500, 4, 4, 64, "padded", id="d64"),
+    pytest.param(2, 2048, 2048, 8, 8, 128, "contiguous", id="d128"),
+    pytest.param(1, 900, 2777, 8, 2, 112, "bhsd", id="d112-gqa-strided"),
 ])
-def test_q_in_registers_matches_oracle(monkeypatch, q_registers, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
-                                       head_dim, layout):
-    monkeypatch.setenv("FLASHATTN_SM90_Q_REGISTERS", q_registers)
-    monkeypatch.setenv("FLASHATTN_SM90_WIDE_KEY_BLOCKS", "0")
+def test_default_key_blocks_at_width_128_match_oracle(plan_options, causal, batch, seqlen_q, seqlen_k, heads_q,
+                                                      heads_kv, head_dim, layout):
+    plan_options(sm90_wide_key_blocks="off")
     run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, causal, layout)
 
 
-def assert_switch_changes_no_bit(monkeypatch, switch, q, k, v, causal):
-    """The forward with the environment switch `switch` at 0 and at 1 gives bit for bit the same output
-    and LSE."""
-    results = {}
-    for setting in ("0", "1"):
-        monkeypatch.setenv(switch, setting)
-        results[setting] = torch.ops.flashattn.fwd(q, k, v, q.shape[-1] ** -0.5, causal, True)
-    assert torch.equal(results["1"][0], results["0"][0]) and torch.equal(results["1"][1], results["0"][1])
+def assert_option_changes_no_bit(plan_options, option, settings, q, k, v, causal, bottom_right=True):
+    """The forward under each of the planner option's `settings` gives bit for bit the same output and LSE."""
+    results = []
+    for setting in settings:
+        plan_options(**{option: setting})
+        results.append(torch.ops.flashattn.fwd(q, k, v, q.shape[-1] ** -0.5, causal, bottom_right))
+    for other in results[1:]:
+        assert torch.equal(results[0][0], other[0]) and torch.equal(results[0][1], other[1])
 
 
-# FLASHATTN_SM90_PREFETCH_SCORES (tile width 64 with two consumer warpgroups, the unmasked forward
-# without key ends; on by default, =0 turns it off): a tile's second QK^T GEMM is issued before its
-# first softmax. Tiles of one key block (no second GEMM), of two, and longer; with and without
-# multicast, causal or not. The setting off is held to the setting on bit for bit.
+# Prefetched scores (tile width 64 with two consumer warpgroups, the unmasked forward over every row):
+# a tile's second QK^T GEMM is issued before its first softmax. Tiles of one key block (no second
+# GEMM), of two, and longer, causal or not. They are held bit for bit to the default configuration,
+# which runs the key-length form of a mask: a mask that keeps every key (or, with causal masking, a
+# causal mask) runs there.
 PREFETCH_SHAPES = [
     pytest.param(2, 1024, 1024, 8, 8, 64, torch.bfloat16, "contiguous", id="d64"),
     pytest.param(1, 900, 777, 8, 2, 64, torch.float16, "bhsd", id="d64-fp16-gqa-strided"),
@@ -253,31 +237,37 @@ PREFETCH_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("multicast", ["0", "1"])
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
 @pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,dtype,layout", PREFETCH_SHAPES)
-def test_prefetched_scores_match_oracle(monkeypatch, multicast, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
-                                        head_dim, dtype, layout):
-    monkeypatch.setenv("FLASHATTN_SM90_PREFETCH_SCORES", "1")
-    monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", multicast)
+def test_prefetched_scores_match_oracle(causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, layout):
     run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,dtype,layout", PREFETCH_SHAPES)
-def test_prefetched_scores_change_no_bit(monkeypatch, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
-                                         dtype, layout):
-    # The same GEMMs and softmax steps in the same order, only issued earlier: bit for bit the same
-    # output and LSE as the default kernel.
+def test_prefetched_scores_change_no_bit(causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype,
+                                         layout):
+    # The same GEMMs and softmax steps in the same order, only issued earlier: bit for bit the output and
+    # LSE of the default configuration. A mask of the key-length form runs the default configuration
+    # with key ends; its causal form is aligned bottom-right when Lq <= Lk, top-left otherwise.
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda", layout)
-    assert_switch_changes_no_bit(monkeypatch, "FLASHATTN_SM90_PREFETCH_SCORES", q, k, v, causal)
+    bottom_right = seqlen_q <= seqlen_k
+    offset = seqlen_k - seqlen_q if bottom_right else 0
+    rows = torch.arange(seqlen_q, device="cuda")[:, None]
+    keys = torch.arange(seqlen_k, device="cuda")[None, :]
+    keep = (keys <= rows + offset) if causal else torch.ones(1, seqlen_k, dtype=torch.bool, device="cuda")
+    mask = keep.expand(seqlen_q, seqlen_k)[None, None].expand(batch, heads_q, seqlen_q, seqlen_k)
+    scale = head_dim ** -0.5
+    prefetched = torch.ops.flashattn.fwd(q, k, v, scale, causal, bottom_right)
+    key_ends = torch.ops.flashattn.fwd(q, k, v, scale, False, False, mask)
+    assert torch.equal(prefetched[0], key_ends[0]) and torch.equal(prefetched[1], key_ends[1])
 
 
-# FLASHATTN_SM90_WIDE_KEY_BLOCKS=1 (tile width 128, the unmasked forward without key ends; the default
-# from 2048 keys without causal masking): 176 keys per step. Key counts that are not multiples of 176
+# sm90_wide_key_blocks "on" (tile width 128, the unmasked forward over every row; the default from
+# 2048 keys without causal masking): 176 keys per step. Key counts that are not multiples of 176
 # end in a partial block; the key block of a causal row's diagonal falls at other offsets than with 128.
-# Without causal masking a last block of at most 128 keys runs narrow (FLASHATTN_SM90_NARROW_TAIL, on
-# by default): 777 and 8192 keys end in blocks of 73 and 96 keys (the 128-key tail), 4096 in one of 48
+# Without causal masking a last block of at most 128 keys runs narrow (sm90_narrow_tail, on by
+# default): 777 and 8192 keys end in blocks of 73 and 96 keys (the 128-key tail), 4096 in one of 48
 # and 240 in one of 64 (the 64-key tail; 240 has no block between the first and the tail), 304 in one
 # of 128; 1024 (144) and 2112 (0) keep the 176-wide last block.
 WIDE_KEY_SHAPES = [
@@ -292,24 +282,22 @@ WIDE_KEY_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("multicast", ["0", "1"])
+@pytest.mark.parametrize("multicast", ["off", "on"])
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
 @pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,dtype,layout", WIDE_KEY_SHAPES)
-def test_wide_key_blocks_match_oracle(monkeypatch, multicast, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+def test_wide_key_blocks_match_oracle(plan_options, multicast, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
                                       head_dim, dtype, layout):
-    monkeypatch.setenv("FLASHATTN_SM90_WIDE_KEY_BLOCKS", "1")
-    monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", multicast)
+    plan_options(sm90_wide_key_blocks="on", sm90_multicast=multicast)
     run_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout)
 
 
-@pytest.mark.parametrize("multicast", ["0", "1"])
+@pytest.mark.parametrize("multicast", ["off", "on"])
 @pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,dtype,layout",
                          [shape for shape in WIDE_KEY_SHAPES if "tail" in shape.id or shape.values[2] in (777, 8192)])
-def test_narrow_tail_changes_no_bit(monkeypatch, multicast, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
+def test_narrow_tail_changes_no_bit(plan_options, multicast, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
                                     dtype, layout):
     # The narrow last block leaves out keys whose probabilities are 0 and whose V rows are zeros: bit for
     # bit the same output and LSE as the 176-wide one.
-    monkeypatch.setenv("FLASHATTN_SM90_WIDE_KEY_BLOCKS", "1")
-    monkeypatch.setenv("FLASHATTN_SM90_MULTICAST", multicast)
+    plan_options(sm90_wide_key_blocks="on", sm90_multicast=multicast)
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda", layout)
-    assert_switch_changes_no_bit(monkeypatch, "FLASHATTN_SM90_NARROW_TAIL", q, k, v, False)
+    assert_option_changes_no_bit(plan_options, "sm90_narrow_tail", (False, True), q, k, v, False)

@@ -1,6 +1,6 @@
 """Reliability of the CUDA kernels at the edges: tensors past 2^31 elements, a 262144-token sequence in
 O(N) memory, extreme values (bf16 scores of 1e4, fp16 values near overflow), rows that see no key, and
-NaN inputs. Each test runs with the kernels the dispatch picks and again with FLASHATTN_FORCE_SM80=1
+NaN inputs. Each test runs with the kernels the dispatch picks and again with the planner's force_sm80 option
 (the ``kernel_path`` fixture: the sm90 and the sm80 kernels on Hopper).
 
 Long inputs are checked against tests/chunked_reference.py (exact float32 math on sampled rows and keys,

@@ -2,4 +2,4 @@
 #include "sm90/fwd_launch.cuh"
 
 template cudaError_t flashattn::sm90::launch_fwd<__half, 128>(
-    const flashattn::FwdParams&, cudaStream_t);
+    const flashattn::FwdParams&, const flashattn::sm90::FwdLaunchPlan&, cudaStream_t);

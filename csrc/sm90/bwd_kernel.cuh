@@ -39,66 +39,16 @@
 #include "cuda/bwd_aux.cuh"
 #include "cuda/element_ops.h"
 #include "cuda/mask_view.h"
+#include "sm90/bwd_config.h"
 #include "sm90/bwd_dropout.h"
 #include "sm90/class_bits.h"
 #include "sm90/fragments.h"
-#include "sm90/fwd_tiles.h"
 #include "sm90/ptx.h"
 #include "sm90/tensor_map.h"
 #include "sm90/wgmma.h"
 
 namespace flashattn {
 namespace sm90 {
-
-// Named barriers of the backward (0 is __syncthreads): the consumers' own, then one per ring stage
-// between the consumer warps and the producer warp (the stage's release).
-constexpr int kBwdConsumerBarrier = 1;
-constexpr int kBwdStageBarrier0 = 2;
-constexpr int kBwdStageBarrierThreads = 256 + 32;  // both consumer warpgroups and the producer warp
-
-template <int kHeadDim_>
-struct BwdConfig {
-  static constexpr int kHeadDim = kHeadDim_;  // tile width (64 or 128), equal to the dq workspace width
-  static constexpr int kBlockM = 64;          // queries per step
-  static constexpr int kBlockN = 128;         // keys per CTA: 64 per consumer warpgroup
-  static constexpr int kStages = 2;           // Q / dO ring depth (3 measured the same)
-  static constexpr int kConsumers = 2;
-  static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kConsumerRegisters = 240;
-  // setmaxnreg moves registers within the CTA's launch allocation (384 x 168): the producer warpgroup
-  // gives up 128 x (168 - 24), exactly what the consumers take, 256 x (240 - 168).
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kColBlocks = kHeadDim / 64;
-  static constexpr int kQColBlockBytes = kBlockM * 128;   // one [64 queries][64] column block
-  static constexpr int kKVColBlockBytes = kBlockN * 128;  // one [128 keys][64] column block
-  static constexpr int kQBytes = kColBlocks * kQColBlockBytes;    // a Q or dO tile
-  static constexpr int kKVBytes = kColBlocks * kKVColBlockBytes;  // a K or V tile
-  static constexpr int kDsBytes = 64 * kBlockM * 2;               // dS^T of one consumer: [64 keys][64 queries]
-  static constexpr int kDqBytes = kBlockM * kHeadDim * 4;         // the step's dQ partial, fp32 [64][kHeadDim]
-  static constexpr int kDqCols = kHeadDim / kConsumers;           // dQ columns per consumer
-  static constexpr int kStatsBytes = 2 * kBlockM * 4;             // a step's LSE (base 2) then delta, fp32
-  // K, V, the Q ring, the dO ring, dS^T per consumer, the dQ staging tile, the LSE / delta ring, then the
-  // mbarriers.
-  static constexpr int kVOffset = kKVBytes;
-  static constexpr int kQOffset = 2 * kKVBytes;
-  static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
-  static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;
-  static constexpr int kDqOffset = kDsOffset + kConsumers * kDsBytes;
-  static constexpr int kStatsOffset = kDqOffset + kDqBytes;
-  static constexpr int kBarriersOffset = kStatsOffset + kStages * kStatsBytes;
-  static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + kStages) * 8;
-
-  static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
-  static_assert(kHeadDim % 64 == 0, "whole 64-column blocks");
-  static_assert(kConsumers == 2 && kDqCols % 32 == 0, "each consumer's dQ columns lie in one 64-column block");
-  static_assert(kBlockM % kBwdStatsAlign == 0 || kBwdStatsAlign % kBlockM == 0, "steps never cross a stats row");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
-  static_assert(kBwdStageBarrier0 + kStages <= 16, "16 named barriers per CTA");
-};
-
-static_assert(BwdConfig<64>::kBlockM == kBwdQueriesPerStep && BwdConfig<64>::kBlockN == kBwdKeysPerCta &&
-                  BwdConfig<128>::kBlockM == kBwdQueriesPerStep && BwdConfig<128>::kBlockN == kBwdKeysPerCta,
-              "sm90/fwd_tiles.h is out of date");
 
 struct BwdTensorMaps {
   CUtensorMap q, k, v, dout;  // [B, L, H, D] read in [rows][64] boxes, 128-byte swizzle

@@ -1,12 +1,16 @@
-// Picks the compiled sm90 kernel for (element type, tile width).
+// The sm90 path's host entry points (api.h): what it serves, and the launch of a planned kernel for
+// (element type, tile width).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
 #include "sm90/api.h"
-#include "sm90/fwd_tiles.h"
+#include "sm90/bwd_config.h"
+#include "sm90/fwd_config.h"
 #include "sm90/head_dims.h"
 #include "sm90/launch.h"
 
@@ -14,26 +18,19 @@ namespace flashattn {
 namespace sm90 {
 namespace {
 
-bool tma_compatible(const void* ptr, const TensorStrides& st) {
-  auto ok = [](int64_t stride) { return stride > 0 && stride % 8 == 0; };  // elements of 2 bytes
-  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && ok(st.batch) && ok(st.row) && ok(st.head);
-}
+// A kernel as large as the forward's multicast kernels (threads, shared memory), to ask how many clusters
+// of two of them can be resident. Never launched.
+constexpr int kMulticastThreads = DefaultFwdConfig<128>::type::kThreads;
+constexpr int kMulticastSmemBytes =
+    std::max({DefaultFwdConfig<128>::type::kSmemBytes, WideKeyFwdConfig<128>::type::kSmemBytes,
+              WideKeyTailFwdConfig<128, 64>::type::kSmemBytes, WideKeyTailFwdConfig<128, 128>::type::kSmemBytes});
+static_assert(WideKeyFwdConfig<128>::type::kThreads == kMulticastThreads &&
+                  WideKeyTailFwdConfig<128, 64>::type::kThreads == kMulticastThreads,
+              "the multicast kernels have one block size");
 
-int tile_width(int head_dim) {
-#define FLASHATTN_PICK_SMALLEST(D) \
-  if (head_dim <= D) return D;
-  FLASHATTN_SM90_FOR_EACH_HEAD_DIM(FLASHATTN_PICK_SMALLEST)
-#undef FLASHATTN_PICK_SMALLEST
-  return 0;
-}
+__global__ void __launch_bounds__(kMulticastThreads, 1) pair_cluster_probe_kernel() {}
 
-int bwd_tile_width(int head_dim) {
-#define FLASHATTN_PICK_SMALLEST(D) \
-  if (head_dim <= D) return D;
-  FLASHATTN_SM90_BWD_FOR_EACH_HEAD_DIM(FLASHATTN_PICK_SMALLEST)
-#undef FLASHATTN_PICK_SMALLEST
-  return 0;
-}
+bool finite_positive(float x) { return x > 0.f && std::isfinite(x); }
 
 }  // namespace
 
@@ -45,48 +42,76 @@ bool compiled() {
 #endif
 }
 
-bool fwd_supported(const FwdParams& p) {
-  const AttentionShape& s = p.shape;
-  return compiled() && s.head_dim > 32 && tile_width(s.head_dim) > 0 && s.scale > 0.f && std::isfinite(s.scale) &&
-         tma_compatible(p.q, p.q_strides) && tma_compatible(p.k, p.k_strides) && tma_compatible(p.v, p.v_strides);
+bool tma_describable(const void* ptr, const TensorStrides& st) {
+  constexpr int64_t kElementBytes = 2;
+  auto ok = [](int64_t stride) { return stride > 0 && stride * kElementBytes % 16 == 0 && stride * kElementBytes < (int64_t{1} << 40); };
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && ok(st.batch) && ok(st.row) && ok(st.head);
 }
 
-TileShape fwd_tile_shape(int head_dim) {
-  const int width = tile_width(head_dim);
-  return width == 0 ? TileShape{0, 0} : TileShape{kFwdQueriesPerTile, masked_fwd_keys_per_step(width)};
+bool fwd_supported(const AttentionShape& s, bool qkv_tma) {
+  return compiled() && fwd_tile_width(s.head_dim) > 0 && finite_positive(s.scale) && qkv_tma;
 }
 
-TileShape bwd_tile_shape() { return TileShape{kBwdQueriesPerStep, kBwdKeysPerCta}; }
+int max_pair_clusters(int device) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> cache[kCachedDevices] = {};  // count + 1; 0: not asked yet
+  if (device >= 0 && device < kCachedDevices && cache[device].load(std::memory_order_relaxed) > 0) {
+    return cache[device] - 1;
+  }
+  int clusters = 0;
+  int current = 0;
+  if (compiled() && cudaGetDevice(&current) == cudaSuccess && current == device &&
+      cudaFuncSetAttribute(pair_cluster_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           kMulticastSmemBytes) == cudaSuccess) {
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 2;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(2);
+    config.blockDim = dim3(kMulticastThreads);
+    config.dynamicSmemBytes = kMulticastSmemBytes;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&clusters, pair_cluster_probe_kernel, &config) != cudaSuccess) clusters = 0;
+  }
+  (void)cudaGetLastError();  // a failed query leaves no error behind for the next launch to report
+  if (device >= 0 && device < kCachedDevices) cache[device] = clusters + 1;
+  return clusters;
+}
 
-cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
-  const int width = tile_width(p.shape.head_dim);
+cudaError_t run_fwd(const FwdParams& p, const FwdLaunchPlan& plan, cudaStream_t stream) {
+  FwdParams launch = p;
+  launch.shape = plan.shape;
+  if (plan.rows != FwdRows::kMasked) launch.mask = MaskParams{};  // the unmasked kernels read none
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
-  const bool masked = p.mask.kind != MaskKind::kNone || p.dropout.enabled;  // the variant with both
-  // The key-length form of a padding or causal mask: the masked variant runs the listed rows, then the
-  // unmasked one the others (disjoint rows of out and lse), causal in the causal form.
-  FwdParams key_rows = p;
-  key_rows.mask = MaskParams{};
-  key_rows.shape = key_end_shape(p.shape, p.key_end_causal);
-#define FLASHATTN_LAUNCH(D)                                                                                  \
-  if (width == D) {                                                                                          \
-    if (masked) {                                                                                            \
-      const cudaError_t err =                                                                                \
-          bf16 ? launch_fwd_masked<__nv_bfloat16, D>(p, stream) : launch_fwd_masked<__half, D>(p, stream);   \
-      if (err != cudaSuccess || p.key_end == nullptr) return err;                                            \
-      return bf16 ? launch_fwd<__nv_bfloat16, D>(key_rows, stream) : launch_fwd<__half, D>(key_rows, stream); \
-    }                                                                                                        \
-    return bf16 ? launch_fwd<__nv_bfloat16, D>(p, stream) : launch_fwd<__half, D>(p, stream);               \
+  const bool masked = plan.rows == FwdRows::kMasked;
+#define FLASHATTN_LAUNCH(D)                                                                                   \
+  if (plan.width == D) {                                                                                      \
+    if (masked) {                                                                                             \
+      return bf16 ? launch_fwd_masked<__nv_bfloat16, D>(launch, plan, stream)                                 \
+                  : launch_fwd_masked<__half, D>(launch, plan, stream);                                       \
+    }                                                                                                         \
+    return bf16 ? launch_fwd<__nv_bfloat16, D>(launch, plan, stream) : launch_fwd<__half, D>(launch, plan, stream); \
   }
   FLASHATTN_SM90_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
 #undef FLASHATTN_LAUNCH
-  return cudaErrorNotSupported;
+  return cudaErrorInvalidValue;
 }
 
-bool bwd_supported(const BwdParams& p) {
-  const AttentionShape& s = p.shape;
-  return compiled() && s.head_dim > 32 && bwd_tile_width(s.head_dim) == p.dq_accum_dim && s.scale > 0.f &&
-         std::isfinite(s.scale) && tma_compatible(p.q, p.q_strides) && tma_compatible(p.k, p.k_strides) &&
-         tma_compatible(p.v, p.v_strides) && tma_compatible(p.dout, p.dout_strides);
+int bwd_tile_width(int head_dim) {
+  if (head_dim <= 32) return 0;
+#define FLASHATTN_PICK_SMALLEST(D) \
+  if (head_dim <= D) return D;
+  FLASHATTN_SM90_BWD_FOR_EACH_HEAD_DIM(FLASHATTN_PICK_SMALLEST)
+#undef FLASHATTN_PICK_SMALLEST
+  return 0;
+}
+
+bool bwd_supported(const AttentionShape& s, bool tensors_tma, int dq_accum_dim) {
+  const int width = bwd_tile_width(s.head_dim);
+  return compiled() && width > 0 && width == dq_accum_dim && finite_positive(s.scale) && tensors_tma;
 }
 
 bool bwd_masked_supported(int head_dim) {
@@ -98,6 +123,10 @@ bool bwd_masked_supported(int head_dim) {
   return false;
 }
 
+TileShape bwd_tile_shape() { return TileShape{BwdConfig<64>::kBlockM, BwdConfig<64>::kBlockN}; }
+static_assert(BwdConfig<64>::kBlockM == BwdConfig<128>::kBlockM && BwdConfig<64>::kBlockN == BwdConfig<128>::kBlockN,
+              "one backward grid at every tile width");
+
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   const int width = bwd_tile_width(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
@@ -106,13 +135,13 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (width == D) return bf16 ? launch_bwd_masked<__nv_bfloat16, D>(p, stream) : launch_bwd_masked<__half, D>(p, stream);
     FLASHATTN_SM90_BWD_MASKED_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
 #undef FLASHATTN_LAUNCH
-    return cudaErrorNotSupported;
+    return cudaErrorInvalidValue;
   }
 #define FLASHATTN_LAUNCH(D) \
   if (width == D) return bf16 ? launch_bwd<__nv_bfloat16, D>(p, stream) : launch_bwd<__half, D>(p, stream);
   FLASHATTN_SM90_BWD_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
 #undef FLASHATTN_LAUNCH
-  return cudaErrorNotSupported;
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace sm90

@@ -5,7 +5,6 @@
 #include <algorithm>
 
 #include "params.h"
-#include "sm90/fwd_tiles.h"
 #include "sm90/ptx.h"
 
 namespace flashattn {
@@ -74,38 +73,26 @@ template <> struct DefaultFwdConfig<96> { using type = FwdConfig<96, 128, 2, 2, 
 template <> struct DefaultFwdConfig<128> { using type = FwdConfig<128, 128, 2, 2, 1, true>; };
 template <> struct DefaultFwdConfig<192> { using type = FwdConfig<192, 96, 2>; };
 template <> struct DefaultFwdConfig<256> { using type = FwdConfig<256, 80, 2>; };
-// Host code reads the tile shape from fwd_tiles.h; it must agree with the configurations above.
-static_assert(DefaultFwdConfig<64>::type::kBlockN == fwd_keys_per_step(64) &&
-                  DefaultFwdConfig<96>::type::kBlockN == fwd_keys_per_step(96) &&
-                  DefaultFwdConfig<128>::type::kBlockN == fwd_keys_per_step(128) &&
-                  DefaultFwdConfig<192>::type::kBlockN == fwd_keys_per_step(192) &&
-                  DefaultFwdConfig<256>::type::kBlockN == fwd_keys_per_step(256) &&
-                  DefaultFwdConfig<64>::type::kBlockM == kFwdQueriesPerTile,
-              "sm90/fwd_tiles.h is out of date");
 
 // The default configuration at tile width 64 (two consumer warpgroups) with prefetched scores (see
-// kPrefetchScores), which unmasked launches without key ends run there: +2-4% at 1k keys, +1.5% at 2k
-// causal, +1% at 512 without causal masking, level at 512 with it (H200, bf16, benchmarks/NOTES.md);
-// the same bits as without. At width 128 the extra 64 registers spilled 48 bytes; with the first
-// GEMM steps writing the score buffers and O instead of accumulating (no value live from the previous
-// tile) it fit without spills, but measured 1-4% slower than without prefetching (95a79e8, reverted).
+// kPrefetchScores), which launches over every row run there: a tile's first softmax then has a GEMM of
+// its own warpgroup under it; the same bits as without. At width 128 the first block's scores do not
+// fit beside O without the set-form GEMMs, and with them it measured slower (docs/perf-log.md).
 template <int kHeadDim>
 struct PrefetchScoresFwdConfig;
 template <> struct PrefetchScoresFwdConfig<64> { using type = FwdConfig<64, 128, 4, 2, 1, true, true>; };
 
 // 176 keys per step at tile width 128, so each key block's barrier waits, O rescale and GEMM issue
-// cover 1.375x the work: +2% at 8k keys and +4% at 16k without causal masking. On shorter rows a
-// tile has fewer blocks to spread its prologue and epilogue over (-0.2 to -0.7% from 1k to 4k with a
-// full-width last block; with the narrow tail below +3.8% at 2k and +2.1% at 4k), and with causal
-// masking the wider diagonal blocks cost more (-6.5% at 2k). The output staging (32 KB)
-// does not fit beside two 44 KB K/V stages and Q, so the threads store the output; Q stays in shared
-// memory (the highest register is R219 of 240 without Q's 32).
+// cover 1.375x the work. It pays on long rows without causal masking (with the narrow tail below from
+// 2k keys); on short rows a tile has few blocks to spread its prologue and epilogue over, and with causal
+// masking the wider diagonal blocks cost more (the planner's rule, sm90/fwd_plan.cu; figures in
+// docs/perf-log.md). The output staging (32 KB) does not fit beside two 44 KB K/V stages and Q, so the
+// threads store the output.
 template <int kHeadDim>
 struct WideKeyFwdConfig;
 template <> struct WideKeyFwdConfig<128> { using type = FwdConfig<128, 176, 2>; };
 // The same with a narrow tail of kTail keys (see kTailBlockN): a row of 4096 keys ends in a block of 48,
-// which the 176-wide GEMMs would compute as 176 (2.7% of the row's work on masked keys), the 64-wide
-// ones as 64.
+// which the 176-wide GEMMs would compute as 176 keys, the 64-wide ones as 64.
 template <int kHeadDim, int kTail>
 struct WideKeyTailFwdConfig;
 template <int kTail> struct WideKeyTailFwdConfig<128, kTail> {
@@ -115,19 +102,17 @@ template <int kTail> struct WideKeyTailFwdConfig<128, kTail> {
 // The unmasked forward of long rows runs in this configuration (see uses_long_row_config): at tile
 // width 64, three consumer warpgroups (192 queries per tile, 160 registers each) keep the tensor
 // cores busier than two. The masked variant stays at two: at 160 registers it spills (~1.9 KB).
-// Two Q buffers, so its warpgroups run staggered (see kStaggered in fwd_kernel): +3% at N = 2k and
-// 4k without causal masking, +1% at 4k with it (H200, bf16). At two consumers staggering measured
-// -2% (causal, N <= 2k) to +1%, so the default configurations keep one Q buffer.
+// Two Q buffers, so its warpgroups run staggered (see FwdConsumer in fwd_mainloop.cuh); at two
+// consumers staggering did not pay, so the default configurations keep one Q buffer (docs/perf-log.md).
 template <int kHeadDim>
 struct LongRowFwdConfig {
   using type = typename DefaultFwdConfig<kHeadDim>::type;
 };
 template <> struct LongRowFwdConfig<64> { using type = FwdConfig<64, 128, 4, 3, 2, true>; };
 
-// Whether a shape's rows are long enough for LongRowFwdConfig. Measured on the H200 (bf16, B * N =
-// 16k): three consumers gain 5-12% without causal masking from N = 2k, and 4-8% with it from 4k; below
-// that the taller tiles lose more to the causal diagonal (a 192-query tile computes more masked
-// scores than a 128-query one: -8% at 2k, -13% at 1k) than they gain, and tie without it at 1k.
+// Whether a shape's rows are long enough for LongRowFwdConfig: on shorter rows the taller tiles lose
+// more to the causal diagonal (a 192-query tile computes more masked scores than a 128-query one) than
+// they gain, and tie without causal masking at 1k (docs/perf-log.md).
 inline bool uses_long_row_config(const AttentionShape& sh) {
   return std::min(sh.seqlen_q, sh.seqlen_k) >= (sh.is_causal ? 4096 : 2048);
 }
@@ -141,12 +126,6 @@ template <> struct MaskedFwdConfig<96> { using type = FwdConfig<96, 128, 2>; };
 template <> struct MaskedFwdConfig<128> { using type = FwdConfig<128, 128, 3>; };
 template <> struct MaskedFwdConfig<192> { using type = FwdConfig<192, 96, 2>; };
 template <> struct MaskedFwdConfig<256> { using type = FwdConfig<256, 64, 2>; };
-static_assert(MaskedFwdConfig<64>::type::kBlockN == masked_fwd_keys_per_step(64) &&
-                  MaskedFwdConfig<96>::type::kBlockN == masked_fwd_keys_per_step(96) &&
-                  MaskedFwdConfig<128>::type::kBlockN == masked_fwd_keys_per_step(128) &&
-                  MaskedFwdConfig<192>::type::kBlockN == masked_fwd_keys_per_step(192) &&
-                  MaskedFwdConfig<256>::type::kBlockN == masked_fwd_keys_per_step(256),
-              "sm90/fwd_tiles.h is out of date");
 
 }  // namespace sm90
 }  // namespace flashattn

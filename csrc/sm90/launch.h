@@ -5,22 +5,23 @@
 #include <cuda_runtime.h>
 
 #include "params.h"
+#include "sm90/fwd_plan.h"
 
 namespace flashattn {
 namespace sm90 {
 
-// The forward without a mask or dropout; with params.key_end, over each row's first key_end keys
-// (rows with -1 are left alone).
+// A forward launch without a mask or dropout, as planned: every row, or (FwdRows::kKeyEnds) each row
+// over its first params.key_end keys (rows with -1 are left alone).
 template <typename T, int kHeadDim>
-cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream);
-
-template <typename T, int kHeadDim>
-cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);
+cudaError_t launch_fwd(const FwdParams& p, const FwdLaunchPlan& plan, cudaStream_t stream);
 
 // The forward with params.mask and params.dropout applied (with params.key_end: only the rows in
 // params.masked_rows).
 template <typename T, int kHeadDim>
-cudaError_t launch_fwd_masked(const FwdParams& p, cudaStream_t stream);
+cudaError_t launch_fwd_masked(const FwdParams& p, const FwdLaunchPlan& plan, cudaStream_t stream);
+
+template <typename T, int kHeadDim>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);
 
 // The backward with params.mask applied (and its gradient written to params.dmask when set).
 template <typename T, int kHeadDim>

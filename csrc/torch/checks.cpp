@@ -16,8 +16,6 @@ std::string to_text(at::IntArrayRef values) {
 
 namespace {
 
-constexpr int64_t kMaxHeadDim = 256;
-
 void check_layout(const char* op, const char* name, const at::Tensor& t, const char* expected) {
   TORCH_CHECK(t.dim() == 4, op, ": ", name, " must have 4 dims ", expected, ", got shape ", to_text(t.sizes()));
   TORCH_CHECK(t.size(3) <= 1 || t.stride(3) == 1, op, ": ", name,

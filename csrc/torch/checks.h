@@ -9,6 +9,9 @@
 
 namespace flashattn {
 
+// The largest head dim any path serves.
+constexpr int64_t kMaxHeadDim = 256;
+
 struct CheckedShape {
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   int64_t causal_offset;  // key j visible to query i iff j <= i + causal_offset

@@ -1,12 +1,16 @@
-// The CUDA implementations of the flashattn ops (schemas in library.cpp): argument checks, output
-// and workspace allocation, the choice between the sm90 and sm80 kernel paths, and the launch on the
-// current stream. Compiled only in builds with the CUDA kernels.
+// The CUDA implementations of the flashattn ops (schemas in library.cpp): argument checks, output and
+// workspace allocation, the plan (csrc/plan.h) and its launches on the current stream, and the pieces
+// the forward and backward share. Compiled only in builds with the CUDA kernels.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <optional>
 #include <tuple>
+
+#include "params.h"
+#include "plan.h"
+#include "torch/checks.h"
 
 namespace flashattn {
 namespace cuda_ops {
@@ -25,6 +29,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
 
 at::Tensor dropout_keep_mask(const at::Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
                              int64_t seqlen_k, double dropout_p);
+
+// ---- shared by the forward and the backward ----
+
+TensorStrides strides_of(const at::Tensor& t);
+
+// Whether 16-byte loads can read t's rows: every row start 16-byte aligned, whole 16-byte chunks per row.
+bool rows_aligned_16(const at::Tensor& t);
+
+// Whether TMA can describe t (sm90::tma_describable).
+bool tma_describable(const at::Tensor& t);
+
+// Raises unless q's GPU can run flashattn's kernels (compute capability 8.0+).
+void check_cuda_device(const char* op, const at::Tensor& q);
+
+// The planner's view of q's GPU, asked once per device.
+DeviceInfo device_info(const at::Tensor& q);
+
+AttentionShape make_shape(const CheckedShape& s, const at::Tensor& q, double scale, bool is_causal);
+
+bool has_work(const CheckedShape& s);
+
+// DropoutParams for a checked (dropout_p, rng_state); disabled for dropout_p == 0.
+DropoutParams make_dropout(double dropout_p, const std::optional<at::Tensor>& rng_state);
 
 }  // namespace cuda_ops
 }  // namespace flashattn

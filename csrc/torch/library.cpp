@@ -21,14 +21,18 @@
 // in a fixed order), the CPU backward always is.
 #include <torch/extension.h>
 
+#include <cmath>
+#include <string>
 #include <tuple>
+#include <utility>
 
-#include "torch/checks.h"
 #include "cpu/attention_cpu.h"
+#include "torch/checks.h"
 
 #ifdef FLASHATTN_WITH_CUDA
-#include "torch/cuda_ops.h"
+#include "plan.h"
 #include "sm90/api.h"
+#include "torch/cuda_ops.h"
 #endif
 
 namespace flashattn {
@@ -70,6 +74,171 @@ bool compiled_with_sm90() {
   return false;
 #endif
 }
+
+#ifdef FLASHATTN_WITH_CUDA
+// ---- the planner, for tests and `python -m flashattn info`: dicts of plain values ----
+
+namespace py = pybind11;
+
+const char* choice_name(Choice c) { return c == Choice::kAuto ? "auto" : c == Choice::kOn ? "on" : "off"; }
+
+Choice choice_of(const py::handle& value) {
+  if (value.is_none()) return Choice::kAuto;
+  if (py::isinstance<py::str>(value)) {
+    const std::string text = value.cast<std::string>();
+    TORCH_CHECK(text == "auto" || text == "on" || text == "off", "plan option: expected 'auto', 'on', 'off' or a bool, got '",
+                text, "'");
+    return text == "auto" ? Choice::kAuto : text == "on" ? Choice::kOn : Choice::kOff;
+  }
+  return value.cast<bool>() ? Choice::kOn : Choice::kOff;
+}
+
+py::dict options_dict(const PlanOptions& o) {
+  py::dict d;
+  d["force_sm80"] = o.force_sm80;
+  d["sm90_multicast"] = choice_name(o.sm90_multicast);
+  d["sm90_wide_key_blocks"] = choice_name(o.sm90_wide_key_blocks);
+  d["sm90_narrow_tail"] = o.sm90_narrow_tail;
+  d["sm90_dynamic_tail"] = o.sm90_dynamic_tail;
+  d["sm90_staged_output"] = o.sm90_staged_output;
+  return d;
+}
+
+// Options from a dict of any of options_dict's keys (the others keep `base`'s values); an unknown key raises.
+PlanOptions options_of(const py::dict& d, PlanOptions o) {
+  for (const auto& item : d) {
+    const std::string key = item.first.cast<std::string>();
+    const py::handle value = item.second;
+    if (key == "force_sm80") {
+      o.force_sm80 = value.cast<bool>();
+    } else if (key == "sm90_multicast") {
+      o.sm90_multicast = choice_of(value);
+    } else if (key == "sm90_wide_key_blocks") {
+      o.sm90_wide_key_blocks = choice_of(value);
+    } else if (key == "sm90_narrow_tail") {
+      o.sm90_narrow_tail = value.cast<bool>();
+    } else if (key == "sm90_dynamic_tail") {
+      o.sm90_dynamic_tail = value.cast<bool>();
+    } else if (key == "sm90_staged_output") {
+      o.sm90_staged_output = value.cast<bool>();
+    } else {
+      TORCH_CHECK(false, "plan option: unknown name '", key, "'; the options are ", py::str(options_dict(o)).cast<std::string>());
+    }
+  }
+  return o;
+}
+
+template <typename T>
+T get(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) ? d[key].cast<T>() : fallback;
+}
+
+// An attention call as the planner sees it, from a dict: batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+// head_dim, scale, is_causal, causal_offset, dtype ("bf16" | "fp16"), mask (None | "bool" | "additive"),
+// mask_batch_stride_zero, mask_head_stride_zero, mask_row_stride_zero, dropout, tma (True: every tensor
+// TMA-describable), out_tma, deterministic, dmask; and the device: cc ((major, minor)), num_sms,
+// pair_clusters.
+AttentionShape shape_of(const py::dict& d) {
+  AttentionShape s{};
+  s.batch = get<int>(d, "batch", 1);
+  s.seqlen_q = get<int>(d, "seqlen_q", 1);
+  s.seqlen_k = get<int>(d, "seqlen_k", s.seqlen_q);
+  s.heads_q = get<int>(d, "heads_q", 1);
+  s.heads_kv = get<int>(d, "heads_kv", s.heads_q);
+  s.head_dim = get<int>(d, "head_dim", 64);
+  s.scale = get<float>(d, "scale", 1.f / std::sqrt(static_cast<float>(s.head_dim)));
+  s.scale_log2 = s.scale * 1.4426950408889634f;
+  s.is_causal = get<bool>(d, "is_causal", false);
+  s.causal_offset = get<int>(d, "causal_offset", 0);
+  s.element_type = get<std::string>(d, "dtype", "bf16") == "fp16" ? ElementType::kFloat16 : ElementType::kBFloat16;
+  s.rows_aligned_16 = true;
+  return s;
+}
+
+MaskLayout mask_of(const py::dict& d) {
+  MaskLayout m;
+  if (!d.contains("mask") || d["mask"].is_none()) return m;
+  m.present = true;
+  m.is_bool = d["mask"].cast<std::string>() == "bool";
+  m.batch_stride_zero = get<bool>(d, "mask_batch_stride_zero", false);
+  m.head_stride_zero = get<bool>(d, "mask_head_stride_zero", false);
+  m.row_stride_zero = get<bool>(d, "mask_row_stride_zero", false);
+  return m;
+}
+
+DeviceInfo device_of(const py::dict& d) {
+  DeviceInfo dev;
+  const auto cc = get<std::pair<int, int>>(d, "cc", {9, 0});
+  dev.major = cc.first;
+  dev.minor = cc.second;
+  dev.num_sms = get<int>(d, "num_sms", 132);
+  dev.pair_clusters = get<int>(d, "pair_clusters", dev.num_sms / 2);
+  return dev;
+}
+
+const char* path_name(GpuPath path) { return path == GpuPath::kSm90 ? "sm90" : "sm80"; }
+
+py::dict mask_policy_dict(const MaskPolicy& m) {
+  static const char* const forms[] = {"none", "padding", "causal"};
+  py::dict d;
+  d["tile"] = py::make_tuple(m.tile.queries, m.tile.keys);
+  d["classify"] = m.classify;
+  d["key_form"] = forms[static_cast<int>(m.key_form)];
+  return d;
+}
+
+py::dict launch_dict(const sm90::FwdLaunchPlan& l) {
+  static const char* const tiles[] = {"default", "prefetch_scores", "long_rows", "wide_keys",
+                                      "wide_keys_tail64", "wide_keys_tail128", "masked"};
+  static const char* const rows[] = {"all", "key_ends", "masked"};
+  py::dict d;
+  d["width"] = l.width;
+  d["rows"] = rows[static_cast<int>(l.rows)];
+  d["tiles"] = tiles[static_cast<int>(l.tiles)];
+  d["multicast"] = l.multicast;
+  d["staged_output"] = l.staged_output;
+  d["tiles_per_unit"] = l.tiles_per_unit;
+  d["grid"] = l.grid;
+  d["dynamic_heads"] = l.dynamic_heads;
+  d["is_causal"] = l.shape.is_causal;
+  d["causal_offset"] = l.shape.causal_offset;
+  return d;
+}
+
+py::dict plan_fwd_dict(const py::dict& call_dict, const py::dict& options) {
+  FwdCall call;
+  call.shape = shape_of(call_dict);
+  call.mask = mask_of(call_dict);
+  call.dropout = get<bool>(call_dict, "dropout", false);
+  call.qkv_tma = get<bool>(call_dict, "tma", true);
+  call.out_tma = get<bool>(call_dict, "out_tma", call.qkv_tma);
+  const FwdPlan plan = plan_fwd(call, device_of(call_dict), options_of(options, plan_options()));
+  py::dict d;
+  d["path"] = path_name(plan.path);
+  d["mask"] = mask_policy_dict(plan.mask);
+  d["tile_counter"] = plan.tile_counter;
+  py::list launches;
+  for (int i = 0; i < plan.sm90_launches; ++i) launches.append(launch_dict(plan.sm90[i]));
+  d["launches"] = launches;
+  return d;
+}
+
+py::dict plan_bwd_dict(const py::dict& call_dict, const py::dict& options) {
+  BwdCall call;
+  call.shape = shape_of(call_dict);
+  call.mask = mask_of(call_dict);
+  call.dropout = get<bool>(call_dict, "dropout", false);
+  call.deterministic = get<bool>(call_dict, "deterministic", false);
+  call.dmask = get<bool>(call_dict, "dmask", false);
+  call.tensors_tma = get<bool>(call_dict, "tma", true);
+  const BwdPlan plan = plan_bwd(call, device_of(call_dict), options_of(options, plan_options()));
+  py::dict d;
+  d["path"] = path_name(plan.path);
+  d["mask"] = mask_policy_dict(plan.mask);
+  d["dq_accum_dim"] = plan.dq_accum_dim;
+  return d;
+}
+#endif  // FLASHATTN_WITH_CUDA
 
 bool compiled_with_cuda() {
 #ifdef FLASHATTN_WITH_CUDA
@@ -113,6 +282,18 @@ TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flashattn kernels; the ops live in torch.ops.flashattn";
+  m.attr("MAX_HEAD_DIM") = flashattn::kMaxHeadDim;
+#ifdef FLASHATTN_WITH_CUDA
+  m.def("plan_options", []() { return flashattn::options_dict(flashattn::plan_options()); },
+        "The planner's switches now (flashattn.plan.options)");
+  m.def("set_plan_options",
+        [](const pybind11::dict& d) { flashattn::set_plan_options(flashattn::options_of(d, flashattn::plan_options())); },
+        "Sets some of the planner's switches for the process (flashattn.plan.options)");
+  m.def("plan_fwd", &flashattn::plan_fwd_dict, pybind11::arg("call"), pybind11::arg("options") = pybind11::dict(),
+        "The forward's plan for a call described by a dict (flashattn.plan.plan_fwd)");
+  m.def("plan_bwd", &flashattn::plan_bwd_dict, pybind11::arg("call"), pybind11::arg("options") = pybind11::dict(),
+        "The backward's plan for a call described by a dict (flashattn.plan.plan_bwd)");
+#endif
   m.def("compiled_with_cuda", &flashattn::compiled_with_cuda, "True when the CUDA kernels were built");
   m.def("compiled_with_sm90", &flashattn::compiled_with_sm90,
         "True when the Hopper (sm_90a) forward kernels were built");

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""TFLOP/s of torch.ops.flashattn.fwd under each value of an environment switch the extension reads on
-every call (e.g. FLASHATTN_SM90_MULTICAST=0 / 1), beside SDPA's cuDNN backend, in one process and one
+"""TFLOP/s of torch.ops.flashattn.fwd under each value of one of the planner's switches
+(flashattn.plan, e.g. sm90_multicast off / on), beside SDPA's cuDNN backend, in one process and one
 build (bf16, B * N = 16k, H * D = 2048). Methods are timed in rotating rounds (do_bench medians) so
 that clock and power drift over the run falls on each alike; the table gives each round's figures.
 
-  python3 scripts/dev/env_ab.py --env FLASHATTN_SM90_MULTICAST --values 0,1 \
+  python3 scripts/dev/env_ab.py --env sm90_multicast --values off,on \
       [--configs 128:4096:0,64:16384:0] [--rounds 2]
 
 --settings compares settings of several switches instead: semicolon-separated, each a comma-separated
-list of NAME=VALUE (or "-" for none of them set), e.g.
-  --settings "-;FLASHATTN_SM90_Q_REGISTERS=1;FLASHATTN_SM90_WIDE_KEY_BLOCKS=1,FLASHATTN_SM90_MULTICAST=0"
+list of OPTION=VALUE (or "-" for none of them changed; scripts/dev/env_settings.py), e.g.
+  --settings "-;sm90_wide_key_blocks=off;sm90_wide_key_blocks=on,sm90_multicast=off"
 After each configuration's rounds a "median" row gives the median of every column.
 """
 import argparse
@@ -27,7 +27,7 @@ from env_settings import apply, switches_of
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env")
-    parser.add_argument("--values", default="0,1")
+    parser.add_argument("--values", default="off,on")
     parser.add_argument("--settings", help="semicolon-separated settings (see above); replaces --env/--values")
     parser.add_argument("--configs", default="128:1024:0,128:2048:0,128:4096:0,128:8192:0,128:16384:0",
                         help="D:N:causal, comma separated")

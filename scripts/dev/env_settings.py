@@ -1,23 +1,41 @@
-"""Settings of the extension's environment switches, as the dev scripts take them: semicolon-separated
-settings, each a comma-separated list of NAME=VALUE ("-" for none set), e.g.
-"-;FLASHATTN_SM90_Q_REGISTERS=1;FLASHATTN_SM90_WIDE_KEY_BLOCKS=1,FLASHATTN_SM90_MULTICAST=0". The
-switches are read on every call, so one process can time or run each setting in turn."""
-import os
+"""Settings of the planner's switches (flashattn.plan), as the dev scripts take them: semicolon-separated
+settings, each a comma-separated list of OPTION=VALUE ("-" for none changed), e.g.
+"-;sm90_multicast=off;sm90_wide_key_blocks=on,sm90_multicast=off". VALUE is on/off/auto for the
+three-way options and 1/0 (or true/false) for the others. One process can time or run each setting in
+turn."""
+import flashattn.plan
+
+_BOOLS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
 
 
 def assignments(setting):
-    """[(NAME, VALUE)] of one setting."""
-    return [tuple(a.split("=", 1)) for a in setting.split(",") if "=" in a]
+    """{OPTION: value} of one setting."""
+    out = {}
+    for item in setting.split(","):
+        if "=" not in item:
+            continue
+        name, value = item.split("=", 1)
+        if name in ("sm90_multicast", "sm90_wide_key_blocks"):
+            out[name] = value
+        else:
+            out[name] = _BOOLS[value.lower()]
+    return out
 
 
 def switches_of(settings):
-    """Every switch that some setting assigns."""
-    return {name for setting in settings for name, _ in assignments(setting)}
+    """Every option that some setting assigns."""
+    return {name for setting in settings for name in assignments(setting)}
+
+
+_DEFAULTS = None
 
 
 def apply(setting, switches):
-    """Unsets every switch in `switches`, then sets the setting's own (None: leave them all unset)."""
-    for name in switches:
-        os.environ.pop(name, None)
+    """Puts every option in `switches` back to the process's starting value, then applies the setting's own
+    (None: leave them all at their starting values)."""
+    global _DEFAULTS
+    if _DEFAULTS is None:
+        _DEFAULTS = flashattn.plan.current_options()
+    flashattn.plan.set_options(**{name: _DEFAULTS[name] for name in switches})
     if setting is not None:
-        os.environ.update(assignments(setting))
+        flashattn.plan.set_options(**assignments(setting))

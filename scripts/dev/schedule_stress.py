@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Repeats one causal sm90 forward launch many times under each setting of the environment switches and
+"""Repeats one causal sm90 forward launch many times under each setting of the planner's switches and
 counts the runs whose output or LSE is not bit-for-bit the first run's (the forward is deterministic,
 so any count above 0 is a defect). For a run that differs it prints where: how many output elements,
 and the (batch, head, query tile) of the first few, so that a race can be placed in the schedule.
@@ -15,12 +15,12 @@ first runs are also compared with the first setting's (printed, not counted: two
 differently).
 
   python3 scripts/dev/schedule_stress.py [--runs 200] [--shape 2:1400:1400:48:16:128] \\
-      [--settings "FLASHATTN_SM90_Q_REGISTERS=0;FLASHATTN_SM90_Q_REGISTERS=1"]
+      [--settings "-;sm90_dynamic_tail=0"]
 
 --shape is batch:seqlen_q:seqlen_k:heads_q:heads_kv:head_dim (bf16, causal, bottom-right alignment);
 the default is the shape of test_static_and_dynamic_schedules_are_identical[odd-query-blocks]. Each
-setting is a comma-separated list of NAME=VALUE ("-" for none). FLASHATTN_SM90_STATIC_SCHEDULE=1 in a
-setting times the static schedule instead of the dynamic tail.
+setting is a comma-separated list of OPTION=VALUE ("-" for none; scripts/dev/env_settings.py).
+sm90_dynamic_tail=0 in a setting runs the static schedule instead of the dynamic tail.
 """
 import argparse
 
@@ -54,8 +54,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--shape", default="2:1400:1400:48:16:128")
-    parser.add_argument("--settings", default="FLASHATTN_SM90_Q_REGISTERS=0;FLASHATTN_SM90_Q_REGISTERS=1;"
-                        "FLASHATTN_SM90_Q_REGISTERS=1,FLASHATTN_SM90_STATIC_SCHEDULE=1")
+    parser.add_argument("--settings", default="-;sm90_dynamic_tail=0")
     parser.add_argument("--perturb", action="store_true", help="a matmul of random size on a second stream beside each launch")
     args = parser.parse_args()
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = (int(x) for x in args.shape.split(":"))

@@ -1,0 +1,133 @@
+// The CUDA backward op (cuda_ops.h): checks, allocation of the outputs and workspaces, the plan
+// (csrc/plan.h) and its launches.
+#ifdef FLASHATTN_WITH_CUDA
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "plan.h"
+#include "sm80/api.h"
+#include "sm90/api.h"
+#include "torch/cuda_ops.h"
+#include "torch/mask_plan.h"
+
+namespace flashattn {
+namespace cuda_ops {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse_in,
+                                                   double scale, bool is_causal, bool causal_bottom_right,
+                                                   bool deterministic, const std::optional<at::Tensor>& attn_mask,
+                                                   const std::optional<at::Tensor>& dmask, double dropout_p,
+                                                   const std::optional<at::Tensor>& rng_state) {
+  const char* op = "flashattn.bwd";
+  const CheckedShape s =
+      check_bwd_args(dout, q, k, v, out, lse_in, causal_bottom_right, attn_mask, dmask, dropout_p, rng_state);
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  check_cuda_device(op, q);
+
+  at::Tensor dq = at::empty({s.batch, s.seqlen_q, s.heads_q, s.head_dim}, q.options());
+  at::Tensor dk = at::empty({s.batch, s.seqlen_k, s.heads_kv, s.head_dim}, k.options());
+  at::Tensor dv = at::empty({s.batch, s.seqlen_k, s.heads_kv, s.head_dim}, v.options());
+  if (!has_work(s)) {
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+  const at::Tensor lse = lse_in.to(at::kFloat).contiguous();  // no-op for the forward's own lse
+
+  // An additive mask can saturate a row's LSE (cuda/saturated_rows.h): the preprocess then writes the
+  // dout the main kernel reads, rows rebalanced, into this workspace (rows padded to 8 elements, so
+  // that its strides suit 16-byte loads and TMA whatever the head dim).
+  const bool additive_mask = attn_mask.has_value() && attn_mask->scalar_type() != at::kBool;
+  at::Tensor dout_rescaled;
+  if (additive_mask) {
+    dout_rescaled = at::empty({s.batch, s.seqlen_q, s.heads_q, (s.head_dim + 7) / 8 * 8}, dout.options())
+                        .narrow(3, 0, s.head_dim);
+  }
+  const at::Tensor& dout_read = additive_mask ? dout_rescaled : dout;
+
+  BwdParams p;
+  p.shape = make_shape(s, q, scale, is_causal);
+  p.shape.rows_aligned_16 = rows_aligned_16(q) && rows_aligned_16(k) && rows_aligned_16(v) &&
+                            rows_aligned_16(out) && rows_aligned_16(dout) && rows_aligned_16(dout_read);
+  p.dropout = make_dropout(dropout_p, rng_state);
+
+  BwdCall call;
+  call.shape = p.shape;
+  call.mask = mask_layout(attn_mask);
+  call.dropout = p.dropout.enabled;
+  call.deterministic = deterministic;
+  call.dmask = dmask.has_value();
+  call.tensors_tma = tma_describable(q) && tma_describable(k) && tma_describable(v) && tma_describable(dout_read);
+  const BwdPlan plan = plan_bwd(call, device_info(q), plan_options());
+
+  // Zeroed by the backward's first kernel (the preprocess), not by a fill of its own.
+  at::Tensor dq_accum =
+      at::empty({s.batch, s.heads_q, s.seqlen_q, plan.dq_accum_dim}, q.options().dtype(at::kFloat));
+  const int64_t stats_stride = bwd_stats_stride(s.seqlen_q);
+  at::Tensor delta = at::empty({s.batch, s.heads_q, stats_stride}, q.options().dtype(at::kFloat));
+  at::Tensor lse_log2 = at::empty_like(delta);
+  // Deterministic mode: a zeroed counter per (batch, query head, query block); one per query row is
+  // enough for any query block size.
+  at::Tensor dq_keys_done;
+  if (deterministic) dq_keys_done = at::zeros({s.batch, s.heads_q, s.seqlen_q}, q.options().dtype(at::kInt));
+
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.out = out.data_ptr();
+  p.dout = dout_read.data_ptr();
+  if (additive_mask) {
+    p.dout_caller = dout.data_ptr();
+    p.dout_caller_strides = strides_of(dout);
+  }
+  p.lse = lse.data_ptr<float>();
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.dq_accum = dq_accum.data_ptr<float>();
+  p.delta = delta.data_ptr<float>();
+  p.lse_log2 = lse_log2.data_ptr<float>();
+  p.stats_stride = stats_stride;
+  p.dq_accum_dim = plan.dq_accum_dim;
+  p.deterministic = deterministic;
+  p.dq_keys_done = deterministic ? dq_keys_done.data_ptr<int>() : nullptr;
+  p.q_strides = strides_of(q);
+  p.k_strides = strides_of(k);
+  p.v_strides = strides_of(v);
+  p.out_strides = strides_of(out);
+  p.dout_strides = strides_of(dout_read);
+  p.dq_strides = strides_of(dq);
+  p.dk_strides = strides_of(dk);
+  p.dv_strides = strides_of(dv);
+
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  MaskPlan mask;
+  if (attn_mask.has_value()) {
+    if (dmask.has_value()) {
+      dmask->zero_();  // tiles the kernel skips have a zero gradient
+      p.dmask = dmask->data_ptr();
+    }
+    mask = build_mask_plan(*attn_mask, s, p.shape.element_type, plan.mask, stream);
+    p.mask = mask.params;
+    p.key_end = mask.key_end;
+    p.key_end_causal = mask.key_end_causal;
+  }
+  if (plan.path == GpuPath::kSm90) {
+    const cudaError_t err = sm90::run_bwd(p, stream);
+    TORCH_CHECK(err != cudaErrorNotSupported, op,
+                ": the sm90 kernels could not describe the inputs for TMA (cuTensorMapEncodeTiled failed); "
+                "FLASHATTN_FORCE_SM80=1 runs the sm80 kernels instead");
+    C10_CUDA_CHECK(err);
+  } else {
+    C10_CUDA_CHECK(sm80::run_bwd(p, stream));
+  }
+  return {dq, dk, dv};
+}
+
+}  // namespace cuda_ops
+}  // namespace flashattn
+
+#endif  // FLASHATTN_WITH_CUDA
