@@ -1,7 +1,7 @@
 """The flashattn custom ops as PyTorch sees them.
 
 Importing this module loads the compiled extension ``flashattn._C``, whose C++ code registers three ops
-in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/flash_api.cpp``):
+in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/torch/library.cpp``):
 
 ``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None, deterministic=False) -> (out, lse)``
     q ``[B, Lq, Hq, D]``, k and v ``[B, Lk, Hk, D]`` (any strides, contiguous last dim, Hq a multiple
@@ -42,7 +42,7 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     ``[batch, heads, seqlen_q, seqlen_k]`` tensor on rng_state's device (True = kept; all True for
     ``dropout_p == 0``). ``heads`` counts query heads. For tests and debugging: it is quadratic in memory.
 
-``fwd``'s autograd kernel is C++ (``csrc/fwd_autograd.cpp``): its backward calls ``bwd`` with the
+``fwd``'s autograd kernel is C++ (``csrc/torch/autograd.cpp``): its backward calls ``bwd`` with the
 forward's ``deterministic``, ``dropout_p`` and ``rng_state``. This module adds the fake (meta) kernels, so
 the ops can be traced by ``torch.compile`` and ``torch.export``. :func:`attention` is ``fwd`` that draws
 an ``rng_state`` for dropout; :func:`draw_rng_state` and :func:`dropout_keep_mask` are the dropout
@@ -68,9 +68,9 @@ _keep_mask_op = torch.ops.flashattn.dropout_keep_mask.default
 # bounds simple. The kernels use all 64 bits of the seed and the low 32 bits of the offset.
 _RNG_STATE_HIGH = 2 ** 62
 
-# The largest head dim the kernels take (csrc/checks.cpp checks the same bound); the SDPA drop-in falls
-# back to torch above it.
-MAX_HEAD_DIM = 256
+# The largest head dim the kernels take (csrc/torch/checks.h, where the ops check it); the SDPA drop-in
+# falls back to torch above it.
+MAX_HEAD_DIM = int(_C.MAX_HEAD_DIM)
 
 
 # Read once at import: it is fixed for the life of the process, and a call into the extension module from
@@ -88,7 +88,7 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _check_qkv_meta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    # The same checks as csrc/checks.cpp, expressed on metadata only, so tracing fails where running would.
+    # The same checks as csrc/torch/checks.cpp, expressed on metadata only, so tracing fails where running would.
     torch._check(q.dim() == 4, lambda: f"flashattn.fwd: q must have 4 dims [batch, seqlen_q, heads_q, head_dim], got {tuple(q.shape)}")
     torch._check(k.dim() == 4, lambda: f"flashattn.fwd: k must have 4 dims [batch, seqlen_k, heads_kv, head_dim], got {tuple(k.shape)}")
     torch._check(v.dim() == 4, lambda: f"flashattn.fwd: v must have 4 dims [batch, seqlen_k, heads_kv, head_dim], got {tuple(v.shape)}")

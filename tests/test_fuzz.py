@@ -540,7 +540,7 @@ REGRESSIONS = [
         layout_dout=_STRIDED_LAST_BROADCAST4, seed=1), id="fa2-empty-out-strided-dout"),
     # An empty SDPA input whose last dim is strided: the drop-in's .contiguous() left it as it was and
     # flashattn.fwd raised, where torch returns an empty result. Fixed in the drop-in's copy of a strided
-    # last dim (which fwd_heads_first makes now, in csrc/fwd_autograd.cpp).
+    # last dim (which fwd_heads_first makes now, in csrc/torch/autograd.cpp).
     pytest.param(check_sdpa_case, SdpaCase(
         lead=(0,), heads_q=2, heads_kv=2, enable_gqa=False, seqlen_q=3, seqlen_k=4, head_dim=8,
         dtype=torch.float32, scale=None, is_causal=False, layout_q=_STRIDED_LAST_BROADCAST4,

@@ -33,7 +33,7 @@ void add_bwd_variants_sm90(std::vector<BwdVariant>& out);
   out.push_back({D, #__VA_ARGS__, &flashattn::sm80::launch_fwd_with_config<__nv_bfloat16, __VA_ARGS__>});
 // Names of sm90 variants start with "sm90" (tune.py's sm90 mode runs only those).
 #define FLASHATTN_SM90_FWD_VARIANT(D, ...) \
-  out.push_back({D, "sm90 " #__VA_ARGS__, &flashattn::sm90::launch_fwd_with_config<__nv_bfloat16, __VA_ARGS__>});
+  out.push_back({D, "sm90 " #__VA_ARGS__, &launch_sm90_fwd_config<__nv_bfloat16, __VA_ARGS__>});
 #define FLASHATTN_BWD_VARIANT(D, ...) \
   out.push_back({D, #__VA_ARGS__, &flashattn::sm80::launch_bwd_with_config<__nv_bfloat16, __VA_ARGS__>});
 #define FLASHATTN_SM90_BWD_VARIANT(D, ...) \
