@@ -1,5 +1,8 @@
 """Build the flashattn extension: one module, flashattn._C, with CPU and CUDA kernels.
 
+The package metadata (name, version, dependencies, extras) is in pyproject.toml; this file only
+describes the compiled module.
+
 Environment knobs:
   FLASHATTN_BUILD_CUDA   auto (default: CUDA kernels when a CUDA toolkit is found) | 1 | 0
   FLASHATTN_CUDA_ARCHS   semicolon list of SM versions to compile the sm80 path for (default "80;90")
@@ -10,7 +13,7 @@ Environment knobs:
 import glob
 import os
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -68,17 +71,6 @@ else:
     )
 
 setup(
-    name="flashattn",
-    version="0.1.0",
-    description="Exact FlashAttention forward and backward kernels for PyTorch",
-    packages=find_packages(include=["flashattn", "flashattn.*"]),
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExtension},
-    python_requires=">=3.9",
-    install_requires=["torch"],
-    extras_require={
-        "test": ["pytest", "numpy", "hypothesis"],
-        "transformers": ["transformers>=4.51"],
-        "bench": ["matplotlib", "tqdm"],
-    },
 )
