@@ -9,14 +9,23 @@ Environment knobs:
   MAX_JOBS               parallel compile jobs (torch's ninja builder reads it)
   FLASHATTN_NVCC_FLAGS   extra nvcc flags, space-separated (e.g. "-DFLASHATTN_WATCHDOG" for a debug build
                          whose sm90 forward and backward mbarrier waits trap instead of hanging)
+
+torch's CUDA headers, which the host .cpp files include, include the cuSPARSE, cuBLAS and cuSOLVER
+headers. A CUDA toolkit installed without them (no $CUDA_HOME/include/cusparse.h) gets them from the
+nvidia wheels torch depends on: their include folders are searched after the toolkit's own
+(-idirafter), so the toolkit's CUDA runtime headers still win.
 """
 import glob
+import importlib.util
 import os
 
 from setuptools import setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Headers of the CUDA libraries that torch's ATen/cuda/CUDAContext.h includes.
+TORCH_CUDA_LIBRARY_HEADERS = ("cusparse.h", "cublas_v2.h", "cublasLt.h", "cusolverDn.h")
 
 
 def want_cuda() -> bool:
@@ -44,10 +53,31 @@ def gencode_flags():
     return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in cuda_archs()]
 
 
+def nvidia_wheel_include_dirs():
+    """Include folders of the nvidia wheels (installed with torch) that hold the CUDA library headers
+    torch's CUDA headers include; empty when the toolkit has them itself or no such wheel is installed."""
+    if os.path.isfile(os.path.join(CUDA_HOME, "include", "cusparse.h")):
+        return []
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    dirs = []
+    for root in spec.submodule_search_locations:
+        for include in sorted(glob.glob(os.path.join(root, "*", "include"))):
+            if include not in dirs and any(os.path.isfile(os.path.join(include, h)) for h in TORCH_CUDA_LIBRARY_HEADERS):
+                dirs.append(include)
+    return dirs
+
+
 cxx_flags = ["-O3", "-std=c++20"]  # torch >= 2.14 headers need C++20
 include_dirs = [os.path.join(HERE, "csrc")]
 
 if want_cuda():
+    # Only the host compiler needs them: the .cu files include no torch headers (nor these libraries').
+    after_dirs = nvidia_wheel_include_dirs()
+    if after_dirs:
+        print("flashattn setup.py: no cusparse.h in the CUDA toolkit; added after its include dirs (host "
+              "compiler): " + " ".join(f"-idirafter {d}" for d in after_dirs), flush=True)
     ext = CUDAExtension(
         name="flashattn._C",
         sources=sources("csrc/*.cpp") + sources("csrc/cpu/*.cpp") + sources("csrc/sm80/*.cu")
@@ -55,7 +85,7 @@ if want_cuda():
         include_dirs=include_dirs,
         define_macros=[("FLASHATTN_WITH_CUDA", "1")] + ([("FLASHATTN_SM90", "1")] if "90a" in cuda_archs() else []),
         extra_compile_args={
-            "cxx": cxx_flags,
+            "cxx": cxx_flags + [flag for d in after_dirs for flag in ("-idirafter", d)],
             "nvcc": ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
                      "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
                      "-U__CUDA_NO_BFLOAT16_CONVERSIONS__"] + gencode_flags()
