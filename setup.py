@@ -3,6 +3,11 @@
 The package metadata (name, version, dependencies, extras) is in pyproject.toml; this file only
 describes the compiled module.
 
+Sources, by role (globbed recursively, so files can move between folders without editing this file):
+  CUDA build             every .cpp and .cu file under csrc/
+  CPU-only build         the .cpp files under csrc/ except those under the GPU-path folders
+                         csrc/cuda/, csrc/sm80/ and csrc/sm90/
+
 Environment knobs:
   FLASHATTN_BUILD_CUDA   auto (default: CUDA kernels when a CUDA toolkit is found) | 1 | 0
   FLASHATTN_CUDA_ARCHS   semicolon list of SM versions to compile the sm80 path for (default "80;90")
@@ -23,6 +28,10 @@ from setuptools import setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(HERE, "csrc")
+
+# Folders under csrc/ that hold the GPU path only: left out of a CPU-only build.
+GPU_FOLDERS = ("cuda", "sm80", "sm90")
 
 # Headers of the CUDA libraries that torch's ATen/cuda/CUDAContext.h includes.
 TORCH_CUDA_LIBRARY_HEADERS = ("cusparse.h", "cublas_v2.h", "cublasLt.h", "cusolverDn.h")
@@ -39,8 +48,16 @@ def want_cuda() -> bool:
     return CUDA_HOME is not None
 
 
-def sources(pattern):
-    return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, pattern), recursive=True))
+def sources(*extensions, skip_folders=()):
+    """Files under csrc/ (recursively) with one of the extensions, outside csrc/<skip_folders>/,
+    as paths relative to the repository root, sorted."""
+    skip = tuple(os.path.join(CSRC, f) + os.sep for f in skip_folders)
+    found = []
+    for ext in extensions:
+        for path in glob.glob(os.path.join(CSRC, "**", "*" + ext), recursive=True):
+            if not path.startswith(skip):
+                found.append(os.path.relpath(path, HERE))
+    return sorted(found)
 
 
 def cuda_archs():
@@ -70,7 +87,7 @@ def nvidia_wheel_include_dirs():
 
 
 cxx_flags = ["-O3", "-std=c++20"]  # torch >= 2.14 headers need C++20
-include_dirs = [os.path.join(HERE, "csrc")]
+include_dirs = [CSRC]
 
 if want_cuda():
     # Only the host compiler needs them: the .cu files include no torch headers (nor these libraries').
@@ -80,8 +97,7 @@ if want_cuda():
               "compiler): " + " ".join(f"-idirafter {d}" for d in after_dirs), flush=True)
     ext = CUDAExtension(
         name="flashattn._C",
-        sources=sources("csrc/*.cpp") + sources("csrc/cpu/*.cpp") + sources("csrc/sm80/*.cu")
-        + sources("csrc/sm90/*.cu") + sources("csrc/instantiations/*.cu"),
+        sources=sources(".cpp", ".cu"),
         include_dirs=include_dirs,
         define_macros=[("FLASHATTN_WITH_CUDA", "1")] + ([("FLASHATTN_SM90", "1")] if "90a" in cuda_archs() else []),
         extra_compile_args={
@@ -95,7 +111,7 @@ if want_cuda():
 else:
     ext = CppExtension(
         name="flashattn._C",
-        sources=sources("csrc/*.cpp") + sources("csrc/cpu/*.cpp"),
+        sources=sources(".cpp", skip_folders=GPU_FOLDERS),
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx_flags},
     )
