@@ -1,19 +1,40 @@
 """Build the flashattn extension: one module, flashattn._C, with CPU and CUDA kernels.
 
+The package metadata (name, version, dependencies, extras) is in pyproject.toml; this file only
+describes the compiled module.
+
+Sources, by role (globbed recursively, so files can move between folders without editing this file):
+  CUDA build             every .cpp and .cu file under csrc/
+  CPU-only build         the .cpp files under csrc/ except those under the GPU-path folders
+                         csrc/cuda/, csrc/sm80/ and csrc/sm90/
+
 Environment knobs:
   FLASHATTN_BUILD_CUDA   auto (default: CUDA kernels when a CUDA toolkit is found) | 1 | 0
   FLASHATTN_CUDA_ARCHS   semicolon list of SM versions to compile the sm80 path for (default "80;90")
   MAX_JOBS               parallel compile jobs (torch's ninja builder reads it)
   FLASHATTN_NVCC_FLAGS   extra nvcc flags, space-separated (e.g. "-DFLASHATTN_WATCHDOG" for a debug build
                          whose sm90 forward and backward mbarrier waits trap instead of hanging)
+
+torch's CUDA headers, which the host .cpp files include, include the cuSPARSE, cuBLAS and cuSOLVER
+headers. A CUDA toolkit installed without them (no $CUDA_HOME/include/cusparse.h) gets them from the
+nvidia wheels torch depends on: their include folders are searched after the toolkit's own
+(-idirafter), so the toolkit's CUDA runtime headers still win.
 """
 import glob
+import importlib.util
 import os
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(HERE, "csrc")
+
+# Folders under csrc/ that hold the GPU path only: left out of a CPU-only build.
+GPU_FOLDERS = ("cuda", "sm80", "sm90")
+
+# Headers of the CUDA libraries that torch's ATen/cuda/CUDAContext.h includes.
+TORCH_CUDA_LIBRARY_HEADERS = ("cusparse.h", "cublas_v2.h", "cublasLt.h", "cusolverDn.h")
 
 
 def want_cuda() -> bool:
@@ -27,8 +48,16 @@ def want_cuda() -> bool:
     return CUDA_HOME is not None
 
 
-def sources(pattern):
-    return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, pattern), recursive=True))
+def sources(*extensions, skip_folders=()):
+    """Files under csrc/ (recursively) with one of the extensions, outside csrc/<skip_folders>/,
+    as paths relative to the repository root, sorted."""
+    skip = tuple(os.path.join(CSRC, f) + os.sep for f in skip_folders)
+    found = []
+    for ext in extensions:
+        for path in glob.glob(os.path.join(CSRC, "**", "*" + ext), recursive=True):
+            if not path.startswith(skip):
+                found.append(os.path.relpath(path, HERE))
+    return sorted(found)
 
 
 def cuda_archs():
@@ -41,18 +70,38 @@ def gencode_flags():
     return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in cuda_archs()]
 
 
+def nvidia_wheel_include_dirs():
+    """Include folders of the nvidia wheels (installed with torch) that hold the CUDA library headers
+    torch's CUDA headers include; empty when the toolkit has them itself or no such wheel is installed."""
+    if os.path.isfile(os.path.join(CUDA_HOME, "include", "cusparse.h")):
+        return []
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    dirs = []
+    for root in spec.submodule_search_locations:
+        for include in sorted(glob.glob(os.path.join(root, "*", "include"))):
+            if include not in dirs and any(os.path.isfile(os.path.join(include, h)) for h in TORCH_CUDA_LIBRARY_HEADERS):
+                dirs.append(include)
+    return dirs
+
+
 cxx_flags = ["-O3", "-std=c++20"]  # torch >= 2.14 headers need C++20
-include_dirs = [os.path.join(HERE, "csrc")]
+include_dirs = [CSRC]
 
 if want_cuda():
+    # Only the host compiler needs them: the .cu files include no torch headers (nor these libraries').
+    after_dirs = nvidia_wheel_include_dirs()
+    if after_dirs:
+        print("flashattn setup.py: no cusparse.h in the CUDA toolkit; added after its include dirs (host "
+              "compiler): " + " ".join(f"-idirafter {d}" for d in after_dirs), flush=True)
     ext = CUDAExtension(
         name="flashattn._C",
-        sources=sources("csrc/torch/*.cpp") + sources("csrc/cpu/*.cpp") + sources("csrc/*.cu") + sources("csrc/cuda/*.cu") + sources("csrc/sm80/*.cu")
-        + sources("csrc/sm90/*.cu") + sources("csrc/instantiations/*.cu"),
+        sources=sources(".cpp", ".cu"),
         include_dirs=include_dirs,
         define_macros=[("FLASHATTN_WITH_CUDA", "1")] + ([("FLASHATTN_SM90", "1")] if "90a" in cuda_archs() else []),
         extra_compile_args={
-            "cxx": cxx_flags,
+            "cxx": cxx_flags + [flag for d in after_dirs for flag in ("-idirafter", d)],
             "nvcc": ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
                      "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
                      "-U__CUDA_NO_BFLOAT16_CONVERSIONS__"] + gencode_flags()
@@ -62,23 +111,12 @@ if want_cuda():
 else:
     ext = CppExtension(
         name="flashattn._C",
-        sources=sources("csrc/torch/*.cpp") + sources("csrc/cpu/*.cpp"),
+        sources=sources(".cpp", skip_folders=GPU_FOLDERS),
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx_flags},
     )
 
 setup(
-    name="flashattn",
-    version="0.1.0",
-    description="Exact FlashAttention forward and backward kernels for PyTorch",
-    packages=find_packages(include=["flashattn", "flashattn.*"]),
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExtension},
-    python_requires=">=3.9",
-    install_requires=["torch"],
-    extras_require={
-        "test": ["pytest", "numpy", "hypothesis"],
-        "transformers": ["transformers>=4.51"],
-        "bench": ["matplotlib", "tqdm"],
-    },
 )
