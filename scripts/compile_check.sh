@@ -5,7 +5,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 out=$(mktemp -d)
-ls csrc/instantiations/*${1:-}*.cu csrc/sm80/*.cu csrc/sm90/*.cu | xargs -P "$(nproc)" -I{} sh -c \
+ls csrc/instantiations/*${1:-}*.cu csrc/*.cu csrc/cuda/*.cu csrc/sm80/*.cu csrc/sm90/*.cu | xargs -P "$(nproc)" -I{} sh -c \
   'nvcc -O3 -std=c++17 --use_fast_math --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_SM90 -Icsrc \
      -Xptxas -v -c {} -o '"$out"'/$(basename {}).o > '"$out"'/$(basename {}).log 2>&1 || echo "FAILED {}"'
 for log in "$out"/*.log; do
