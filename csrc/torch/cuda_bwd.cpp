@@ -116,11 +116,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     p.key_end_causal = mask.key_end_causal;
   }
   if (plan.path == GpuPath::kSm90) {
-    const cudaError_t err = sm90::run_bwd(p, stream);
-    TORCH_CHECK(err != cudaErrorNotSupported, op,
-                ": the sm90 kernels could not describe the inputs for TMA (cuTensorMapEncodeTiled failed); "
-                "FLASHATTN_FORCE_SM80=1 runs the sm80 kernels instead");
-    C10_CUDA_CHECK(err);
+    check_sm90_launch(sm90::run_bwd(p, stream), op);
   } else {
     C10_CUDA_CHECK(sm80::run_bwd(p, stream));
   }

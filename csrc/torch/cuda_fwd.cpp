@@ -22,14 +22,6 @@ namespace {
 // the error at the level of shorter rows.
 constexpr int64_t kKeysPerPass = int64_t{1} << 20;
 
-// Raises for a launch that failed; a TMA descriptor the driver refused gets a message of its own.
-void check_launch(cudaError_t err, const char* op) {
-  TORCH_CHECK(err != cudaErrorNotSupported, op,
-              ": the sm90 kernels could not describe the inputs for TMA (cuTensorMapEncodeTiled failed); "
-              "FLASHATTN_FORCE_SM80=1 runs the sm80 kernels instead");
-  C10_CUDA_CHECK(err);
-}
-
 // One forward pass of q over k and v (some key range of the caller's) into out and lse.
 void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s, double scale,
               bool is_causal, const std::optional<at::Tensor>& attn_mask, const DropoutParams& dropout,
@@ -76,7 +68,7 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
     tile_counter = at::empty({1}, q.options().dtype(at::kInt));
     p.tile_counter = tile_counter.data_ptr<int>();
   }
-  for (int i = 0; i < plan.sm90_launches; ++i) check_launch(sm90::run_fwd(p, plan.sm90[i], stream), "flashattn.fwd");
+  for (int i = 0; i < plan.sm90_launches; ++i) check_sm90_launch(sm90::run_fwd(p, plan.sm90[i], stream), "flashattn.fwd");
 }
 
 // The forward over more than kKeysPerPass keys: one pass per key range, merged as

@@ -72,6 +72,13 @@ AttentionShape make_shape(const CheckedShape& s, const at::Tensor& q, double sca
 
 bool has_work(const CheckedShape& s) { return s.batch > 0 && s.heads_q > 0 && s.seqlen_q > 0 && s.seqlen_k > 0; }
 
+void check_sm90_launch(cudaError_t err, const char* op) {
+  TORCH_CHECK(err != cudaErrorNotSupported, op,
+              ": the sm90 kernels could not describe the inputs for TMA (cuTensorMapEncodeTiled failed); "
+              "FLASHATTN_FORCE_SM80=1 runs the sm80 kernels instead");
+  C10_CUDA_CHECK(err);
+}
+
 DropoutParams make_dropout(double dropout_p, const std::optional<at::Tensor>& rng_state) {
   DropoutParams d;
   if (dropout_p == 0.0) return d;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <cuda_runtime.h>
 
 #include <optional>
 #include <tuple>
@@ -49,6 +50,9 @@ DeviceInfo device_info(const at::Tensor& q);
 AttentionShape make_shape(const CheckedShape& s, const at::Tensor& q, double scale, bool is_causal);
 
 bool has_work(const CheckedShape& s);
+
+// Raises for an sm90 launch that failed; a TMA descriptor the driver refused gets a message of its own.
+void check_sm90_launch(cudaError_t err, const char* op);
 
 // DropoutParams for a checked (dropout_p, rng_state); disabled for dropout_p == 0.
 DropoutParams make_dropout(double dropout_p, const std::optional<at::Tensor>& rng_state);
