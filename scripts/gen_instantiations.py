@@ -40,7 +40,7 @@ def main():
                 (out_dir / f"fwd{suffix}_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
         for head_dim in SM90_BWD_HEAD_DIMS:
             for suffix in ("", "_masked") if head_dim in SM90_BWD_MASKED_HEAD_DIMS else ("",):
-                text = (f"{HEADER}#include \"sm90/bwd_kernel.cuh\"\n\n"
+                text = (f"{HEADER}#include \"sm90/bwd_launch.cuh\"\n\n"
                         f"template cudaError_t flashattn::sm90::launch_bwd{suffix}<{element}, {head_dim}>(\n"
                         f"    const flashattn::BwdParams&, cudaStream_t);\n")
                 (out_dir / f"bwd{suffix}_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)

@@ -572,15 +572,5 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   return launch_bwd_convert_dq<T>(p, stream);
 }
 
-template <typename T, int kHeadDim>
-cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  return launch_bwd_with_config<T, BwdConfig<kHeadDim>, false>(p, stream);
-}
-
-template <typename T, int kHeadDim>
-cudaError_t launch_bwd_masked(const BwdParams& p, cudaStream_t stream) {
-  return launch_bwd_with_config<T, BwdConfig<kHeadDim>, true>(p, stream);
-}
-
 }  // namespace sm90
 }  // namespace flashattn

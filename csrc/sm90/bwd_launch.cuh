@@ -1,0 +1,20 @@
+// The sm90 backward launchers declared in sm90/launch.h: the tile configuration of each width.
+#pragma once
+
+#include "sm90/bwd_kernel.cuh"
+
+namespace flashattn {
+namespace sm90 {
+
+template <typename T, int kHeadDim>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  return launch_bwd_with_config<T, BwdConfig<kHeadDim>, false>(p, stream);
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_bwd_masked(const BwdParams& p, cudaStream_t stream) {
+  return launch_bwd_with_config<T, BwdConfig<kHeadDim>, true>(p, stream);
+}
+
+}  // namespace sm90
+}  // namespace flashattn
