@@ -139,7 +139,7 @@ struct BwdParams {
   float* delta;      // rowsum(dout * out)
   float* lse_log2;   // lse * log2(e), +inf where lse is -inf
   int64_t stats_stride;
-  int dq_accum_dim;  // head dim padded to the kernel's tile width (sm80::padded_head_dim)
+  int dq_accum_dim;  // head dim padded to the kernel's tile width (BwdPlan::dq_accum_dim)
   // Deterministic mode: the key blocks that add into one query block's dq_accum rows take turns in
   // increasing key-block order, so every dq element sums its terms in the same order on every run.
   // dq_keys_done holds one zeroed int32 counter per (batch, query head, query block) when deterministic

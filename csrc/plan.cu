@@ -102,14 +102,13 @@ FwdPlan plan_fwd(const FwdCall& call, const DeviceInfo& device, const PlanOption
 BwdPlan plan_bwd(const BwdCall& call, const DeviceInfo& device, const PlanOptions& options) {
   const AttentionShape& s = call.shape;
   BwdPlan plan;
-  plan.dq_accum_dim = sm80::padded_head_dim(s.head_dim);
   const bool masked = call.mask.present || call.dropout;
   // Deterministic mode is the sm80 backward's (the sm90 one adds dq partials in any order); a mask or
   // dropout needs the masked variant, which the sm90 backward has at some head dims only.
   const bool sm90 = sm90_device(device, options) && !call.deterministic &&
-                    sm90::bwd_supported(s, call.tensors_tma, plan.dq_accum_dim) &&
-                    (!masked || sm90::bwd_masked_supported(s.head_dim));
+                    sm90::bwd_supported(s, call.tensors_tma) && (!masked || sm90::bwd_masked_supported(s.head_dim));
   plan.path = sm90 ? GpuPath::kSm90 : GpuPath::kSm80;
+  plan.dq_accum_dim = sm90 ? sm90::bwd_tile_width(s.head_dim) : sm80::padded_head_dim(s.head_dim);
   if (!call.mask.present) return plan;
   plan.mask.tile = sm90 ? sm90::bwd_tile_shape() : sm80::bwd_tile_shape(s.head_dim);
   // Deterministic mode needs every key block to take its dq turn at every query block: no skipping.

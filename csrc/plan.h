@@ -92,7 +92,7 @@ struct BwdCall {
 struct BwdPlan {
   GpuPath path = GpuPath::kSm80;
   MaskPolicy mask;
-  int dq_accum_dim = 0;  // the dq workspace's row width (the sm80 tile width, which the sm90 backward shares)
+  int dq_accum_dim = 0;  // the dq workspace's row width: the chosen path's tile width
 };
 BwdPlan plan_bwd(const BwdCall& call, const DeviceInfo& device, const PlanOptions& options);
 

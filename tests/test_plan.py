@@ -57,8 +57,11 @@ def test_force_sm80_option():
     ({}, "sm90", 128),
     ({"head_dim": 64}, "sm90", 64),
     ({"head_dim": 40}, "sm90", 64),
-    ({"head_dim": 96}, "sm80", 96),      # no sm90 backward at width 96 yet
-    ({"head_dim": 256}, "sm80", 256),
+    ({"head_dim": 96}, "sm90", 128),     # width 128, padded
+    ({"head_dim": 192}, "sm90", 256),    # the wide kernel, padded
+    ({"head_dim": 256}, "sm90", 256),
+    ({"head_dim": 256, "mask": "bool"}, "sm80", 256),  # no masked wide kernel
+    ({"head_dim": 256, "dropout": True}, "sm80", 256),
     ({"deterministic": True}, "sm80", 128),  # deterministic mode is the sm80 backward's
     ({"mask": "bool"}, "sm90", 128),
     ({"dropout": True, "head_dim": 64}, "sm90", 64),
@@ -68,6 +71,12 @@ def test_force_sm80_option():
 def test_backward_path(fields, path, accum):
     p = plan.plan_bwd(call(**fields))
     assert (p["path"], p["dq_accum_dim"]) == (path, accum)
+
+
+def test_backward_workspace_width_follows_the_path():
+    # The sm80 backward's workspace is its own tile width (96), not the sm90 one's (128).
+    p = plan.plan_bwd(call(head_dim=96), force_sm80=True)
+    assert (p["path"], p["dq_accum_dim"]) == ("sm80", 96)
 
 
 # ---- the sm90 forward's variants ----

@@ -32,18 +32,20 @@ int max_pair_clusters(int device);
 // cudaErrorNotSupported when a TMA descriptor cannot be built.
 cudaError_t run_fwd(const FwdParams& p, const FwdLaunchPlan& plan, cudaStream_t stream);
 
-// The backward's tile width for a head dim (0: none serves it): 64 for head dims 33..64, 128 for
-// 97..128, the widths of the dq workspace the host allocates for them (sm80::padded_head_dim).
+// The backward's tile width for a head dim (0: none serves it): the smallest compiled width at least
+// the head dim (64, 128, 256 for head dims 33..256), which is also the width of the dq workspace the
+// host allocates for it.
 int bwd_tile_width(int head_dim);
 
-// Whether the sm90 backward serves a shape: a tile width equal to the dq workspace's, a positive,
-// finite scale, and q, k, v and dout TMA-describable (tensors_tma).
-bool bwd_supported(const AttentionShape& shape, bool tensors_tma, int dq_accum_dim);
+// Whether the sm90 backward serves a shape: a compiled tile width, a positive, finite scale, and q, k,
+// v and dout TMA-describable (tensors_tma).
+bool bwd_supported(const AttentionShape& shape, bool tensors_tma);
 
-// Whether the backward's masked variant (masks and dropout) serves this head dim (given bwd_supported).
+// Whether the backward's masked variant (masks and dropout) serves this head dim (given bwd_supported):
+// tile widths 64 and 128.
 bool bwd_masked_supported(int head_dim);
 
-// The query x key grid of the backward (every head dim it serves): a mask's tile classes for it.
+// The query x key grid of the masked backward (both of its widths): a mask's tile classes for it.
 TileShape bwd_tile_shape();
 
 // Backward: writes dq, dk, dv (same workspace contract as sm80::run_bwd, sm80/api.h), with the masked

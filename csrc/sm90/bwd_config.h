@@ -54,5 +54,53 @@ struct BwdConfig {
   static_assert(kBwdStageBarrier0 + kStages <= 16, "16 named barriers per CTA");
 };
 
+// The wide backward (bwd_wide_kernel.cuh) for tile widths above 128, where one consumer cannot hold dK
+// and dV for all of its keys' head dims: a CTA owns 64 keys; each consumer computes S and dP for 32 of
+// them (all queries of the step) and dK, dV and dQ for half of the head dims (all 64 keys).
+template <int kHeadDim_>
+struct BwdWideConfig {
+  static constexpr int kHeadDim = kHeadDim_;  // tile width, equal to the dq workspace width
+  static constexpr int kBlockM = 64;          // queries per step
+  static constexpr int kBlockN = 64;          // keys per CTA
+  static constexpr int kConsumers = 2;
+  static constexpr int kKeysPerConsumer = kBlockN / kConsumers;   // S and dP columns of one consumer
+  static constexpr int kDimsPerConsumer = kHeadDim / kConsumers;  // dK, dV and dQ columns of one consumer
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kColBlocks = kHeadDim / 64;
+  static constexpr int kQColBlockBytes = kBlockM * 128;   // one [64 queries][64] column block
+  static constexpr int kKVColBlockBytes = kBlockN * 128;  // one [64 keys][64] column block
+  static constexpr int kQBytes = kColBlocks * kQColBlockBytes;
+  static constexpr int kKVBytes = kColBlocks * kKVColBlockBytes;
+  static constexpr int kScoreTileBytes = kBlockM * kBlockN * 2;  // P or dS: [64 queries][64 keys]
+  static constexpr int kDqBytes = kBlockM * kHeadDim * 4;         // the step's dQ partial, fp32 [64][kHeadDim]
+  static constexpr int kStatsBytes = 2 * kBlockM * 4;
+  // K, V, the Q ring, the dO ring, P, dS, the dQ staging tile, the LSE / delta ring, then the mbarriers.
+  static constexpr int bytes_with_stages(int stages) {
+    return 1024 + 2 * kKVBytes + 2 * stages * kQBytes + 2 * kScoreTileBytes + kDqBytes + stages * kStatsBytes +
+           (1 + stages) * 8;
+  }
+  // Two stages where they fit (at 256 they do not: the next step's loads then wait for this one's
+  // dK and dV GEMMs).
+  static constexpr int kStages = bytes_with_stages(2) <= 227 * 1024 ? 2 : 1;
+  static constexpr int kVOffset = kKVBytes;
+  static constexpr int kQOffset = 2 * kKVBytes;
+  static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
+  static constexpr int kPOffset = kDoOffset + kStages * kQBytes;
+  static constexpr int kDsOffset = kPOffset + kScoreTileBytes;
+  static constexpr int kDqOffset = kDsOffset + kScoreTileBytes;
+  static constexpr int kStatsOffset = kDqOffset + kDqBytes;
+  static constexpr int kBarriersOffset = kStatsOffset + kStages * kStatsBytes;
+  static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + kStages) * 8;
+
+  static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
+  static_assert(kDimsPerConsumer % 64 == 0, "each consumer's head dims are whole 64-column blocks");
+  static_assert(kBlockN == 64, "P and dS rows are one 128-byte swizzle row");
+  static_assert(kBlockM % kBwdStatsAlign == 0 || kBwdStatsAlign % kBlockM == 0, "steps never cross a stats row");
+  static_assert(kSmemBytes == bytes_with_stages(kStages) && kSmemBytes <= 227 * 1024, "shared memory per CTA");
+  static_assert(kBwdStageBarrier0 + kStages <= 16, "16 named barriers per CTA");
+};
+
 }  // namespace sm90
 }  // namespace flashattn

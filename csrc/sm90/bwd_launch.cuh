@@ -2,13 +2,18 @@
 #pragma once
 
 #include "sm90/bwd_kernel.cuh"
+#include "sm90/bwd_wide_kernel.cuh"
 
 namespace flashattn {
 namespace sm90 {
 
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  return launch_bwd_with_config<T, BwdConfig<kHeadDim>, false>(p, stream);
+  if constexpr (kHeadDim > 128) {
+    return launch_bwd_wide<T, BwdWideConfig<kHeadDim>>(p, stream);
+  } else {
+    return launch_bwd_with_config<T, BwdConfig<kHeadDim>, false>(p, stream);
+  }
 }
 
 template <typename T, int kHeadDim>

@@ -109,9 +109,8 @@ int bwd_tile_width(int head_dim) {
   return 0;
 }
 
-bool bwd_supported(const AttentionShape& s, bool tensors_tma, int dq_accum_dim) {
-  const int width = bwd_tile_width(s.head_dim);
-  return compiled() && width > 0 && width == dq_accum_dim && finite_positive(s.scale) && tensors_tma;
+bool bwd_supported(const AttentionShape& s, bool tensors_tma) {
+  return compiled() && bwd_tile_width(s.head_dim) > 0 && finite_positive(s.scale) && tensors_tma;
 }
 
 bool bwd_masked_supported(int head_dim) {

@@ -1,0 +1,295 @@
+// The wide sm90 backward: tile widths above 128 (BwdWideConfig), where a consumer warpgroup cannot hold
+// dK and dV over the whole head dim for 64 keys (at 256 that alone is 256 registers a thread).
+//
+// The same three launches, producer warp and Q / dO ring as bwd_kernel.cuh (produce_bwd). One CTA per
+// (64-key block, kv head, batch); the two consumers split the work two ways:
+//   - by keys for the scores: consumer c computes S = Q K^T and dP = dO V^T for its 32 keys
+//     [32c, 32c + 32) and all 64 queries of the step (wgmma from shared memory), P = exp2(S scale - LSE)
+//     and dS = P (dP - delta) in registers, and writes both, rounded to T, into the step's shared
+//     [64 queries][64 keys] P and dS tiles (128-byte swizzle);
+//   - by head dims for the products: once both halves of P and dS are there, consumer c computes its
+//     half of the head dims [c D/2, (c + 1) D/2) of dV += P^T dO and dK += dS^T Q over all 64 keys (dK
+//     and dV stay in registers for the whole CTA) and of dQ_partial = dS K, which meets the other half in
+//     an fp32 staging tile added into the dq workspace with one bulk reduction per step.
+// No mask, dropout or key lengths (those calls run the sm80 backward at these widths).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "params.h"
+#include "cuda/bwd_aux.cuh"
+#include "cuda/element_ops.h"
+#include "cuda/mask_view.h"
+#include "sm90/bwd_config.h"
+#include "sm90/bwd_kernel.cuh"
+#include "sm90/fragments.h"
+#include "sm90/ptx.h"
+#include "sm90/tensor_map.h"
+#include "sm90/wgmma.h"
+
+namespace flashattn {
+namespace sm90 {
+
+// acc (64 queries x 32 keys) = a [64 queries][D] K-major tile times the rows of a [keys][D] K-major tile
+// (32 of them, from `key_rows`), transposed. S = Q K^T and dP = dO V^T.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void issue_queries_by_keys(float (&acc)[Cfg::kKeysPerConsumer / 2], uint32_t q_tile,
+                                                      uint32_t key_rows) {
+  const uint64_t desc_a0 = smem_desc_sw128(q_tile, 16, 1024), desc_b0 = smem_desc_sw128(key_rows, 16, 1024);
+#pragma unroll
+  for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
+    const int offset = (ks % 4) * 32;
+    const uint64_t desc_a = smem_desc_advance(desc_a0, (ks / 4) * Cfg::kQColBlockBytes + offset);
+    const uint64_t desc_b = smem_desc_advance(desc_b0, (ks / 4) * Cfg::kKVColBlockBytes + offset);
+    Wgmma<T, Cfg::kKeysPerConsumer>::ss(acc, desc_a, desc_b, ks > 0);
+  }
+}
+
+// acc (64 keys x this consumer's head dims) += scores^T (the [64 queries][64 keys] tile, MN-major A)
+// times `rows` (a [64 queries][D] tile from its first column block of those dims, MN-major B).
+// dV += P^T dO and dK += dS^T Q.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void issue_keys_by_dims_ss(float (&acc)[Cfg::kDimsPerConsumer / 2], uint32_t scores,
+                                                      uint32_t rows) {
+  const uint64_t desc_a0 = smem_desc_sw128(scores, Cfg::kScoreTileBytes, 1024);
+  const uint64_t desc_b0 = smem_desc_sw128(rows, Cfg::kQColBlockBytes, 1024);
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk) {
+    const int offset = kk * 16 * 128;
+    Wgmma<T, Cfg::kDimsPerConsumer>::ss_mn(acc, smem_desc_advance(desc_a0, offset), smem_desc_advance(desc_b0, offset),
+                                           1);
+  }
+}
+
+// dq (64 queries x this consumer's head dims) = dS (the [64 queries][64 keys] tile, K-major A) times K
+// (the [64 keys][D] tile from its first column block of those dims, MN-major B).
+template <typename T, typename Cfg>
+__device__ __forceinline__ void issue_dq_wide(float (&dq)[Cfg::kDimsPerConsumer / 2], uint32_t ds_tile,
+                                              uint32_t k_cols) {
+  const uint64_t desc_a0 = smem_desc_sw128(ds_tile, 16, 1024);
+  const uint64_t desc_b0 = smem_desc_sw128(k_cols, Cfg::kKVColBlockBytes, 1024);
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
+    Wgmma<T, Cfg::kDimsPerConsumer>::ss_b_mn(dq, smem_desc_advance(desc_a0, kk * 32),
+                                             smem_desc_advance(desc_b0, kk * 16 * 128), kk > 0);
+  }
+}
+
+// Writes this consumer's 64 queries x 32 keys of a score tile (P or dS, accumulator layout) into the
+// [64 queries][64 keys] tile at `tile`, rounded to T, with the 128-byte swizzle: the 16-byte chunk c of
+// row r lives at chunk c ^ (r % 8).
+template <typename T, typename Cfg>
+__device__ __forceinline__ void store_scores_swizzled(uint32_t tile, const float (&acc)[Cfg::kKeysPerConsumer / 2],
+                                                      int consumer, int warp_in_group, int lane) {
+  using Ops = ElementOps<T>;
+#pragma unroll
+  for (int j = 0; j < Cfg::kKeysPerConsumer / 8; ++j) {  // n8 block j: keys 32 consumer + 8j + ...
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_in_group * 16 + lane / 4 + half * 8;
+      const int chunk = consumer * (Cfg::kKeysPerConsumer / 8) + j;
+      const int offset = row * 128 + ((chunk ^ (row % 8)) << 4) + (lane % 4) * 4;
+      st_shared_u32(tile + offset, Ops::pack(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]));
+    }
+  }
+}
+
+template <typename T, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid_constant__ BwdTensorMaps maps,
+                                                                    const BwdParams p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // built for sm_80 too, never launched there (see sm90/api.h)
+#else
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr int kKeys = Cfg::kKeysPerConsumer, kDims = Cfg::kDimsPerConsumer;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& bars = *reinterpret_cast<BwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
+
+  const AttentionShape& sh = p.shape;
+  const int num_n_blocks = (sh.seqlen_k + kBlockN - 1) / kBlockN;
+  const int n_block = static_cast<int>(blockIdx.x % num_n_blocks);
+  const int kv_head = static_cast<int>((blockIdx.x / num_n_blocks) % sh.heads_kv);
+  const int batch = static_cast<int>(blockIdx.x / num_n_blocks / sh.heads_kv);
+  const int n0 = n_block * kBlockN;
+  BwdSteps steps;
+  steps.group = sh.heads_q / sh.heads_kv;
+  const int first_query = first_query_seeing(n0, sh.is_causal, sh.causal_offset);
+  steps.m_begin = first_query / kBlockM;
+  steps.num_m = first_query < sh.seqlen_q ? (sh.seqlen_q + kBlockM - 1) / kBlockM - steps.m_begin : 0;
+  const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);  // uniform, as in bwd_kernel
+
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&maps.q);
+    prefetch_tensor_map(&maps.k);
+    prefetch_tensor_map(&maps.v);
+    prefetch_tensor_map(&maps.dout);
+    mbar_init(&bars.kv_full, 1);
+    for (int i = 0; i < kStages; ++i) mbar_init(&bars.qdo_full[i], 32);  // producer lanes, plus the TMA bytes
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    registers_decrease<Cfg::kProducerRegisters>();
+    if (threadIdx.x < 32) {
+      produce_bwd<T, Cfg, false>(p, maps, bars, base, n0, kv_head, batch, steps,
+                                 BwdStepWalk<T, false>{p, steps, kv_head, batch, n_block});
+    }
+    return;
+  }
+  registers_increase<Cfg::kConsumerRegisters>();
+
+  const int consumer = warpgroup - 1;
+  const int warp_in_group = (threadIdx.x % 128) / 32;
+  const int lane = threadIdx.x % 32;
+  const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
+  const int key0 = n0 + consumer * kKeys;   // this consumer's score columns: keys [key0, key0 + 32)
+  const int dim0 = consumer * kDims;        // this consumer's head dims: [dim0, dim0 + kDims)
+  const uint32_t smem = smem_u32(base);
+  const uint32_t key_rows = smem + consumer * kKeys * 128;  // its 32 rows of K in every column block
+  const uint32_t value_rows = key_rows + Cfg::kVOffset;
+  const uint32_t k_cols = smem + (dim0 / 64) * Cfg::kKVColBlockBytes;  // K from its first head-dim column block
+  const uint32_t p_tile = smem + Cfg::kPOffset, ds_tile = smem + Cfg::kDsOffset;
+  const float* dq_stage = reinterpret_cast<const float*>(base + Cfg::kDqOffset);  // [64][kHeadDim]
+  const uint32_t dq_stage_addr = smem + Cfg::kDqOffset;
+  const float* stats_ring = reinterpret_cast<const float*>(base + Cfg::kStatsOffset);
+  // This thread's two query rows of every score accumulator: r0 and r0 + 8.
+  const int r0 = warp_in_group * 16 + lane / 4;
+
+  float dk[kDims / 2], dv[kDims / 2];
+#pragma unroll
+  for (int i = 0; i < kDims / 2; ++i) dk[i] = dv[i] = 0.f;
+
+  mbar_wait(&bars.kv_full, 0);
+  for (int iter = 0; iter < steps.count(); ++iter) {
+    const int stage = iter % kStages;
+    const int head = steps.head(iter, kv_head);
+    const int m0 = steps.m0<kBlockM>(iter);
+    const uint32_t q_tile = smem + Cfg::kQOffset + stage * Cfg::kQBytes;
+    const uint32_t do_tile = smem + Cfg::kDoOffset + stage * Cfg::kQBytes;
+    const float* stats = stats_ring + stage * (Cfg::kStatsBytes / 4);  // [64] LSE (base 2), then [64] delta
+
+    float s[kKeys / 2], dp[kKeys / 2];
+    mbar_wait(&bars.qdo_full[stage], (iter / kStages) & 1);
+    wgmma_fence();
+    issue_queries_by_keys<T, Cfg>(s, q_tile, key_rows);
+    wgmma_commit();
+    issue_queries_by_keys<T, Cfg>(dp, do_tile, value_rows);
+    wgmma_commit();
+    const float lse[2] = {stats[r0], stats[r0 + 8]};
+    wgmma_wait<1>();
+    fence_registers(s);
+#pragma unroll
+    for (int i = 0; i < kKeys / 2; ++i) s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[(i % 4) / 2]));
+    // Keys past the end, or (causal) past a query's diagonal, get P = 0; queries past the end have LSE
+    // +inf and so P = 0 already.
+    if (key0 + kKeys > sh.seqlen_k || (sh.is_causal && key0 + kKeys - 1 > m0 + sh.causal_offset)) {
+#pragma unroll
+      for (int i = 0; i < kKeys / 2; ++i) {
+        const int key = key0 + accumulator_col(i, lane);
+        const int query = m0 + accumulator_row(i, warp_in_group, lane);
+        s[i] = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset) ? s[i] : 0.f;
+      }
+    }
+    const float delta[2] = {stats[kBlockM + r0], stats[kBlockM + r0 + 8]};
+    wgmma_wait<0>();
+    fence_registers(dp);
+#pragma unroll
+    for (int i = 0; i < kKeys / 2; ++i) dp[i] = s[i] * (dp[i] - delta[(i % 4) / 2]);  // dS
+
+    // The previous step's products are done with P and dS (the barrier at its end).
+    store_scores_swizzled<T, Cfg>(p_tile, s, consumer, warp_in_group, lane);
+    store_scores_swizzled<T, Cfg>(ds_tile, dp, consumer, warp_in_group, lane);
+    fence_proxy_async_shared();
+    if (reducer) bulk_wait_read();                 // the previous step's dQ reduction has left dq_stage
+    named_barrier_sync(kBwdConsumerBarrier, 256);  // both halves of P and dS written, dq_stage free
+
+    float dq[kDims / 2];
+    wgmma_fence();
+    issue_keys_by_dims_ss<T, Cfg>(dk, ds_tile, q_tile + (dim0 / 64) * Cfg::kQColBlockBytes);
+    issue_keys_by_dims_ss<T, Cfg>(dv, p_tile, do_tile + (dim0 / 64) * Cfg::kQColBlockBytes);
+    wgmma_commit();
+    issue_dq_wide<T, Cfg>(dq, ds_tile, k_cols);
+    wgmma_commit();
+    wgmma_wait<1>();  // dK and dV are done with this stage's Q and dO
+    fence_registers(dk);
+    fence_registers(dv);
+    named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
+    wgmma_wait<0>();
+    fence_registers(dq);
+#pragma unroll
+    for (int i = 0; i < kDims / 2; i += 2) {
+      const int row = accumulator_row(i, warp_in_group, lane);
+      const int col = dim0 + accumulator_col(i, lane);
+      st_shared_f32x2(dq_stage_addr + (row * Cfg::kHeadDim + col) * 4, dq[i], dq[i + 1]);
+    }
+    fence_proxy_async_shared();
+    // dq_stage complete; neither consumer rewrites P or dS before both consumers' products are done.
+    named_barrier_sync(kBwdConsumerBarrier, 256);
+    if (reducer) {
+      const int rows = min(kBlockM, sh.seqlen_q - m0);
+      const int64_t row_offset = (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;
+      bulk_reduce_add_f32(p.dq_accum + (row_offset + m0) * Cfg::kHeadDim, dq_stage, rows * Cfg::kHeadDim * 4);
+      bulk_commit();
+    }
+  }
+  if (reducer) bulk_wait();
+
+  // dK = scale * dS^T Q and dV, straight from the accumulators: keys n0 + row, head dims dim0 + col.
+  using Ops = ElementOps<T>;
+  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_strides.batch + kv_head * p.dk_strides.head;  // [Lk, D]
+  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_strides.batch + kv_head * p.dv_strides.head;  // [Lk, D]
+#pragma unroll
+  for (int i = 0; i < kDims / 2; i += 2) {
+    const int key = n0 + accumulator_row(i, warp_in_group, lane);
+    const int col = dim0 + accumulator_col(i, lane);
+    if (key >= sh.seqlen_k) continue;
+    T* dk_row = dk_out + key * p.dk_strides.row;
+    T* dv_row = dv_out + key * p.dv_strides.row;
+    if (col + 1 < sh.head_dim && sh.head_dim % 2 == 0) {
+      *reinterpret_cast<uint32_t*>(dk_row + col) = Ops::pack(dk[i] * sh.scale, dk[i + 1] * sh.scale);
+      *reinterpret_cast<uint32_t*>(dv_row + col) = Ops::pack(dv[i], dv[i + 1]);
+    } else {
+      if (col < sh.head_dim) {
+        dk_row[col] = Ops::from_float(dk[i] * sh.scale);
+        dv_row[col] = Ops::from_float(dv[i]);
+      }
+      if (col + 1 < sh.head_dim) {
+        dk_row[col + 1] = Ops::from_float(dk[i + 1] * sh.scale);
+        dv_row[col + 1] = Ops::from_float(dv[i + 1]);
+      }
+    }
+  }
+#endif
+}
+
+template <typename T, typename Cfg>
+cudaError_t launch_bwd_wide(const BwdParams& p, cudaStream_t stream) {
+  const AttentionShape& sh = p.shape;
+  if (p.dq_accum_dim != Cfg::kHeadDim) return cudaErrorNotSupported;
+  BwdTensorMaps maps;
+  cudaError_t err = make_tensor_map(&maps.q, p.q, sh, sh.seqlen_q, sh.heads_q, p.q_strides, Cfg::kBlockM);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.dout, p.dout, sh, sh.seqlen_q, sh.heads_q, p.dout_strides, Cfg::kBlockM);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.k, p.k, sh, sh.seqlen_k, sh.heads_kv, p.k_strides, Cfg::kBlockN);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.v, p.v, sh, sh.seqlen_k, sh.heads_kv, p.v_strides, Cfg::kBlockN);
+  if (err != cudaSuccess) return err;
+
+  const int64_t grid = static_cast<int64_t>((sh.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN) * sh.heads_kv * sh.batch;
+  if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
+
+  err = launch_bwd_preprocess<T>(p, stream);
+  if (err != cudaSuccess) return err;
+  auto kernel = bwd_wide_kernel<T, Cfg>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return launch_bwd_convert_dq<T>(p, stream);
+}
+
+}  // namespace sm90
+}  // namespace flashattn
