@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/dropout.h"
+#include "common/mask.h"  // FLASHATTN_HOST_DEVICE
 
 namespace flashattn {
 
@@ -132,7 +133,9 @@ struct BwdParams {
   void* dq;          // [B, Lq, Hq, D]
   void* dk;          // [B, Lk, Hk, D]
   void* dv;          // [B, Lk, Hk, D]
-  float* dq_accum;   // [B, Hq, Lq, dq_accum_dim] contiguous fp32 workspace, zeroed by the backward's preprocess
+  // fp32 workspace, zeroed by the backward's preprocess: [B, Hq, dq_accum_rows(), dq_accum_dim] in the
+  // layout dq_accum_tiled names (cuda/dq_accum_layout.h).
+  float* dq_accum;
   // Per-row statistics, [B, Hq, stats_stride] contiguous fp32 workspaces. stats_stride is seqlen_q
   // rounded up to kBwdStatsAlign, and the padding rows hold delta 0 and lse_log2 +inf (P = 0 there),
   // so a kernel can copy whole, aligned query blocks of them without bounds checks.
@@ -140,6 +143,9 @@ struct BwdParams {
   float* lse_log2;   // lse * log2(e), +inf where lse is -inf
   int64_t stats_stride;
   int dq_accum_dim;  // head dim padded to the kernel's tile width (BwdPlan::dq_accum_dim)
+  bool dq_accum_tiled = false;  // the sm90 tile layout; the row layout when false
+  // Rows of dq_accum per (batch, query head): whole 64-query blocks (stats_stride) in the tile layout.
+  FLASHATTN_HOST_DEVICE int64_t dq_accum_rows() const { return dq_accum_tiled ? stats_stride : shape.seqlen_q; }
   // Deterministic mode: the key blocks that add into one query block's dq_accum rows take turns in
   // increasing key-block order, so every dq element sums its terms in the same order on every run.
   // dq_keys_done holds one zeroed int32 counter per (batch, query head, query block) when deterministic

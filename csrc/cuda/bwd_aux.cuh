@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/dq_accum_layout.h"
 #include "cuda/element_ops.h"
 #include "cuda/saturated_rows.h"
 #include "params.h"
@@ -62,11 +63,15 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdPa
         rebalance_saturated_row<T, kLanes>(p, batch, tile.head, query, saturated, sub, &lse_log2, &rescale);
       }
     }
+    // dq_accum's row `query` of this head (in the tile layout not that query's elements, but every
+    // element of the head's rows is zeroed by some thread all the same).
+    if (query < p.dq_accum_rows()) {
+      float4* accum =
+          reinterpret_cast<float4*>(p.dq_accum + (row * p.dq_accum_rows() + query) * p.dq_accum_dim);  // [dq_accum_dim / 4]
+      for (int c = sub; c < p.dq_accum_dim / 4; c += kLanes) accum[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     float sum = 0.f;
     if (query < s.seqlen_q) {
-      float4* accum =
-          reinterpret_cast<float4*>(p.dq_accum + (row * s.seqlen_q + query) * p.dq_accum_dim);  // [dq_accum_dim / 4]
-      for (int c = sub; c < p.dq_accum_dim / 4; c += kLanes) accum[c] = make_float4(0.f, 0.f, 0.f, 0.f);
       const T* out = static_cast<const T*>(p.out) + batch * p.out_strides.batch + query * p.out_strides.row +
                      tile.head * p.out_strides.head;  // [D]
       const T* dout = static_cast<const T*>(dout_read) + batch * dout_read_strides.batch +
@@ -108,7 +113,8 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdPa
   }
 }
 
-// dq[b, i, h, d] = scale * dq_accum[b, h, i, d]: each thread converts 4 consecutive columns of a row.
+// dq[b, i, h, d] = scale * dq_accum's element (b, h, i, d) (either layout): each thread converts 4
+// consecutive columns of a row.
 template <typename T>
 __global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_kernel(const BwdParams p, int chunks_per_head) {
   using Ops = ElementOps<T>;
@@ -116,12 +122,21 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_kernel(const BwdPa
   const AuxTile tile(chunks_per_head, kAuxRows);
   const int quads = (s.head_dim + 3) / 4;
   for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
-    const int64_t accum_rows = (static_cast<int64_t>(batch) * s.heads_q + tile.head) * s.seqlen_q;
+    const float* accum = p.dq_accum + (static_cast<int64_t>(batch) * s.heads_q + tile.head) * p.dq_accum_rows() *
+                                          p.dq_accum_dim;  // this head's rows
     for (int i = threadIdx.x; i < kAuxRows * quads; i += blockDim.x) {
       const int query = tile.row0 + i / quads;
       const int col = i % quads * 4;
       if (query >= s.seqlen_q) break;  // i only grows
-      const float4 v = *reinterpret_cast<const float4*>(p.dq_accum + (accum_rows + query) * p.dq_accum_dim + col);
+      float4 v;
+      if (p.dq_accum_tiled) {  // columns col, col + 1 and col + 2, col + 3 are pairs of two threads' elements
+        const float* block = accum + static_cast<int64_t>(query / kDqTileRows) * kDqTileRows * p.dq_accum_dim;
+        const float2 a = *reinterpret_cast<const float2*>(block + dq_tile_offset(query % kDqTileRows, col, p.dq_accum_dim));
+        const float2 b = *reinterpret_cast<const float2*>(block + dq_tile_offset(query % kDqTileRows, col + 2, p.dq_accum_dim));
+        v = make_float4(a.x, a.y, b.x, b.y);
+      } else {
+        v = *reinterpret_cast<const float4*>(accum + static_cast<int64_t>(query) * p.dq_accum_dim + col);
+      }
       T* dq = static_cast<T*>(p.dq) + batch * p.dq_strides.batch + query * p.dq_strides.row +
               tile.head * p.dq_strides.head;  // [D]
       if (col + 4 <= s.head_dim && (reinterpret_cast<uintptr_t>(dq + col) & 7) == 0) {

@@ -2,6 +2,7 @@
 // layout) and its named barriers, for the kernel and for the host code that plans around it.
 #pragma once
 
+#include "cuda/dq_accum_layout.h"
 #include "params.h"
 #include "sm90/ptx.h"
 
@@ -48,6 +49,7 @@ struct BwdConfig {
 
   static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
   static_assert(kHeadDim % 64 == 0, "whole 64-column blocks");
+  static_assert(kBlockM == kDqTileRows, "a step's dQ partial is one block of the dq workspace's tile layout");
   static_assert(kConsumers == 2 && kDqCols % 32 == 0, "each consumer's dQ columns lie in one 64-column block");
   static_assert(kBlockM % kBwdStatsAlign == 0 || kBwdStatsAlign % kBlockM == 0, "steps never cross a stats row");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
@@ -97,6 +99,7 @@ struct BwdWideConfig {
   static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
   static_assert(kDimsPerConsumer % 64 == 0, "each consumer's head dims are whole 64-column blocks");
   static_assert(kBlockN == 64, "P and dS rows are one 128-byte swizzle row");
+  static_assert(kBlockM == kDqTileRows, "a step's dQ partial is one block of the dq workspace's tile layout");
   static_assert(kBlockM % kBwdStatsAlign == 0 || kBwdStatsAlign % kBlockM == 0, "steps never cross a stats row");
   static_assert(kSmemBytes == bytes_with_stages(kStages) && kSmemBytes <= 227 * 1024, "shared memory per CTA");
   static_assert(kBwdStageBarrier0 + kStages <= 16, "16 named barriers per CTA");

@@ -37,6 +37,7 @@
 #include "common/mask.h"
 #include "params.h"
 #include "cuda/bwd_aux.cuh"
+#include "cuda/dq_accum_layout.h"
 #include "cuda/element_ops.h"
 #include "cuda/mask_view.h"
 #include "sm90/bwd_config.h"
@@ -277,6 +278,27 @@ __device__ __forceinline__ void write_dmask(const BwdParams& p, const float (&ds
   }
 }
 
+// Stages a consumer's dQ partial (64 queries x kCols head dims from its first, accumulator layout) in
+// the fp32 staging tile at `stage` in the sm90 tile layout (cuda/dq_accum_layout.h): a warp's stores
+// are 512 contiguous bytes.
+template <int kWidth, int kCols>
+__device__ __forceinline__ void store_dq_tile(uint32_t stage, const float (&dq)[kCols / 2], int consumer, int thread) {
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+    st_shared_f32x4(stage + dq_tile_fragment_offset(consumer, j, thread, kWidth) * 4,
+                    make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
+  }
+}
+
+// Adds the staged dQ tile of query block m0 / 64 of (batch, head) into the dq workspace (tile layout:
+// the whole block, rows past seqlen_q included, which hold zeros).
+template <int kWidth>
+__device__ __forceinline__ void reduce_dq_tile(const BwdParams& p, const float* stage, int batch, int head, int m0) {
+  const int64_t rows = (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0;
+  bulk_reduce_add_f32(p.dq_accum + rows * kWidth, stage, kDqTileRows * kWidth * 4);
+  bulk_commit();
+}
+
 // kDropout (with kMasked only): the launch applies params.dropout. A form of its own, so that the
 // masked kernel without dropout keeps its registers (at D=128, one kernel for both spilled 88 bytes
 // against 24 without the Philox calls).
@@ -351,7 +373,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const uint32_t v_rows = smem + Cfg::kVOffset + consumer * 64 * 128;
   const uint32_t ds_tiles = smem + Cfg::kDsOffset;  // both consumers' [64 keys][64 queries] dS^T
   const uint32_t ds_tile = ds_tiles + consumer * Cfg::kDsBytes;
-  const float* dq_stage = reinterpret_cast<const float*>(base + Cfg::kDqOffset);  // [64][kHeadDim]
+  const float* dq_stage = reinterpret_cast<const float*>(base + Cfg::kDqOffset);  // [64 * kHeadDim], tile layout
   const uint32_t dq_stage_addr = smem + Cfg::kDqOffset;
   const uint32_t stats_addr = smem + Cfg::kStatsOffset;
 
@@ -485,21 +507,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
     wgmma_wait<0>();
     fence_registers(dq);
-#pragma unroll
-    for (int i = 0; i < Cfg::kDqCols / 2; i += 2) {
-      const int row = accumulator_row(i, warp_in_group, lane);
-      const int col = dq_col0 + accumulator_col(i, lane);
-      st_shared_f32x2(dq_stage_addr + (row * Cfg::kHeadDim + col) * 4, dq[i], dq[i + 1]);
-    }
+    store_dq_tile<Cfg::kHeadDim, Cfg::kDqCols>(dq_stage_addr, dq, consumer, thread_in_group);
     fence_proxy_async_shared();
     // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
     named_barrier_sync(kBwdConsumerBarrier, 256);
-    if (reducer) {
-      const int rows = min(kBlockM, sh.seqlen_q - m0);
-      const int64_t row_offset = (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;
-      bulk_reduce_add_f32(p.dq_accum + (row_offset + m0) * Cfg::kHeadDim, dq_stage, rows * Cfg::kHeadDim * 4);
-      bulk_commit();
-    }
+    if (reducer) reduce_dq_tile<Cfg::kHeadDim>(p, dq_stage, batch, head, m0);
     step = next;
   }
   if (reducer) bulk_wait();
@@ -535,7 +547,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 template <typename T, typename Cfg, bool kMasked>
 cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   const AttentionShape& sh = p.shape;
-  if (p.dq_accum_dim != Cfg::kHeadDim) return cudaErrorNotSupported;
+  if (p.dq_accum_dim != Cfg::kHeadDim || !p.dq_accum_tiled) return cudaErrorNotSupported;
   BwdTensorMaps maps;
   cudaError_t err = make_tensor_map(&maps.q, p.q, sh, sh.seqlen_q, sh.heads_q, p.q_strides, Cfg::kBlockM);
   if (err == cudaSuccess) err = make_tensor_map(&maps.dout, p.dout, sh, sh.seqlen_q, sh.heads_q, p.dout_strides, Cfg::kBlockM);

@@ -10,7 +10,8 @@
 //   - by head dims for the products: once both halves of P and dS are there, consumer c computes its
 //     half of the head dims [c D/2, (c + 1) D/2) of dV += P^T dO and dK += dS^T Q over all 64 keys (dK
 //     and dV stay in registers for the whole CTA) and of dQ_partial = dS K, which meets the other half in
-//     an fp32 staging tile added into the dq workspace with one bulk reduction per step.
+//     an fp32 staging tile (the sm90 tile layout, cuda/dq_accum_layout.h) added into the dq workspace with
+//     one bulk reduction per step.
 // No mask, dropout or key lengths (those calls run the sm80 backward at these widths).
 #pragma once
 
@@ -153,7 +154,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   const uint32_t value_rows = key_rows + Cfg::kVOffset;
   const uint32_t k_cols = smem + (dim0 / 64) * Cfg::kKVColBlockBytes;  // K from its first head-dim column block
   const uint32_t p_tile = smem + Cfg::kPOffset, ds_tile = smem + Cfg::kDsOffset;
-  const float* dq_stage = reinterpret_cast<const float*>(base + Cfg::kDqOffset);  // [64][kHeadDim]
+  const float* dq_stage = reinterpret_cast<const float*>(base + Cfg::kDqOffset);  // [64 * kHeadDim], tile layout
   const uint32_t dq_stage_addr = smem + Cfg::kDqOffset;
   const float* stats_ring = reinterpret_cast<const float*>(base + Cfg::kStatsOffset);
   // This thread's two query rows of every score accumulator: r0 and r0 + 8.
@@ -220,21 +221,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
     named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
     wgmma_wait<0>();
     fence_registers(dq);
-#pragma unroll
-    for (int i = 0; i < kDims / 2; i += 2) {
-      const int row = accumulator_row(i, warp_in_group, lane);
-      const int col = dim0 + accumulator_col(i, lane);
-      st_shared_f32x2(dq_stage_addr + (row * Cfg::kHeadDim + col) * 4, dq[i], dq[i + 1]);
-    }
+    store_dq_tile<Cfg::kHeadDim, kDims>(dq_stage_addr, dq, consumer, threadIdx.x % 128);
     fence_proxy_async_shared();
     // dq_stage complete; neither consumer rewrites P or dS before both consumers' products are done.
     named_barrier_sync(kBwdConsumerBarrier, 256);
-    if (reducer) {
-      const int rows = min(kBlockM, sh.seqlen_q - m0);
-      const int64_t row_offset = (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;
-      bulk_reduce_add_f32(p.dq_accum + (row_offset + m0) * Cfg::kHeadDim, dq_stage, rows * Cfg::kHeadDim * 4);
-      bulk_commit();
-    }
+    if (reducer) reduce_dq_tile<Cfg::kHeadDim>(p, dq_stage, batch, head, m0);
   }
   if (reducer) bulk_wait();
 
@@ -269,7 +260,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
 template <typename T, typename Cfg>
 cudaError_t launch_bwd_wide(const BwdParams& p, cudaStream_t stream) {
   const AttentionShape& sh = p.shape;
-  if (p.dq_accum_dim != Cfg::kHeadDim) return cudaErrorNotSupported;
+  if (p.dq_accum_dim != Cfg::kHeadDim || !p.dq_accum_tiled) return cudaErrorNotSupported;
   BwdTensorMaps maps;
   cudaError_t err = make_tensor_map(&maps.q, p.q, sh, sh.seqlen_q, sh.heads_q, p.q_strides, Cfg::kBlockM);
   if (err == cudaSuccess) err = make_tensor_map(&maps.dout, p.dout, sh, sh.seqlen_q, sh.heads_q, p.dout_strides, Cfg::kBlockM);

@@ -64,9 +64,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   const BwdPlan plan = plan_bwd(call, device_info(q), plan_options());
 
   // Zeroed by the backward's first kernel (the preprocess), not by a fill of its own.
-  at::Tensor dq_accum =
-      at::empty({s.batch, s.heads_q, s.seqlen_q, plan.dq_accum_dim}, q.options().dtype(at::kFloat));
   const int64_t stats_stride = bwd_stats_stride(s.seqlen_q);
+  const int64_t dq_accum_rows = plan.dq_accum_tiled ? stats_stride : s.seqlen_q;
+  at::Tensor dq_accum = at::empty({s.batch, s.heads_q, dq_accum_rows, plan.dq_accum_dim}, q.options().dtype(at::kFloat));
   at::Tensor delta = at::empty({s.batch, s.heads_q, stats_stride}, q.options().dtype(at::kFloat));
   at::Tensor lse_log2 = at::empty_like(delta);
   // Deterministic mode: a zeroed counter per (batch, query head, query block); one per query row is
@@ -92,6 +92,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   p.lse_log2 = lse_log2.data_ptr<float>();
   p.stats_stride = stats_stride;
   p.dq_accum_dim = plan.dq_accum_dim;
+  p.dq_accum_tiled = plan.dq_accum_tiled;
   p.deterministic = deterministic;
   p.dq_keys_done = deterministic ? dq_keys_done.data_ptr<int>() : nullptr;
   p.q_strides = strides_of(q);

@@ -1,0 +1,32 @@
+// The two layouts of the backward's fp32 dq workspace (BwdParams::dq_accum).
+//   Rows (the sm80 backward): [B, Hq, Lq, width], a query's row contiguous.
+//   Sm90 tiles (the sm90 backward): [B, Hq, stats_stride / 64, 64 * width], each 64-query block in the
+//   order the sm90 consumers hold their dQ accumulators: consumer c (head dims [c width / 2, (c + 1)
+//   width / 2)), then its n8 block j, then its thread t (0..127), then that thread's four elements of
+//   the block (rows r and r + 8, two columns each). A warp then stages its dQ partial with 512-byte
+//   contiguous stores (a row-major staging tile puts a row's 4 lanes and the 8 rows of an instruction
+//   on the same 8 banks), and the block is added to the workspace with one bulk reduction as before.
+#pragma once
+
+#include <cstdint>
+
+#include "common/mask.h"  // FLASHATTN_HOST_DEVICE
+
+namespace flashattn {
+
+constexpr int kDqTileRows = 64;
+
+// Float offset, within its 64-query block, of the element (row, col) of the sm90 tile layout.
+FLASHATTN_HOST_DEVICE int dq_tile_offset(int row, int col, int width) {
+  const int half = width / 2;
+  const int consumer = col / half, c = col % half;
+  const int thread = (row / 16) * 32 + (row % 8) * 4 + (c % 8) / 2;
+  return ((consumer * (half / 8) + c / 8) * 128 + thread) * 4 + ((row % 16) / 8) * 2 + c % 2;
+}
+
+// Float offset of the four elements a consumer's thread (0..127) holds of its n8 block j.
+FLASHATTN_HOST_DEVICE int dq_tile_fragment_offset(int consumer, int j, int thread, int width) {
+  return ((consumer * (width / 16) + j) * 128 + thread) * 4;
+}
+
+}  // namespace flashattn
