@@ -811,12 +811,21 @@ def metadata(device="cuda") -> Dict[str, object]:
     }
 
 
+def _row_notes(row) -> List[Tuple[str, str]]:
+    """(method, why) of every cell of a row that is missing or otherwise noted."""
+    return list(row["status"].items()) + list(row.get("memory_status", {}).items()) + list(row.get("notes", {}).items())
+
+
 def _notes(rows) -> List[str]:
-    """Markdown list lines: why cells are missing (configs skipped as a whole get one line each)."""
-    notes = sorted({f"- {r['dtype']} D={r['head_dim']} N={r['seqlen']} causal={r['causal']}: {n}: {why}"
-                    for r in rows if not r.get("skipped")
-                    for n, why in list(r["status"].items()) + list(r.get("memory_status", {}).items())
-                    + list(r.get("notes", {}).items())})
+    """Markdown list lines: why cells are missing. A reason that every config run shares (an anchor that
+    does not import) gets one line, not one per config; configs skipped as a whole get one line each."""
+    ran = [r for r in rows if not r.get("skipped")]
+    everywhere = set()
+    if len({(r["dtype"], r["head_dim"], r["seqlen"], r["causal"]) for r in ran}) > 1:
+        everywhere = set.intersection(*(set(_row_notes(r)) for r in ran))
+    notes = [f"- every config: {n}: {why}" for n, why in sorted(everywhere)]
+    notes += sorted({f"- {r['dtype']} D={r['head_dim']} N={r['seqlen']} causal={r['causal']}: {n}: {why}"
+                     for r in ran for n, why in _row_notes(r) if (n, why) not in everywhere})
     skipped = []
     for r in rows:
         if not r.get("skipped"):

@@ -157,6 +157,26 @@ def test_run_says_once_that_fa4_is_unavailable(no_fa4, tmp_path, capsys):
     text = (tmp_path / "bench.md").read_text()
     assert f"\nFlashAttention-4: unavailable ({MISSING}).\n" in text
     assert "| flashattn | fa4 | x fa4 |" in text
+    # Among the notes, one line for every config rather than one per config.
+    assert f"\n- every config: fa4: unavailable: {MISSING}\n" in text
+    assert text.count("fa4: unavailable") == 1
+
+
+def test_notes_give_a_reason_shared_by_every_config_one_line():
+    def row(seqlen, mode, status):
+        return {"dtype": "bf16", "head_dim": 64, "seqlen": seqlen, "causal": False, "mode": mode, "status": status}
+
+    gone = {"fa4": "unavailable: flash_attn.cute does not import: x"}
+    rows = [row(512, "fwd", dict(gone)), row(512, "bwd", dict(gone, flex="failed: y")), row(1024, "fwd", dict(gone)),
+            dict(row(2048, "fwd", {"fa4": "skipped: time budget"}), skipped="time budget")]
+    assert harness._notes(rows) == [
+        "- every config: fa4: unavailable: flash_attn.cute does not import: x",
+        "- bf16 D=64 N=512 causal=False: flex: failed: y",
+        "- bf16 D=64 N=2048 causal=False: not run (time budget)",
+    ]
+    # A single config keeps its own lines.
+    assert harness._notes(rows[:2]) == ["- bf16 D=64 N=512 causal=False: fa4: unavailable: flash_attn.cute does not "
+                                        "import: x", "- bf16 D=64 N=512 causal=False: flex: failed: y"]
 
 
 # --------------------------------------------------------------------------------------------------
