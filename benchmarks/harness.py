@@ -5,9 +5,9 @@ run this module's :func:`main`. It lives beside the package, not in it: an insta
 benchmark harness.
 
 The standard grid (GUIDE section 5): B * N = 16k tokens and H * D = 2048, so every config does the
-same number of tokens and model width; N in 512..16k, D in 64/128/256, causal and not, bf16 and
-fp16, modes fwd, bwd (backward alone, after a forward outside the timing) and fwdbwd. ``--batch``
-and ``--heads`` fix B and H instead.
+same number of tokens and model width (H = 2048 // D: 21 heads at D = 96, 10 at D = 192); N in
+512..16k, D in 64/96/128/192/256, causal and not, bf16 and fp16, modes fwd, bwd (backward alone,
+after a forward outside the timing) and fwdbwd. ``--batch`` and ``--heads`` fix B and H instead.
 
 Anchors: torch SDPA with each backend forced (FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION),
 FlexAttention compiled with torch.compile (causal through a block mask) and FlashAttention-4
@@ -955,7 +955,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m flashattn bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["bf16", "fp16"])
-    p.add_argument("--headdim", "--head-dim", dest="headdim", nargs="+", type=int, default=[64, 128, 256])
+    p.add_argument("--headdim", "--head-dim", dest="headdim", nargs="+", type=int,
+                   default=[64, 96, 128, 192, 256])
     p.add_argument("--seqlen", nargs="+", type=int, default=[512, 1024, 2048, 4096, 8192, 16384])
     p.add_argument("--causal", choices=["both", "true", "false"], default="both")
     p.add_argument("--mode", nargs="+", choices=list(FLOPS_FACTOR), default=["fwd", "bwd", "fwdbwd"])

@@ -38,7 +38,7 @@ ANCHOR_NOTES = {
 }
 MODE_TITLES = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward"}
 DEFAULT_SEQLENS = [1024, 2048, 4096, 8192, 16384]
-DEFAULT_HEADDIMS = [64, 128, 256]
+DEFAULT_HEADDIMS = [64, 96, 128, 192, 256]
 
 
 def load(results_dir: str) -> dict:

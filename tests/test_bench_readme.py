@@ -81,7 +81,7 @@ def test_section_states_how_the_run_was_made(run_dir):
     assert "2026-12-01 10:00 UTC" in text and "`abc1234`" in text
     assert "NVIDIA H200 (sm_90)" in text and "cuDNN 91900" in text
     assert f"torch {harness.torch.__version__}" in text
-    assert "run time 7.2 min, 6 of 72 configs not run (time budget of 420 s reached)" in text
+    assert "run time 7.2 min, 6 of 120 configs not run (time budget of 420 s reached)" in text
     assert "dynamic shapes" in text
     assert "triton " in text and ", flash-attn-4 4.0.0b5;" in text
     assert "; FA4 = FlashAttention-4 (flash_attn.cute of the flash-attn-4 package)." in text
@@ -109,7 +109,7 @@ def test_ratio_table_layout_and_values(run_dir):
     assert header == ("| D | causal | N | fwd TFLOP/s | vs FA2 | vs cuDNN | vs mem-eff | vs Flex | vs FA4 "
                       "| bwd TFLOP/s | vs FA2 | vs cuDNN | vs mem-eff | vs Flex | vs FA4 |")
     body = rows
-    assert len(body) == 3 * 2 * 5  # D 64/128/256, causal and not, N 1k..16k (bf16 only, 512 left out)
+    assert len(body) == 5 * 2 * 5  # D 64/96/128/192/256, causal and not, N 1k..16k (bf16 only, 512 left out)
     assert [r[2] for r in body[:5]] == ["1k", "2k", "4k", "8k", "16k"]
     row = next(r for r in body if r[:3] == ["128", "yes", "4k"])
     ours = _tflops("flashattn", "bf16", 128, True, 4096, "fwd")
