@@ -252,3 +252,49 @@ def test_table_has_the_fa4_column_and_its_ratio():
     cells = dict(zip(header, _cells(harness.table_row(row, names))))
     assert cells["fa4"] == "400.0" and cells["x fa4"] == "0.75"
     assert cells["flex"] == "-" and cells["x flex"] == "-"
+
+
+# --------------------------------------------------------------------------------------------------
+# Charts
+# --------------------------------------------------------------------------------------------------
+
+
+def _chart_rows(fa4_everywhere=True):
+    rows = []
+    for seqlen in (512, 1024):
+        for mode in ("fwd", "bwd"):
+            tflops = {"flashattn": 300.0, "sdpa_flash": 250.0}
+            if fa4_everywhere or seqlen == 512:
+                tflops["fa4"] = 420.0
+            rows.append({"dtype": "bf16", "head_dim": 128, "seqlen": seqlen, "causal": True, "mode": mode,
+                         "tflops": tflops, "status": {}, "peak_mib": {"flashattn": seqlen / 64, "fa4": seqlen / 60}})
+    return rows
+
+
+def test_charts_draw_fa4_in_its_own_color(tmp_path):
+    pytest.importorskip("matplotlib")
+    import charts  # benchmarks/charts.py
+    from matplotlib.colors import to_rgb
+    from matplotlib.figure import Figure
+
+    figures = []
+
+    class Recording(Figure):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            figures.append(self)
+
+    rows = _chart_rows(fa4_everywhere=False)  # fa4 missing at N=1024: its bar is left out there
+    charts._throughput_chart(Recording, "bf16", "fwd", [r for r in rows if r["mode"] == "fwd"], str(tmp_path / "t.png"))
+    charts._memory_chart(Recording, "bf16", "fwd", [r for r in rows if r["mode"] == "fwd"], str(tmp_path / "m.png"))
+    throughput, memory = figures
+    assert [t.get_text() for t in throughput.legends[0].texts] == ["flashattn", "sdpa_flash", "fa4"]
+    (fa4_bars,) = [c for c in throughput.axes[0].containers if c.get_label() == "fa4"]
+    assert [bar.get_height() for bar in fa4_bars] == [420.0]
+    assert fa4_bars[0].get_facecolor()[:3] == to_rgb(charts._COLORS["fa4"])
+    assert "fa4" in [t.get_text() for t in memory.legends[0].texts]
+    assert len(set(charts._COLORS.values())) == len(charts._COLORS)  # no two methods share a color
+
+    names = sorted(os.path.basename(p) for p in charts.write_charts(_chart_rows(), str(tmp_path)))
+    assert names == ["memory_bf16_bwd.png", "memory_bf16_fwd.png", "tflops_bf16_bwd.png", "tflops_bf16_fwd.png"]
+
