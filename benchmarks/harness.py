@@ -1,4 +1,5 @@
-"""Attention throughput and memory: flashattn beside PyTorch's own kernels, all measured in the same run.
+"""Attention throughput and memory: flashattn beside PyTorch's own kernels and FlashAttention-4, all measured
+in the same run.
 
 ``python benchmarks/bench.py`` (a thin wrapper) and, from a source checkout, ``python -m flashattn bench``
 run this module's :func:`main`. It lives beside the package, not in it: an installed flashattn has no
@@ -962,7 +963,9 @@ def parse_args(argv=None):
     p.add_argument("--mode", nargs="+", choices=list(FLOPS_FACTOR), default=["fwd", "bwd", "fwdbwd"])
     p.add_argument("--batch", type=int, help=f"fixed batch size (default: {TOKENS} // seqlen)")
     p.add_argument("--heads", type=int, help=f"fixed number of heads (default: {MODEL_DIM} // head dim)")
-    p.add_argument("--anchors", nargs="*", choices=ANCHORS, default=ANCHORS, help="anchors to time beside flashattn")
+    p.add_argument("--anchors", nargs="*", choices=ANCHORS, default=ANCHORS,
+                   help="anchors to time beside flashattn (default: all; fa4 is FlashAttention-4, n/a when "
+                        "flash_attn.cute does not import)")
     p.add_argument("--quick", action="store_true",
                    help="a small subset: bf16, D 64/128, N 1024/4096/16384, fwd and bwd")
     p.add_argument("--warmup", type=float, default=10, help="warm-up per measurement, ms (default 10)")
