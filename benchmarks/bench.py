@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Attention throughput and memory beside torch SDPA's backends and FlexAttention.
+"""Attention throughput and memory beside torch SDPA's backends, FlexAttention and FlashAttention-4.
 
 A thin wrapper, kept so existing commands work: the harness is benchmarks/harness.py, also run as
 ``python -m flashattn bench`` from a source checkout. Same flags (``--help``):

@@ -24,6 +24,7 @@ _COLORS = {
     "sdpa_cudnn": "#2ca02c",
     "sdpa_efficient": "#9467bd",
     "flex": "#ff7f0e",
+    "fa4": "#e377c2",
     "sdpa_math": "#7f7f7f",
 }
 
@@ -67,7 +68,7 @@ def _groups(rows: List[dict]) -> Dict[Tuple[str, str], List[dict]]:
 
 
 def _color(name: str, index: int) -> str:
-    fallback = ["#8c564b", "#e377c2", "#bcbd22", "#17becf"]
+    fallback = ["#8c564b", "#bcbd22", "#17becf"]  # the rest of matplotlib's tab10, none of the fixed ones
     return _COLORS.get(name, fallback[index % len(fallback)])
 
 

@@ -1,17 +1,21 @@
-"""Attention throughput and memory: flashattn beside PyTorch's own kernels, all measured in the same run.
+"""Attention throughput and memory: flashattn beside PyTorch's own kernels and FlashAttention-4, all measured
+in the same run.
 
 ``python benchmarks/bench.py`` (a thin wrapper) and, from a source checkout, ``python -m flashattn bench``
 run this module's :func:`main`. It lives beside the package, not in it: an installed flashattn has no
 benchmark harness.
 
 The standard grid (GUIDE section 5): B * N = 16k tokens and H * D = 2048, so every config does the
-same number of tokens and model width; N in 512..16k, D in 64/128/256, causal and not, bf16 and
-fp16, modes fwd, bwd (backward alone, after a forward outside the timing) and fwdbwd. ``--batch``
-and ``--heads`` fix B and H instead.
+same number of tokens and model width (H = 2048 // D: 21 heads at D = 96, 10 at D = 192); N in
+512..16k, D in 64/96/128/192/256, causal and not, bf16 and fp16, modes fwd, bwd (backward alone,
+after a forward outside the timing) and fwdbwd. ``--batch`` and ``--heads`` fix B and H instead.
 
-Anchors: torch SDPA with each backend forced (FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION)
-and FlexAttention compiled with torch.compile (causal through a block mask). An anchor that is
-unavailable or fails for a config is reported as such; it never stops the run.
+Anchors: torch SDPA with each backend forced (FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION),
+FlexAttention compiled with torch.compile (causal through a block mask) and FlashAttention-4
+(``flash_attn.cute.interface.flash_attn_func`` of the flash-attn-4 package, compiled just in time at its
+first call per configuration, which the warm-up absorbs). An anchor that is unavailable or fails for a
+config is reported as such; it never stops the run. When flash_attn.cute does not import, the run
+says so once and its column is n/a.
 
 Before timing a config, flashattn's output is compared with SDPA's flash backend (max abs error).
 FLOPs: forward 4 * B * H * N^2 * D, halved for causal; backward 2.5x the forward.
@@ -50,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import math
 import os
@@ -70,7 +75,7 @@ import flashattn
 TOKENS = 16384
 MODEL_DIM = 2048
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-ANCHORS = ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex"]
+ANCHORS = ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex", "fa4"]
 # Measured for memory only (never timed): the N x N reference point.
 MEMORY_ONLY = ["sdpa_math"]
 FLOPS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
@@ -277,6 +282,58 @@ class FlexAttention:
         return forward
 
 
+class AnchorUnavailable(RuntimeError):
+    """An anchor that cannot run in this environment; its message is the reason, reported as is."""
+
+
+def _fa4_interface():
+    """flash_attn.cute.interface (FlashAttention-4), or AnchorUnavailable saying why it does not import."""
+    try:
+        import flash_attn.cute.interface as interface
+    except Exception as exc:  # noqa: BLE001  (an ImportError, or whatever its own dependencies raise at import)
+        raise AnchorUnavailable("flash_attn.cute does not import: " + short_error(exc)) from exc
+    return interface
+
+
+def _fa4_package_version() -> str:
+    """The version of the flash_attn.cute that imported: its __version__, else the flash-attn-4 package's."""
+    import flash_attn.cute
+
+    version = getattr(flash_attn.cute, "__version__", None)
+    if version:
+        return str(version)
+    try:
+        return importlib.metadata.version("flash-attn-4")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"  # it imports from a copy without package metadata (a source tree on sys.path)
+
+
+def fa4_status() -> Dict[str, str]:
+    """{"version": ...} when FlashAttention-4 imports, else {"unavailable": why}: what a run records."""
+    try:
+        _fa4_interface()
+    except AnchorUnavailable as exc:
+        return {"unavailable": str(exc)}
+    return {"version": _fa4_package_version()}
+
+
+def fa4_version() -> Optional[str]:
+    """flash-attn-4's version when flash_attn.cute imports, else None."""
+    return fa4_status().get("version")
+
+
+def _fa4_forward(causal):
+    flash_attn_func = _fa4_interface().flash_attn_func
+
+    def forward(q, k, v):
+        # Same (B, N, H, D) layout as the harness's inputs. Versions differ in what they return: the output
+        # alone or (out, lse).
+        out = flash_attn_func(q, k, v, causal=causal)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    return forward
+
+
 def make_impl(name, causal, seqlen, device="cuda", flex=None, group=None):
     """forward(q, k, v) -> out of method `name` for (B, N, H, D) tensors. flex: the FlexAttention
     compiler to use (a static one per call by default), group: its group key (see :func:`flex_group`)."""
@@ -293,6 +350,8 @@ def make_impl(name, causal, seqlen, device="cuda", flex=None, group=None):
     if name == "flex":
         flex = flex if flex is not None else FlexAttention(dynamic=False)
         return flex.forward(group if group is not None else ("flex", seqlen), causal, seqlen, device)
+    if name == "fa4":
+        return _fa4_forward(causal)
     raise ValueError(name)
 
 
@@ -310,9 +369,11 @@ def _sync(device) -> None:
 
 def warm_up(forward, q, k, v, dout, backward: bool, verbose: bool = False) -> float:
     """The first call of a method, made as the timed calls make it (grad mode, and a backward with
-    retain_graph=True when a backward mode follows): selects SDPA's kernel, compiles FlexAttention.
-    Raises when the forward fails; a failing backward is left for the bwd and fwdbwd timings to report.
-    Returns the seconds it took (for FlexAttention mostly compilation)."""
+    retain_graph=True when a backward mode follows): selects SDPA's kernel, compiles FlexAttention,
+    and FlashAttention-4's forward and backward kernels (just in time, seconds per configuration), so
+    that no compilation falls inside a timing. Raises when the forward fails; a failing backward is left
+    for the bwd and fwdbwd timings to report. Returns the seconds it took (for FlexAttention and
+    FlashAttention-4 mostly compilation)."""
     start = time.perf_counter()
     out = forward(q, k, v)
     _sync(q.device)
@@ -440,7 +501,7 @@ def run_config(dtype_name, head_dim, seqlen, causal, modes, impl_names, opts, de
             config["first_call_s"][name] = warm_up(impls[name], q, k, v, dout, backward, opts.verbose)
         except Exception as exc:  # noqa: BLE001  (an anchor that fails is reported, never fatal)
             impls.pop(name, None)
-            status[name] = "unavailable: " + short_error(exc)
+            status[name] = "unavailable: " + (str(exc) if isinstance(exc, AnchorUnavailable) else short_error(exc))
             if opts.verbose:
                 traceback.print_exc()
             if name == "flex" and flex is not None and flex.is_dynamic(group):
@@ -745,17 +806,27 @@ def metadata(device="cuda") -> Dict[str, object]:
         "cudnn": cudnn_version,
         "triton": triton_version,
         "flashattn": flashattn.__version__,
+        "flash_attn_4": fa4_version(),  # None: flash_attn.cute does not import here
         "timer": ("triton.testing.do_bench median" if triton_version else "CUDA events median") if on_cuda
         else "wall clock median",
     }
 
 
+def _row_notes(row) -> List[Tuple[str, str]]:
+    """(method, why) of every cell of a row that is missing or otherwise noted."""
+    return list(row["status"].items()) + list(row.get("memory_status", {}).items()) + list(row.get("notes", {}).items())
+
+
 def _notes(rows) -> List[str]:
-    """Markdown list lines: why cells are missing (configs skipped as a whole get one line each)."""
-    notes = sorted({f"- {r['dtype']} D={r['head_dim']} N={r['seqlen']} causal={r['causal']}: {n}: {why}"
-                    for r in rows if not r.get("skipped")
-                    for n, why in list(r["status"].items()) + list(r.get("memory_status", {}).items())
-                    + list(r.get("notes", {}).items())})
+    """Markdown list lines: why cells are missing. A reason that every config run shares (an anchor that
+    does not import) gets one line, not one per config; configs skipped as a whole get one line each."""
+    ran = [r for r in rows if not r.get("skipped")]
+    everywhere = set()
+    if len({(r["dtype"], r["head_dim"], r["seqlen"], r["causal"]) for r in ran}) > 1:
+        everywhere = set.intersection(*(set(_row_notes(r)) for r in ran))
+    notes = [f"- every config: {n}: {why}" for n, why in sorted(everywhere)]
+    notes += sorted({f"- {r['dtype']} D={r['head_dim']} N={r['seqlen']} causal={r['causal']}: {n}: {why}"
+                     for r in ran for n, why in _row_notes(r) if (n, why) not in everywhere})
     skipped = []
     for r in rows:
         if not r.get("skipped"):
@@ -805,6 +876,26 @@ def _flex_line(meta, rows) -> Optional[str]:
     return line + "."
 
 
+def _fa4_line(meta, rows) -> Optional[str]:
+    """One sentence on the FlashAttention-4 anchor of a run: why it is unavailable, or its version and
+    what its first calls (just-in-time compilation, outside every timing) took."""
+    fa4 = meta.get("fa4")
+    if not fa4:
+        return None
+    if "unavailable" in fa4:
+        return f"FlashAttention-4: unavailable ({fa4['unavailable']})."
+    line = f"FlashAttention-4: flash_attn.cute.interface.flash_attn_func, flash-attn-4 {fa4.get('version')}"
+    first_calls = {}  # per config: its rows (one per mode) share the one first call
+    for r in rows:
+        seconds = (r.get("first_call_s") or {}).get("fa4")
+        if seconds is not None:
+            first_calls[(r["dtype"], r["head_dim"], r["seqlen"], r["causal"])] = seconds
+    if first_calls:
+        line += (f"; first calls (just-in-time compilation, before the timings) {sum(first_calls.values()):.0f} s "
+                 f"in all, at most {max(first_calls.values()):.1f} s")
+    return line + "."
+
+
 def write_results(out_dir, meta, rows, impl_names, args_dict, charts=True) -> List[str]:
     """bench.json, bench.md and (matplotlib permitting) PNG charts in out_dir; returns the paths written."""
     os.makedirs(out_dir, exist_ok=True)
@@ -827,9 +918,9 @@ def write_results(out_dir, meta, rows, impl_names, args_dict, charts=True) -> Li
     ]
     if meta.get("command"):
         lines += ["", f"Command: `{meta['command']}`. {run_summary(meta, rows)}"]
-    flex_line = _flex_line(meta, rows)
-    if flex_line:
-        lines += ["", flex_line]
+    for line in (_flex_line(meta, rows), _fa4_line(meta, rows)):
+        if line:
+            lines += ["", line]
     lines += [
         "",
         "Cells are TFLOP/s (forward 4*B*H*N^2*D, halved when causal; backward 2.5x); `x anchor` is flashattn's "
@@ -865,13 +956,16 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m flashattn bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["bf16", "fp16"])
-    p.add_argument("--headdim", "--head-dim", dest="headdim", nargs="+", type=int, default=[64, 128, 256])
+    p.add_argument("--headdim", "--head-dim", dest="headdim", nargs="+", type=int,
+                   default=[64, 96, 128, 192, 256])
     p.add_argument("--seqlen", nargs="+", type=int, default=[512, 1024, 2048, 4096, 8192, 16384])
     p.add_argument("--causal", choices=["both", "true", "false"], default="both")
     p.add_argument("--mode", nargs="+", choices=list(FLOPS_FACTOR), default=["fwd", "bwd", "fwdbwd"])
     p.add_argument("--batch", type=int, help=f"fixed batch size (default: {TOKENS} // seqlen)")
     p.add_argument("--heads", type=int, help=f"fixed number of heads (default: {MODEL_DIM} // head dim)")
-    p.add_argument("--anchors", nargs="*", choices=ANCHORS, default=ANCHORS, help="anchors to time beside flashattn")
+    p.add_argument("--anchors", nargs="*", choices=ANCHORS, default=ANCHORS,
+                   help="anchors to time beside flashattn (default: all; fa4 is FlashAttention-4, n/a when "
+                        "flash_attn.cute does not import)")
     p.add_argument("--quick", action="store_true",
                    help="a small subset: bf16, D 64/128, N 1024/4096/16384, fwd and bwd")
     p.add_argument("--warmup", type=float, default=10, help="warm-up per measurement, ms (default 10)")
@@ -931,7 +1025,7 @@ def run(args, device="cuda", started: Optional[float] = None, on_config=None, me
 
     started: time.monotonic() at the start of the run (for --time-budget; now if None). on_config(rows)
     is called after every config with the rows so far. meta: a dict that receives how FlexAttention was
-    compiled."""
+    compiled and whether FlashAttention-4 imports (:func:`fa4_status`)."""
     started = time.monotonic() if started is None else started
     device = torch.device(device)
     impl_names = ["flashattn"] + list(args.anchors)
@@ -951,6 +1045,16 @@ def run(args, device="cuda", started: Optional[float] = None, on_config=None, me
                                    log=lambda line: print(line, flush=True))
             if meta is not None:
                 meta["flex"]["prewarm"] = summary
+
+    # An anchor that cannot run at all is said once here, not again under every config's row.
+    announced = {}
+    if "fa4" in impl_names:
+        fa4 = fa4_status()
+        if meta is not None:
+            meta["fa4"] = fa4
+        if "unavailable" in fa4:
+            print(f"FlashAttention-4: unavailable ({fa4['unavailable']}); its column is n/a", flush=True)
+            announced["fa4"] = "unavailable: " + fa4["unavailable"]
 
     progress = Progress(len(configs), enabled=args.progress)
     progress.write(table_header(impl_names))
@@ -974,6 +1078,8 @@ def run(args, device="cuda", started: Optional[float] = None, on_config=None, me
             for row in new_rows:
                 progress.write(table_row(row, impl_names))
                 for name, why in row["status"].items():
+                    if why == announced.get(name):
+                        continue
                     if not row.get("skipped") and (row["mode"] == args.mode[0] or why.startswith("failed")):
                         progress.write(f"    {name}: {why}")
             rows += new_rows
@@ -1014,9 +1120,9 @@ def main(argv=None) -> int:
             print(f"wrote {path}")
     else:
         print("(pass --out DIR to save bench.json, bench.md and charts)")
-    flex_line = _flex_line(meta, rows)
-    if flex_line:
-        print(flex_line)
+    for line in (_flex_line(meta, rows), _fa4_line(meta, rows)):
+        if line:
+            print(line)
     meta["elapsed_s"] = round(time.monotonic() - started, 1)
     print(run_summary(meta, rows), flush=True)
     return 0

@@ -4,8 +4,8 @@
   matrix. Meant to be pasted into a bug report.
 * ``check``: a quick forward + backward correctness pass on the available device (CUDA when flashattn's
   kernels can run there, else the CPU) against the reference; non-zero exit status on any failure.
-* ``bench``: throughput and memory beside torch's SDPA backends and FlexAttention (``python -m flashattn
-  bench --help``). Needs a CUDA GPU and a source checkout: it runs the harness in benchmarks/harness.py,
+* ``bench``: throughput and memory beside torch's SDPA backends, FlexAttention and FlashAttention-4
+  (``python -m flashattn bench --help``). Needs a CUDA GPU and a source checkout: it runs the harness in benchmarks/harness.py,
   beside the package, which an installed package does not have.
 * ``demo``: one causal attention call, its error against a float32 reference, time and memory beside SDPA.
 """
@@ -390,8 +390,9 @@ def _parser() -> argparse.ArgumentParser:
     check_parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                               help="auto: CUDA when flashattn's kernels can run there, else CPU")
     check_parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
-    commands.add_parser("bench", help="throughput and memory beside torch SDPA and FlexAttention (CUDA, from a "
-                                      "source checkout); python -m flashattn bench --help", add_help=False)
+    commands.add_parser("bench", help="throughput and memory beside torch SDPA, FlexAttention and FlashAttention-4 "
+                                      "(CUDA, from a source checkout); python -m flashattn bench --help",
+                        add_help=False)
     commands.add_parser("demo", help="run causal attention and compare with torch SDPA")
     return parser
 

@@ -27,16 +27,18 @@ ANCHOR_TITLES = {
     "sdpa_cudnn": "cuDNN",
     "sdpa_efficient": "mem-eff",
     "flex": "Flex",
+    "fa4": "FA4",
 }
 ANCHOR_NOTES = {
     "sdpa_flash": "FA2 = torch SDPA with the FLASH_ATTENTION backend forced (FlashAttention-2)",
     "sdpa_cudnn": "cuDNN = SDPA with CUDNN_ATTENTION",
     "sdpa_efficient": "mem-eff = SDPA with EFFICIENT_ATTENTION",
     "flex": "Flex = FlexAttention compiled with torch.compile",
+    "fa4": "FA4 = FlashAttention-4 (flash_attn.cute of the flash-attn-4 package)",
 }
 MODE_TITLES = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward"}
 DEFAULT_SEQLENS = [1024, 2048, 4096, 8192, 16384]
-DEFAULT_HEADDIMS = [64, 128, 256]
+DEFAULT_HEADDIMS = [64, 96, 128, 192, 256]
 
 
 def load(results_dir: str) -> dict:
@@ -140,6 +142,8 @@ def _versions(meta: dict) -> str:
         parts[0] += " (" + ", ".join(extra) + ")"
     if meta.get("triton"):
         parts.append(f"triton {meta['triton']}")
+    if meta.get("flash_attn_4"):
+        parts.append(f"flash-attn-4 {meta['flash_attn_4']}")
     return f"{gpu}, " + ", ".join(parts)
 
 
@@ -173,6 +177,9 @@ def render(results_dir: str, dtype: str = "bf16", modes: Sequence[str] = ("fwd",
     if "flex" in anchors and "dynamic" in flex:
         notes[anchors.index("flex")] += (", dynamic shapes: one compilation per dtype, head dim and causal mode"
                                          if flex["dynamic"] else ", one compilation per shape")
+    fa4 = meta.get("fa4") or {}
+    if "fa4" in anchors and "unavailable" in fa4:
+        notes[anchors.index("fa4")] += f", unavailable in this run ({fa4['unavailable']})"
     lines = [
         f"{heading} Throughput beside PyTorch's kernels ({meta.get('gpu') or 'CPU'}, {dtype})",
         "",

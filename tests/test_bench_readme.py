@@ -24,7 +24,8 @@ def _module():
 
 def _tflops(method, dtype, head_dim, causal, seqlen, mode):
     """Made-up figures, different per method and config so that every ratio can be checked."""
-    base = {"flashattn": 300.0, "sdpa_flash": 320.0, "sdpa_cudnn": 600.0, "sdpa_efficient": 200.0, "flex": 400.0}[method]
+    base = {"flashattn": 300.0, "sdpa_flash": 320.0, "sdpa_cudnn": 600.0, "sdpa_efficient": 200.0, "flex": 400.0,
+            "fa4": 750.0}[method]
     return base * (1 + head_dim / 1000) * (0.9 if causal else 1.0) * (1 + seqlen / 1e5) * (0.7 if mode == "bwd" else 1.0) \
         * (1.01 if dtype == "fp16" else 1.0)
 
@@ -62,7 +63,8 @@ def run_dir(tmp_path_factory):
     rows, args = _rows()
     meta = dict(harness.metadata("cpu"), gpu="NVIDIA H200", capability="9.0", cudnn=91900, git_commit="abc1234",
                 date="2026-12-01 10:00 UTC", command="python -m flashattn bench --out /tmp/out/bench --time-budget 420",
-                elapsed_s=431.0, complete=False, flex={"dynamic": True, "prewarm": None})
+                elapsed_s=431.0, complete=False, flex={"dynamic": True, "prewarm": None}, fa4={"version": "4.0.0b5"},
+                flash_attn_4="4.0.0b5")
     harness.write_results(str(folder), meta, rows, IMPLS, vars(args), charts=HAS_MATPLOTLIB)
     return folder
 
@@ -79,37 +81,56 @@ def test_section_states_how_the_run_was_made(run_dir):
     assert "2026-12-01 10:00 UTC" in text and "`abc1234`" in text
     assert "NVIDIA H200 (sm_90)" in text and "cuDNN 91900" in text
     assert f"torch {harness.torch.__version__}" in text
-    assert "run time 7.2 min, 6 of 72 configs not run (time budget of 420 s reached)" in text
+    assert "run time 7.2 min, 6 of 120 configs not run (time budget of 420 s reached)" in text
     assert "dynamic shapes" in text
+    assert "triton " in text and ", flash-attn-4 4.0.0b5;" in text
+    assert "; FA4 = FlashAttention-4 (flash_attn.cute of the flash-attn-4 package)." in text
+
+
+def test_an_unavailable_fa4_is_said_in_its_note(run_dir, tmp_path):
+    data = json.loads((run_dir / "bench.json").read_text())
+    data["meta"].update(fa4={"unavailable": "flash_attn.cute does not import: ModuleNotFoundError: x"},
+                        flash_attn_4=None)
+    for row in data["results"]:
+        row["tflops"].pop("fa4", None)
+        row["status"]["fa4"] = "unavailable: flash_attn.cute does not import: ModuleNotFoundError: x"
+    (tmp_path / "bench.json").write_text(json.dumps(data))
+    text = _module().render(str(tmp_path), link_base="x")
+    assert ("FA4 = FlashAttention-4 (flash_attn.cute of the flash-attn-4 package), unavailable in this run "
+            "(flash_attn.cute does not import: ModuleNotFoundError: x).") in text
+    assert "flash-attn-4 " not in text.split("Command:")[0]
+    header, rows = _table(text)
+    assert header.count("vs FA4") == 2
+    assert all(r[8] == "-" and r[14] == "-" for r in rows)
 
 
 def test_ratio_table_layout_and_values(run_dir):
     header, rows = _table(_module().render(str(run_dir), link_base="x"))
-    assert header == ("| D | causal | N | fwd TFLOP/s | vs FA2 | vs cuDNN | vs mem-eff | vs Flex "
-                      "| bwd TFLOP/s | vs FA2 | vs cuDNN | vs mem-eff | vs Flex |")
+    assert header == ("| D | causal | N | fwd TFLOP/s | vs FA2 | vs cuDNN | vs mem-eff | vs Flex | vs FA4 "
+                      "| bwd TFLOP/s | vs FA2 | vs cuDNN | vs mem-eff | vs Flex | vs FA4 |")
     body = rows
-    assert len(body) == 3 * 2 * 5  # D 64/128/256, causal and not, N 1k..16k (bf16 only, 512 left out)
+    assert len(body) == 5 * 2 * 5  # D 64/96/128/192/256, causal and not, N 1k..16k (bf16 only, 512 left out)
     assert [r[2] for r in body[:5]] == ["1k", "2k", "4k", "8k", "16k"]
     row = next(r for r in body if r[:3] == ["128", "yes", "4k"])
     ours = _tflops("flashattn", "bf16", 128, True, 4096, "fwd")
     assert row[3] == f"{ours:.0f}"
-    assert row[4:8] == [f"{ours / _tflops(a, 'bf16', 128, True, 4096, 'fwd'):.2f}" for a in harness.ANCHORS]
-    assert row[4:8] == ["0.94", "0.50", "1.50", "0.75"]
+    assert row[4:9] == [f"{ours / _tflops(a, 'bf16', 128, True, 4096, 'fwd'):.2f}" for a in harness.ANCHORS]
+    assert row[4:9] == ["0.94", "0.50", "1.50", "0.75", "0.40"]
     bwd = _tflops("flashattn", "bf16", 128, True, 4096, "bwd")
-    assert row[8] == f"{bwd:.0f}" and row[9] == "0.94"
+    assert row[9] == f"{bwd:.0f}" and row[10] == "0.94"
     d256 = next(r for r in body if r[:3] == ["256", "no", "16k"])
-    assert d256[5] != "-" and d256[10] == "-"  # cuDNN's backward failed there: no ratio
+    assert d256[5] != "-" and d256[11] == "-"  # cuDNN's backward failed there: no ratio
 
 
 def test_skipped_configs_and_other_dtype(run_dir):
     module = _module()
     _, rows = _table(module.render(str(run_dir), dtype="fp16", link_base="x"))
     skipped = [r for r in rows if r[:2] == ["256", "yes"]]
-    assert len(skipped) == 5 and all(r[3] == "skipped" and r[8] == "skipped" for r in skipped)
-    assert all(r[4] == "-" and r[9] == "-" for r in skipped)
+    assert len(skipped) == 5 and all(r[3] == "skipped" and r[9] == "skipped" for r in skipped)
+    assert all(r[4] == "-" and r[10] == "-" for r in skipped)
     _, rows = _table(module.render(str(run_dir), modes=["fwdbwd"], headdims=[64], seqlens=[512, 16384], link_base="x"))
     assert [r[:3] for r in rows] == [["64", "no", "512"], ["64", "no", "16k"], ["64", "yes", "512"], ["64", "yes", "16k"]]
-    assert all(len(r) == 3 + 5 for r in rows)
+    assert all(len(r) == 3 + 1 + len(harness.ANCHORS) for r in rows)
 
 
 def test_chart_links_point_at_the_results_folder(run_dir):

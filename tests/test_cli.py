@@ -314,14 +314,15 @@ def test_bench_flex_failure_is_reported_after_the_per_shape_retry(monkeypatch):
 def test_flex_compile_units_of_the_standard_grid():
     args = harness.parse_args([])
     configs = [(d, h, c, n) for d in args.dtype for h in args.headdim for c in (False, True) for n in args.seqlen]
+    assert args.headdim == [64, 96, 128, 192, 256]
     units = harness.flex_compile_units(configs)
-    assert len(units) == 12  # one dynamic-shape compilation per dtype, head dim and causal mode
+    assert len(units) == 20  # one dynamic-shape compilation per dtype, head dim and causal mode
     assert units[0]["group"] == ["bf16", 64, 32, False]
     assert units[0]["shapes"] == [[512, 32, 32], [1024, 16, 32], [2048, 8, 32], [4096, 4, 32], [8192, 2, 32],
                                   [16384, 1, 32]]
     assert units[-1]["group"] == ["fp16", 256, 8, True]
-    assert len(harness.flex_compile_units(configs, dynamic=False)) == 72
-    assert len(harness.flex_compile_units(configs, batch=2, heads=4)) == 12
+    assert len(harness.flex_compile_units(configs, dynamic=False)) == 120
+    assert len(harness.flex_compile_units(configs, batch=2, heads=4)) == 20
 
 
 def test_flex_prewarm_reports_failing_and_stopped_workers(capsys):
