@@ -22,6 +22,7 @@
 #include "common/dropout.h"
 #include "common/mask.h"
 #include "cuda/bwd_aux.cuh"
+#include "cuda/gpu_scope.h"
 #include "cuda/mask_view.h"
 #include "params.h"
 #include "sm80/fragments.h"

@@ -56,20 +56,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(smem_addr(smem)));
 }
 
-// Load with acquire semantics at GPU scope: this thread's later memory operations are ordered after it,
-// so they see everything the writer released. Volatile, so a spin loop re-reads it every iteration.
-__device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
-  int value;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(value) : "l"(ptr) : "memory");
-  return value;
-}
-
-// Atomic add with release semantics at GPU scope: this thread's earlier memory operations (and, after a
-// barrier, those of its CTA) are visible to whoever acquires the new value.
-__device__ __forceinline__ void red_add_release_gpu(int* ptr, int value) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(ptr), "r"(value) : "memory");
-}
-
 // mma.sync m16n8k16 with fp32 accumulators: c += a * b for 16-bit T (fragment layouts above).
 template <typename T>
 __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
