@@ -62,7 +62,9 @@ def test_force_sm80_option():
     ({"head_dim": 256}, "sm90", 256),
     ({"head_dim": 256, "mask": "bool"}, "sm80", 256),  # no masked wide kernel
     ({"head_dim": 256, "dropout": True}, "sm80", 256),
-    ({"deterministic": True}, "sm80", 128),  # deterministic mode is the sm80 backward's
+    ({"deterministic": True}, "sm90", 128),
+    ({"deterministic": True, "head_dim": 256}, "sm90", 256),
+    ({"deterministic": True, "mask": "bool"}, "sm80", 128),  # the masked sm90 kernel has no turns
     ({"mask": "bool"}, "sm90", 128),
     ({"dropout": True, "head_dim": 64}, "sm90", 64),
     ({"tma": False}, "sm80", 128),

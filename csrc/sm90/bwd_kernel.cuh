@@ -39,6 +39,7 @@
 #include "cuda/bwd_aux.cuh"
 #include "cuda/dq_accum_layout.h"
 #include "cuda/element_ops.h"
+#include "cuda/gpu_scope.h"
 #include "cuda/mask_view.h"
 #include "sm90/bwd_config.h"
 #include "sm90/bwd_dropout.h"
@@ -278,6 +279,43 @@ __device__ __forceinline__ void write_dmask(const BwdParams& p, const float (&ds
   }
 }
 
+// Deterministic mode (BwdParams::deterministic): the key blocks add their dQ partials into a query
+// block in increasing key-block order, through the dq_keys_done counters, as in the sm80 backward
+// (wait_for_dq_turn there; the same argument rules out a deadlock: n_block varies fastest in
+// blockIdx.x). Used by the reducer thread alone. A turn is passed once its reduction has completed,
+// which the reducer checks where the next step waits for the staging tile anyway, so the reduction
+// still overlaps that step's first GEMMs.
+template <int kBlockN>
+struct DqTurns {
+  // The counter of the query block reduced last, while its turn is held. In shared memory, touched by
+  // the reducer thread only: a pointer kept in registers across the step loop made the masked kernel
+  // spill.
+  __device__ __forceinline__ static int*& held() {
+    __shared__ int* counter;
+    return counter;
+  }
+  __device__ __forceinline__ static void start() { held() = nullptr; }
+  __device__ __forceinline__ static void take(const BwdParams& p, int batch, int head, int m0, int n0) {
+    const int blocks = (p.shape.seqlen_q + kDqTileRows - 1) / kDqTileRows;
+    int* counter = p.dq_keys_done + (static_cast<int64_t>(batch) * p.shape.heads_q + head) * blocks + m0 / kDqTileRows;
+    while (ld_acquire_gpu(counter) != n0) {
+    }
+    fence_proxy_async_global();  // the earlier key blocks' reductions before this one's
+    held() = counter;
+  }
+  // Waits for the last reduction to complete (its reads of the staging tile included) and passes its
+  // turn on.
+  __device__ __forceinline__ static void pass() {
+    bulk_wait();
+    int* counter = held();
+    if (counter != nullptr) {
+      fence_proxy_async_global();
+      red_add_release_gpu(counter, kBlockN);
+      held() = nullptr;
+    }
+  }
+};
+
 // Stages a consumer's dQ partial (64 queries x kCols head dims from its first, accumulator layout) in
 // the fp32 staging tile at `stage` in the sm90 tile layout (cuda/dq_accum_layout.h): a warp's stores
 // are 512 contiguous bytes.
@@ -365,6 +403,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int warp_in_group = thread_in_group / 32;
   const int lane = threadIdx.x % 32;
   const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
+  // Deterministic mode in the unmasked kernel only: in the masked one its turns made ptxas spill some
+  // 300 bytes (masked deterministic calls run the sm80 backward).
+  constexpr bool kDeterministicTurns = !kMasked;
+  using Turns = DqTurns<kBlockN>;
+  if (kDeterministicTurns && reducer) Turns::start();
   const int key0 = n0 + consumer * 64;      // this warpgroup's keys: [key0, key0 + 64)
   const int dq_col0 = consumer * Cfg::kDqCols;
   // Shared-memory addresses (the shared window's 32-bit form).
@@ -489,7 +532,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     accumulator_to_a<T, 64>(ds_frag, dp);
     store_ds_swizzled(ds_tile, ds_frag, warp_in_group, lane);
     fence_proxy_async_shared();
-    if (reducer) bulk_wait_read();              // the previous step's dQ reduction has left dq_stage
+    if (reducer) {  // the previous step's dQ reduction has left dq_stage
+      if (kDeterministicTurns && p.deterministic) {
+        Turns::pass();
+      } else {
+        bulk_wait_read();
+      }
+    }
     named_barrier_sync(kBwdConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free
 
     float dq[Cfg::kDqCols / 2];
@@ -511,10 +560,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     fence_proxy_async_shared();
     // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
     named_barrier_sync(kBwdConsumerBarrier, 256);
-    if (reducer) reduce_dq_tile<Cfg::kHeadDim>(p, dq_stage, batch, head, m0);
+    if (reducer) {
+      if (kDeterministicTurns && p.deterministic) Turns::take(p, batch, head, m0, n0);
+      reduce_dq_tile<Cfg::kHeadDim>(p, dq_stage, batch, head, m0);
+    }
     step = next;
   }
-  if (reducer) bulk_wait();
+  if (reducer) Turns::pass();
 
   // dK = scale * dS^T Q and dV, straight from the accumulators.
   using Ops = ElementOps<T>;

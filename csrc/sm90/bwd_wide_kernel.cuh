@@ -12,7 +12,8 @@
 //     and dV stay in registers for the whole CTA) and of dQ_partial = dS K, which meets the other half in
 //     an fp32 staging tile (the sm90 tile layout, cuda/dq_accum_layout.h) added into the dq workspace with
 //     one bulk reduction per step.
-// No mask, dropout or key lengths (those calls run the sm80 backward at these widths).
+// No mask, dropout or key lengths (those calls run the sm80 backward at these widths). Deterministic
+// mode as in bwd_kernel.cuh (DqTurns).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -147,6 +148,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   const int warp_in_group = (threadIdx.x % 128) / 32;
   const int lane = threadIdx.x % 32;
   const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
+  using Turns = DqTurns<kBlockN>;  // deterministic mode's turns at the dQ reductions
+  if (reducer) Turns::start();
   const int key0 = n0 + consumer * kKeys;   // this consumer's score columns: keys [key0, key0 + 32)
   const int dim0 = consumer * kDims;        // this consumer's head dims: [dim0, dim0 + kDims)
   const uint32_t smem = smem_u32(base);
@@ -205,7 +208,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
     store_scores_swizzled<T, Cfg>(p_tile, s, consumer, warp_in_group, lane);
     store_scores_swizzled<T, Cfg>(ds_tile, dp, consumer, warp_in_group, lane);
     fence_proxy_async_shared();
-    if (reducer) bulk_wait_read();                 // the previous step's dQ reduction has left dq_stage
+    if (reducer) {  // the previous step's dQ reduction has left dq_stage
+      if (p.deterministic) {
+        Turns::pass();
+      } else {
+        bulk_wait_read();
+      }
+    }
     named_barrier_sync(kBwdConsumerBarrier, 256);  // both halves of P and dS written, dq_stage free
 
     float dq[kDims / 2];
@@ -225,9 +234,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
     fence_proxy_async_shared();
     // dq_stage complete; neither consumer rewrites P or dS before both consumers' products are done.
     named_barrier_sync(kBwdConsumerBarrier, 256);
-    if (reducer) reduce_dq_tile<Cfg::kHeadDim>(p, dq_stage, batch, head, m0);
+    if (reducer) {
+      if (p.deterministic) Turns::take(p, batch, head, m0, n0);
+      reduce_dq_tile<Cfg::kHeadDim>(p, dq_stage, batch, head, m0);
+    }
   }
-  if (reducer) bulk_wait();
+  if (reducer) Turns::pass();
 
   // dK = scale * dS^T Q and dV, straight from the accumulators: keys n0 + row, head dims dim0 + col.
   using Ops = ElementOps<T>;

@@ -158,6 +158,10 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 // Waits until they have completed.
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
+// Orders this thread's global-memory accesses through the generic proxy (a counter's acquire or release)
+// with its async-proxy ones (bulk reductions).
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
 // Orders this thread's ordinary shared-memory writes before later async-proxy (wgmma, TMA) accesses.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
