@@ -280,11 +280,20 @@ __device__ __forceinline__ void write_dmask(const BwdParams& p, const float (&ds
 }
 
 // Deterministic mode (BwdParams::deterministic): the key blocks add their dQ partials into a query
-// block in increasing key-block order, through the dq_keys_done counters, as in the sm80 backward
-// (wait_for_dq_turn there; the same argument rules out a deadlock: n_block varies fastest in
-// blockIdx.x). Used by the reducer thread alone. A turn is passed once its reduction has completed,
-// which the reducer checks where the next step waits for the staging tile anyway, so the reduction
-// still overlaps that step's first GEMMs.
+// block in a fixed order (take()), through the dq_keys_done counters as in the sm80 backward. The
+// blocks a key block waits for have lower blockIdx.x (bwd_n_block), so they were dispatched first and
+// keep their SMs until they finish; the first block of the order never waits, so by induction every
+// awaited turn is passed (wait_for_dq_turn in the sm80 backward makes the same argument). Used by the
+// reducer thread alone. A turn is passed once its reduction has completed, which the reducer checks
+// where the next step waits for the staging tile anyway, so the reduction still overlaps that step's
+// first GEMMs.
+// The key block of this CTA: n_block varies fastest in blockIdx.x, in decreasing order in deterministic
+// mode under causal masking (the order of its dq turns, DqTurns::take).
+__device__ __forceinline__ int bwd_n_block(const BwdParams& p, int num_n_blocks) {
+  const int n = static_cast<int>(blockIdx.x % num_n_blocks);
+  return p.deterministic && p.shape.is_causal ? num_n_blocks - 1 - n : n;
+}
+
 template <int kBlockN>
 struct DqTurns {
   // The counter of the query block reduced last, while its turn is held. In shared memory, touched by
@@ -295,12 +304,22 @@ struct DqTurns {
     return counter;
   }
   __device__ __forceinline__ static void start() { held() = nullptr; }
-  __device__ __forceinline__ static void take(const BwdParams& p, int batch, int head, int m0, int n0) {
-    const int blocks = (p.shape.seqlen_q + kDqTileRows - 1) / kDqTileRows;
-    int* counter = p.dq_keys_done + (static_cast<int64_t>(batch) * p.shape.heads_q + head) * blocks + m0 / kDqTileRows;
-    while (ld_acquire_gpu(counter) != n0) {
+  // The key blocks that see query block m0 / 64 are 0 .. n_last. Without causal masking they take
+  // their turns in increasing order; under causal masking in decreasing order, n_last first: key block
+  // n starts at the query block of its diagonal, where it is then the first (in increasing order, each
+  // diagonal block would wait for every key block before it to walk down to its first query block).
+  __device__ __forceinline__ static void take(const BwdParams& p, int batch, int head, int m0, int n_block) {
+    const AttentionShape& sh = p.shape;
+    const int blocks = (sh.seqlen_q + kDqTileRows - 1) / kDqTileRows;
+    int* counter = p.dq_keys_done + (static_cast<int64_t>(batch) * sh.heads_q + head) * blocks + m0 / kDqTileRows;
+    int turn = n_block;
+    if (sh.is_causal) {
+      const int last_key = min(min(m0 + kDqTileRows, sh.seqlen_q) - 1 + sh.causal_offset, sh.seqlen_k - 1);
+      turn = last_key / kBlockN - n_block;
     }
-    fence_proxy_async_global();  // the earlier key blocks' reductions before this one's
+    while (ld_acquire_gpu(counter) != turn * kBlockN) {
+    }
+    fence_proxy_async_global();  // the earlier turns' reductions before this one's
     held() = counter;
   }
   // Waits for the last reduction to complete (its reads of the staging tile included) and passes its
@@ -353,7 +372,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 
   const AttentionShape& sh = p.shape;
   const int num_n_blocks = (sh.seqlen_k + kBlockN - 1) / kBlockN;
-  const int n_block = static_cast<int>(blockIdx.x % num_n_blocks);
+  const int n_block = kMasked ? static_cast<int>(blockIdx.x % num_n_blocks) : bwd_n_block(p, num_n_blocks);
   const int kv_head = static_cast<int>((blockIdx.x / num_n_blocks) % sh.heads_kv);
   const int batch = static_cast<int>(blockIdx.x / num_n_blocks / sh.heads_kv);
   const int n0 = n_block * kBlockN;
@@ -407,7 +426,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   // 300 bytes (masked deterministic calls run the sm80 backward).
   constexpr bool kDeterministicTurns = !kMasked;
   using Turns = DqTurns<kBlockN>;
-  if (kDeterministicTurns && reducer) Turns::start();
+  if (reducer) Turns::start();  // also read by the final pass() when kDeterministicTurns is off
   const int key0 = n0 + consumer * 64;      // this warpgroup's keys: [key0, key0 + 64)
   const int dq_col0 = consumer * Cfg::kDqCols;
   // Shared-memory addresses (the shared window's 32-bit form).
@@ -561,7 +580,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
     named_barrier_sync(kBwdConsumerBarrier, 256);
     if (reducer) {
-      if (kDeterministicTurns && p.deterministic) Turns::take(p, batch, head, m0, n0);
+      if (kDeterministicTurns && p.deterministic) Turns::take(p, batch, head, m0, n_block);
       reduce_dq_tile<Cfg::kHeadDim>(p, dq_stage, batch, head, m0);
     }
     step = next;

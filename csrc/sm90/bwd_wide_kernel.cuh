@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
 
   const AttentionShape& sh = p.shape;
   const int num_n_blocks = (sh.seqlen_k + kBlockN - 1) / kBlockN;
-  const int n_block = static_cast<int>(blockIdx.x % num_n_blocks);
+  const int n_block = bwd_n_block(p, num_n_blocks);
   const int kv_head = static_cast<int>((blockIdx.x / num_n_blocks) % sh.heads_kv);
   const int batch = static_cast<int>(blockIdx.x / num_n_blocks / sh.heads_kv);
   const int n0 = n_block * kBlockN;
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
     // dq_stage complete; neither consumer rewrites P or dS before both consumers' products are done.
     named_barrier_sync(kBwdConsumerBarrier, 256);
     if (reducer) {
-      if (p.deterministic) Turns::take(p, batch, head, m0, n0);
+      if (p.deterministic) Turns::take(p, batch, head, m0, n_block);
       reduce_dq_tile<Cfg::kHeadDim>(p, dq_stage, batch, head, m0);
     }
   }
