@@ -117,7 +117,8 @@ BwdPlan plan_bwd(const BwdCall& call, const DeviceInfo& device, const PlanOption
   // The key-length form where every GQA group's query heads share their mask row (the mask is
   // broadcast over heads, or there are no groups) and no mask gradient is written.
   const bool heads_share_rows = call.mask.head_stride_zero || s.heads_q == 1 || s.heads_q == s.heads_kv;
-  if (sm90 && !call.dmask && heads_share_rows) {
+  // Not in the wide kernel (tile width 256), which has no key-length launch.
+  if (sm90 && !call.dmask && heads_share_rows && sm90::bwd_tile_width(s.head_dim) <= 128) {
     plan.mask.key_form = key_length_form(call.mask, s, plan.mask.classify, call.dropout);
   }
   return plan;

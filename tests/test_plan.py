@@ -60,8 +60,8 @@ def test_force_sm80_option():
     ({"head_dim": 96}, "sm90", 128),     # width 128, padded
     ({"head_dim": 192}, "sm90", 256),    # the wide kernel, padded
     ({"head_dim": 256}, "sm90", 256),
-    ({"head_dim": 256, "mask": "bool"}, "sm80", 256),  # no masked wide kernel
-    ({"head_dim": 256, "dropout": True}, "sm80", 256),
+    ({"head_dim": 256, "mask": "bool"}, "sm90", 256),
+    ({"head_dim": 160, "dropout": True}, "sm90", 256),
     ({"deterministic": True}, "sm90", 128),
     ({"deterministic": True, "head_dim": 256}, "sm90", 256),
     ({"deterministic": True, "mask": "bool"}, "sm80", 128),  # the masked sm90 kernel has no turns
@@ -229,6 +229,7 @@ def test_mask_tiles_follow_the_kernels_that_read_them():
     sm80 = plan.plan_fwd(call(head_dim=128, mask="bool"), force_sm80=True)
     assert sm80["path"] == "sm80" and sm80["mask"]["classify"] and sm80["mask"]["key_form"] == "none"
     assert plan.plan_bwd(call(mask="bool"))["mask"]["tile"] == (64, 128)
+    assert plan.plan_bwd(call(mask="bool", head_dim=256))["mask"]["tile"] == (64, 128)  # two 64-key blocks a tile
 
 
 @pytest.mark.parametrize("fields,key_form", [
@@ -237,6 +238,7 @@ def test_mask_tiles_follow_the_kernels_that_read_them():
     ({"heads_kv": 2}, "none"),                     # GQA groups whose heads have their own mask rows
     ({"heads_kv": 2, "mask_head_stride_zero": True}, "causal"),
     ({"deterministic": True}, "none"),             # sm80, unclassified: every key block takes its dq turn
+    ({"head_dim": 256}, "none"),                   # the wide kernel has no key-length launch
 ])
 def test_backward_key_length_form(fields, key_form):
     p = plan.plan_bwd(call(mask="bool", **fields))

@@ -10,7 +10,7 @@ namespace sm90 {
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if constexpr (kHeadDim > 128) {
-    return launch_bwd_wide<T, BwdWideConfig<kHeadDim>>(p, stream);
+    return launch_bwd_wide<T, BwdWideConfig<kHeadDim>, false>(p, stream);
   } else {
     return launch_bwd_with_config<T, BwdConfig<kHeadDim>, false>(p, stream);
   }
@@ -18,7 +18,11 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
 
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd_masked(const BwdParams& p, cudaStream_t stream) {
-  return launch_bwd_with_config<T, BwdConfig<kHeadDim>, true>(p, stream);
+  if constexpr (kHeadDim > 128) {
+    return launch_bwd_wide<T, BwdWideConfig<kHeadDim>, true>(p, stream);
+  } else {
+    return launch_bwd_with_config<T, BwdConfig<kHeadDim>, true>(p, stream);
+  }
 }
 
 }  // namespace sm90

@@ -12,8 +12,10 @@
 //     and dV stay in registers for the whole CTA) and of dQ_partial = dS K, which meets the other half in
 //     an fp32 staging tile (the sm90 tile layout, cuda/dq_accum_layout.h) added into the dq workspace with
 //     one bulk reduction per step.
-// No mask, dropout or key lengths (those calls run the sm80 backward at these widths). Deterministic
-// mode as in bwd_kernel.cuh (DqTurns).
+// The kMasked variant applies params.mask (on the masked backward's 64-query x 128-key class grid: a
+// 64-key block reads the classes of the 128-key tile it lies in) and writes dS to params.dmask when
+// set; its kDropout form applies params.dropout too. No key-length form (the planner gives none at these
+// widths). Deterministic mode as in bwd_kernel.cuh (DqTurns), in the unmasked variant.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,6 +24,7 @@
 
 #include "params.h"
 #include "cuda/bwd_aux.cuh"
+#include "common/dropout.h"
 #include "cuda/element_ops.h"
 #include "cuda/mask_view.h"
 #include "sm90/bwd_config.h"
@@ -98,7 +101,47 @@ __device__ __forceinline__ void store_scores_swizzled(uint32_t tile, const float
   }
 }
 
-template <typename T, typename Cfg>
+// Dropout's keep bits of this thread's 64 queries x 32 keys score tile (bit i: element i). Its layout
+// is the forward's (rows = queries), so each of the two calls gives one whole keep-mask octet: word w of
+// call c decides element 4w + c (query row0) and 4w + 2 + c (query row0 + 8), as drop_probabilities
+// (fwd_softmax.h) applies them.
+__device__ __forceinline__ uint32_t wide_keep_bits(const DropoutRow& rng, int row0, int key0, int lane) {
+  uint32_t keep = 0;
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const PhiloxWords words = rng.octet_words(row0, key0 + 2 * (lane % 4) + c);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      keep |= static_cast<uint32_t>(dropout_keeps_low(words.w[w], rng.threshold)) << (4 * w + c);
+      keep |= static_cast<uint32_t>(dropout_keeps_high(words.w[w], rng.threshold)) << (4 * w + 2 + c);
+    }
+  }
+  return keep;
+}
+
+// The mask's gradient: this thread's dS elements (queries m0 + row, keys key0 + col) into params.dmask,
+// [B, Hq, Lq, Lk] contiguous in the mask's element type (q's or float32).
+template <typename T, int kCount>
+__device__ __forceinline__ void write_dmask_wide(const BwdParams& p, const float (&ds)[kCount], int batch, int head,
+                                                 int m0, int key0, int warp_in_group, int lane) {
+  const AttentionShape& sh = p.shape;
+  const bool f32 = p.mask.kind == MaskKind::kAdditiveFloat32;
+  const int64_t first = (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q * sh.seqlen_k;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int query = m0 + accumulator_row(i, warp_in_group, lane);
+    const int key = key0 + accumulator_col(i, lane);
+    if (query >= sh.seqlen_q || key >= sh.seqlen_k) continue;
+    const int64_t offset = first + static_cast<int64_t>(query) * sh.seqlen_k + key;
+    if (f32) {
+      static_cast<float*>(p.dmask)[offset] = ds[i];
+    } else {
+      static_cast<T*>(p.dmask)[offset] = ElementOps<T>::from_float(ds[i]);
+    }
+  }
+}
+
+template <typename T, typename Cfg, bool kMasked, bool kDropout>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid_constant__ BwdTensorMaps maps,
                                                                     const BwdParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -122,6 +165,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   steps.m_begin = first_query / kBlockM;
   steps.num_m = first_query < sh.seqlen_q ? (sh.seqlen_q + kBlockM - 1) / kBlockM - steps.m_begin : 0;
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);  // uniform, as in bwd_kernel
+  // The walk over the steps whose class tile lets some key through: the tile of the class grid's
+  // 128-key column holding this block.
+  static_assert(kBlockN * 2 == BwdConfig<64>::kBlockN, "two 64-key blocks per class tile");
+  BwdStepWalk<T, kMasked> walk{p, steps, kv_head, batch, n_block / 2};
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&maps.q);
@@ -137,8 +184,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
     if (threadIdx.x < 32) {
-      produce_bwd<T, Cfg, false>(p, maps, bars, base, n0, kv_head, batch, steps,
-                                 BwdStepWalk<T, false>{p, steps, kv_head, batch, n_block});
+      produce_bwd<T, Cfg, kMasked>(p, maps, bars, base, n0, kv_head, batch, steps, walk);
     }
     return;
   }
@@ -148,7 +194,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   const int warp_in_group = (threadIdx.x % 128) / 32;
   const int lane = threadIdx.x % 32;
   const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
-  using Turns = DqTurns<kBlockN>;  // deterministic mode's turns at the dQ reductions
+  using Turns = DqTurns<kBlockN>;  // deterministic mode's turns at the dQ reductions (unmasked variant)
+  constexpr bool kDeterministicTurns = !kMasked;
   if (reducer) Turns::start();
   const int key0 = n0 + consumer * kKeys;   // this consumer's score columns: keys [key0, key0 + 32)
   const int dim0 = consumer * kDims;        // this consumer's head dims: [dim0, dim0 + kDims)
@@ -167,15 +214,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
 #pragma unroll
   for (int i = 0; i < kDims / 2; ++i) dk[i] = dv[i] = 0.f;
 
+  int step = walk.next(0);
   mbar_wait(&bars.kv_full, 0);
-  for (int iter = 0; iter < steps.count(); ++iter) {
+  for (int iter = 0; step < steps.count(); ++iter) {  // iter: steps run so far, as in produce_bwd
+    const bool mask_needed = walk.needs_elements(step);  // before next() moves the class window on
+    const int next = walk.next(step + 1);
     const int stage = iter % kStages;
-    const int head = steps.head(iter, kv_head);
-    const int m0 = steps.m0<kBlockM>(iter);
+    const int head = steps.head(step, kv_head);
+    const int m0 = steps.m0<kBlockM>(step);
     const uint32_t q_tile = smem + Cfg::kQOffset + stage * Cfg::kQBytes;
     const uint32_t do_tile = smem + Cfg::kDoOffset + stage * Cfg::kQBytes;
     const float* stats = stats_ring + stage * (Cfg::kStatsBytes / 4);  // [64] LSE (base 2), then [64] delta
 
+    uint32_t keep = 0;  // dropout's keep bits, made while no accumulator is live
+    if constexpr (kDropout) {
+      keep = wide_keep_bits(DropoutRow(p.dropout, batch, sh.heads_q, head), m0 + r0, key0, lane);
+    }
     float s[kKeys / 2], dp[kKeys / 2];
     mbar_wait(&bars.qdo_full[stage], (iter / kStages) & 1);
     wgmma_fence();
@@ -186,8 +240,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
     const float lse[2] = {stats[r0], stats[r0 + 8]};
     wgmma_wait<1>();
     fence_registers(s);
+    if (mask_needed) {
+      // With the attention mask: exp2(S scale + mask - LSE), all in base-2 units; its loads issued
+      // together (MaskView::load_terms).
+      const MaskView<T> mask = walk.mask(step);
+      float term[kKeys / 2];
+      mask.template load_terms<kKeys / 2>(
+          [&](int i) -> int64_t {
+            const int query = m0 + accumulator_row(i, warp_in_group, lane);
+            const int key = key0 + accumulator_col(i, lane);
+            return query < sh.seqlen_q && key < sh.seqlen_k ? query * mask.row_stride + key * mask.col_stride : -1;
+          },
+          term);
 #pragma unroll
-    for (int i = 0; i < kKeys / 2; ++i) s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[(i % 4) / 2]));
+      for (int i = 0; i < kKeys / 2; ++i) s[i] = exp2f(fmaf(s[i], sh.scale_log2, term[i] - lse[(i % 4) / 2]));
+    } else {
+#pragma unroll
+      for (int i = 0; i < kKeys / 2; ++i) s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[(i % 4) / 2]));
+    }
     // Keys past the end, or (causal) past a query's diagonal, get P = 0; queries past the end have LSE
     // +inf and so P = 0 already.
     if (key0 + kKeys > sh.seqlen_k || (sh.is_causal && key0 + kKeys - 1 > m0 + sh.causal_offset)) {
@@ -201,15 +271,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
     const float delta[2] = {stats[kBlockM + r0], stats[kBlockM + r0 + 8]};
     wgmma_wait<0>();
     fence_registers(dp);
+    if constexpr (kDropout) {
+      // P becomes what dV sees, P Z / (1 - p), and dS = P (dP Z / (1 - p) - delta), Z the keep-mask.
 #pragma unroll
-    for (int i = 0; i < kKeys / 2; ++i) dp[i] = s[i] * (dp[i] - delta[(i % 4) / 2]);  // dS
+      for (int i = 0; i < kKeys / 2; ++i) {
+        const float z = ((keep >> i) & 1u) ? p.dropout.keep_scale : 0.f;
+        dp[i] = s[i] * fmaf(dp[i], z, -delta[(i % 4) / 2]);
+        s[i] *= z;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kKeys / 2; ++i) dp[i] = s[i] * (dp[i] - delta[(i % 4) / 2]);  // dS
+    }
+    if constexpr (kMasked) {
+      if (p.dmask != nullptr) write_dmask_wide<T>(p, dp, batch, head, m0, key0, warp_in_group, lane);
+    }
 
     // The previous step's products are done with P and dS (the barrier at its end).
     store_scores_swizzled<T, Cfg>(p_tile, s, consumer, warp_in_group, lane);
     store_scores_swizzled<T, Cfg>(ds_tile, dp, consumer, warp_in_group, lane);
     fence_proxy_async_shared();
     if (reducer) {  // the previous step's dQ reduction has left dq_stage
-      if (p.deterministic) {
+      if (kDeterministicTurns && p.deterministic) {
         Turns::pass();
       } else {
         bulk_wait_read();
@@ -235,9 +318,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
     // dq_stage complete; neither consumer rewrites P or dS before both consumers' products are done.
     named_barrier_sync(kBwdConsumerBarrier, 256);
     if (reducer) {
-      if (p.deterministic) Turns::take(p, batch, head, m0, n_block);
+      if (kDeterministicTurns && p.deterministic) Turns::take(p, batch, head, m0, n_block);
       reduce_dq_tile<Cfg::kHeadDim>(p, dq_stage, batch, head, m0);
     }
+    step = next;
   }
   if (reducer) Turns::pass();
 
@@ -269,8 +353,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
 #endif
 }
 
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, bool kMasked>
 cudaError_t launch_bwd_wide(const BwdParams& p, cudaStream_t stream) {
+  if (p.key_end != nullptr) return cudaErrorNotSupported;  // no key-length form at these widths
   const AttentionShape& sh = p.shape;
   if (p.dq_accum_dim != Cfg::kHeadDim || !p.dq_accum_tiled) return cudaErrorNotSupported;
   BwdTensorMaps maps;
@@ -285,7 +370,10 @@ cudaError_t launch_bwd_wide(const BwdParams& p, cudaStream_t stream) {
 
   err = launch_bwd_preprocess<T>(p, stream);
   if (err != cudaSuccess) return err;
-  auto kernel = bwd_wide_kernel<T, Cfg>;
+  auto kernel = bwd_wide_kernel<T, Cfg, kMasked, false>;
+  if constexpr (kMasked) {
+    if (p.dropout.enabled) kernel = bwd_wide_kernel<T, Cfg, true, true>;
+  }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
