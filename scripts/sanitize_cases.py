@@ -117,6 +117,8 @@ FULL_CASES = [
     _case(1, 300, 97, 2, 2, 128, F16, "bottom_right", mask="float", dropout_p=0.5),
     _case(1, 17, 1025, 2, 2, 256, BF16, "top_left", "unaligned", dropout_p=0.1),
     _case(1, 97, 97, 4, 2, 32, F16, "top_left", dropout_p=0.3),
+    # the sm90 wide backward (tile width 256) with a mask, its gradient and dropout
+    _case(1, 300, 200, 2, 1, 256, BF16, "bottom_right", mask="float", dropout_p=0.2),
     # K/V multicast (sm90 forward, tile width 128, no causal masking, an even number of query tiles)
     _case(1, 200, 1025, 4, 2, 112, BF16, "none"),
 ]
@@ -141,6 +143,7 @@ RACE_CASES = [
     _case(3, 129, 300, 2, 1, 64, F16, "none", mask="padding"),
     _case(3, 129, 300, 2, 2, 64, F16, "none", mask="causal_padding"),
     _case(1, 129, 300, 2, 1, 64, BF16, "none", dropout_p=0.2),
+    _case(1, 129, 300, 2, 1, 256, F16, "top_left", mask="bool", dropout_p=0.2),  # the masked wide backward
     _case(1, 256, 300, 2, 1, 128, BF16, "none", "bhsd"),  # K/V multicast, both tiles' rows full
 ]
 
