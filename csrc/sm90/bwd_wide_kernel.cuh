@@ -252,8 +252,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
             return query < sh.seqlen_q && key < sh.seqlen_k ? query * mask.row_stride + key * mask.col_stride : -1;
           },
           term);
+      // In the order the preprocess assumes for saturated rows (cuda/saturated_rows.h: (s scale - LSE) +
+      // term, which at |LSE| ~ 1e30 is not term - LSE + s scale).
 #pragma unroll
-      for (int i = 0; i < kKeys / 2; ++i) s[i] = exp2f(fmaf(s[i], sh.scale_log2, term[i] - lse[(i % 4) / 2]));
+      for (int i = 0; i < kKeys / 2; ++i) s[i] = exp2f(s[i] * sh.scale_log2 - lse[(i % 4) / 2] + term[i]);
     } else {
 #pragma unroll
       for (int i = 0; i < kKeys / 2; ++i) s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[(i % 4) / 2]));
