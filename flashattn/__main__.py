@@ -159,8 +159,8 @@ support matrix
                   CUDA graphs, torch.library.opcheck-clean registration
   reproducible    forward: always, bit for bit; backward: on the CPU always, on CUDA with
                   flash_attn_*(deterministic=True) or, for scaled_dot_product_attention, under
-                  torch.use_deterministic_algorithms(True) (sm80 kernels; the default adds dq with
-                  atomics in no fixed order)
+                  torch.use_deterministic_algorithms(True) (key blocks take turns at dq; the
+                  default adds dq with atomic reductions in no fixed order)
   attention masks bool or additive (float32 or the inputs' dtype), any shape that broadcasts, read in
                   place; a floating mask gets its gradient
   dropout         dropout_p in [0, 1) after the softmax, kept probabilities scaled by 1 / (1 - p); the
