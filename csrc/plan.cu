@@ -37,6 +37,13 @@ PlanOptions& options_storage() {
   return options;
 }
 
+// What the GPU offers a block, capped by the smem_per_block_cap option (0: not known).
+int smem_limit(const DeviceInfo& device, const PlanOptions& options) {
+  const int cap = options.smem_per_block_cap;
+  if (cap <= 0) return device.smem_per_block;
+  return device.smem_per_block > 0 && device.smem_per_block < cap ? device.smem_per_block : cap;
+}
+
 bool sm90_device(const DeviceInfo& device, const PlanOptions& options) {
   return !options.force_sm80 && device.major == 9 && device.minor == 0 && sm90::compiled();
 }
@@ -66,6 +73,7 @@ FwdPlan plan_fwd(const FwdCall& call, const DeviceInfo& device, const PlanOption
   const bool masked = call.mask.present || call.dropout;  // the variant with both
   if (!(sm90_device(device, options) && sm90::fwd_supported(s, call.qkv_tma))) {
     plan.path = GpuPath::kSm80;
+    plan.smem = {sm80::fwd_smem_bytes(s.head_dim, masked), smem_limit(device, options)};
     if (call.mask.present) {
       plan.mask.tile = sm80::fwd_tile_shape(s.head_dim);
       plan.mask.classify = worth_classifying(call.mask, s);
@@ -110,6 +118,7 @@ BwdPlan plan_bwd(const BwdCall& call, const DeviceInfo& device, const PlanOption
   plan.path = sm90 ? GpuPath::kSm90 : GpuPath::kSm80;
   plan.dq_accum_dim = sm90 ? sm90::bwd_tile_width(s.head_dim) : sm80::padded_head_dim(s.head_dim);
   plan.dq_accum_tiled = sm90;
+  if (!sm90) plan.smem = {sm80::bwd_smem_bytes(s.head_dim), smem_limit(device, options)};
   if (!call.mask.present) return plan;
   plan.mask.tile = sm90 ? sm90::bwd_tile_shape() : sm80::bwd_tile_shape(s.head_dim);
   // Deterministic mode needs every key block to take its dq turn at every query block: no skipping.

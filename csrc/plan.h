@@ -28,6 +28,8 @@ struct PlanOptions {
   bool sm90_narrow_tail = true;                 // FLASHATTN_SM90_NARROW_TAIL=0: full-width last key blocks
   bool sm90_dynamic_tail = true;                // FLASHATTN_SM90_STATIC_SCHEDULE=1: static pairs only
   bool sm90_staged_output = true;               // FLASHATTN_SM90_DIRECT_OUTPUT=1: threads store O (initcheck)
+  // Tests: plan as if the GPU offered at most this many bytes of shared memory per block (0: its own).
+  int smem_per_block_cap = 0;
 };
 const PlanOptions& plan_options();
 void set_plan_options(const PlanOptions& options);
@@ -37,6 +39,16 @@ struct DeviceInfo {
   int major = 0, minor = 0;  // compute capability
   int num_sms = 0;
   int pair_clusters = 0;     // clusters of two full-size sm90 CTAs that can be resident at once (0: none)
+  int smem_per_block = 0;    // opt-in shared memory per block, bytes (0: not known, not checked)
+};
+
+// The shared memory an sm80 kernel of a plan needs and what the GPU offers it: the sm80 kernels'
+// tiles are fixed per head dim, and at some head dims they need more than an A100 (163 KiB) or a
+// consumer GPU (99 KiB) gives a block.
+struct SmemFit {
+  int bytes = 0;  // the chosen sm80 kernel's (0: the sm90 path, whose kernels fit sm_90 by construction)
+  int limit = 0;  // the GPU's, or the smem_per_block_cap option's (0: not known)
+  bool fits() const { return limit == 0 || bytes <= limit; }
 };
 
 enum class GpuPath : int { kSm80 = 0, kSm90 = 1 };
@@ -77,6 +89,7 @@ struct FwdPlan {
   // The sm90 launches, in order: the one kernel, or the masked kernel's rows then the key-length form's.
   int sm90_launches = 0;
   sm90::FwdLaunchPlan sm90[2];
+  SmemFit smem;
 };
 FwdPlan plan_fwd(const FwdCall& call, const DeviceInfo& device, const PlanOptions& options);
 
@@ -94,6 +107,7 @@ struct BwdPlan {
   MaskPolicy mask;
   int dq_accum_dim = 0;  // the dq workspace's row width: the chosen path's tile width
   bool dq_accum_tiled = false;  // the workspace in the sm90 tile layout (cuda/dq_accum_layout.h)
+  SmemFit smem;
 };
 BwdPlan plan_bwd(const BwdCall& call, const DeviceInfo& device, const PlanOptions& options);
 

@@ -14,10 +14,12 @@ extension is first used:
 - ``sm90_narrow_tail`` (``FLASHATTN_SM90_NARROW_TAIL=0``): full-width last key blocks;
 - ``sm90_dynamic_tail`` (``FLASHATTN_SM90_STATIC_SCHEDULE=1``): the causal schedule's static pairs only;
 - ``sm90_staged_output`` (``FLASHATTN_SM90_DIRECT_OUTPUT=1``): O stored by the threads, not by TMA
-  (compute-sanitizer's initcheck does not see TMA stores as writes).
+  (compute-sanitizer's initcheck does not see TMA stores as writes);
+- ``smem_per_block_cap`` (no environment variable; 0): plan as if the GPU offered at most this many
+  bytes of shared memory per block, so that a Hopper GPU shows what an A100 or a consumer GPU gets.
 
 ``sm90_multicast`` and ``sm90_wide_key_blocks`` take ``"auto"`` (the planner's choice), ``"on"``/``True``
-or ``"off"``/``False``; the others are booleans. Options are process-wide and not synchronised: change
+or ``"off"``/``False``; ``smem_per_block_cap`` an int; the others are booleans. Options are process-wide and not synchronised: change
 them while no other thread launches attention.
 """
 from __future__ import annotations
@@ -66,8 +68,10 @@ def plan_fwd(call: Dict[str, Any], **option_changes: Any) -> Dict[str, Any]:
     ``dtype`` ("bf16" or "fp16"), ``mask`` (None, "bool" or "additive") with ``mask_batch_stride_zero``,
     ``mask_head_stride_zero`` and ``mask_row_stride_zero``, ``dropout``, ``tma`` (q, k and v
     TMA-describable; default True), ``out_tma``, and the device: ``cc`` ((major, minor), default
-    (9, 0)), ``num_sms`` (132), ``pair_clusters`` (num_sms // 2). The current options apply, with
-    ``option_changes`` over them."""
+    (9, 0)), ``num_sms`` (132), ``pair_clusters`` (num_sms // 2), ``smem_per_block`` (bytes; 0: not
+    known, not checked). The plan's ``smem`` is the sm80 kernel's shared memory per block against
+    that limit (``bytes`` 0 on the sm90 path). The current options apply, with ``option_changes``
+    over them."""
     return _planner().plan_fwd(dict(call), dict(option_changes))
 
 

@@ -247,6 +247,46 @@ def test_backward_key_length_form(fields, key_form):
         assert not p["mask"]["classify"]
 
 
+# ---- shared memory of the sm80 kernels ----
+
+A100 = {"cc": (8, 0), "num_sms": 108, "smem_per_block": 166912}      # 163 KiB a block
+CONSUMER = {"cc": (8, 9), "num_sms": 128, "smem_per_block": 101376}  # 99 KiB (RTX 40xx)
+
+
+@pytest.mark.parametrize("gpu,head_dim,fwd_fits,bwd_fits", [
+    (A100, 64, True, True),
+    (A100, 96, True, True),
+    (A100, 128, True, False),   # the sm80 backward at 128 needs 173 KiB
+    (A100, 256, True, False),
+    (CONSUMER, 32, True, True),
+    (CONSUMER, 64, True, False),
+    (CONSUMER, 128, False, False),
+])
+def test_sm80_kernels_checked_against_the_gpu_shared_memory(gpu, head_dim, fwd_fits, bwd_fits):
+    fwd = plan.plan_fwd(call(head_dim=head_dim, **gpu))
+    bwd = plan.plan_bwd(call(head_dim=head_dim, **gpu))
+    assert fwd["path"] == bwd["path"] == "sm80"
+    assert (fwd["smem"]["fits"], bwd["smem"]["fits"]) == (fwd_fits, bwd_fits)
+    assert fwd["smem"]["limit"] == bwd["smem"]["limit"] == gpu["smem_per_block"]
+    assert fwd["smem"]["bytes"] > 0 and bwd["smem"]["bytes"] > 0
+
+
+def test_masked_sm80_forward_needs_its_keep_bits_too():
+    plain = plan.plan_fwd(call(cc=(8, 0)))["smem"]["bytes"]
+    assert plan.plan_fwd(call(cc=(8, 0), dropout=True))["smem"]["bytes"] > plain
+
+
+def test_shared_memory_cap_option_and_the_sm90_path():
+    h200 = {**H200, "smem_per_block": 232448}
+    assert plan.plan_bwd(call(**h200))["smem"] == {"bytes": 0, "limit": 0, "fits": True}  # sm90 kernels
+    forced = plan.plan_bwd(call(**h200), force_sm80=True)
+    assert forced["smem"]["fits"] and forced["smem"]["limit"] == 232448
+    capped = plan.plan_bwd(call(**h200), force_sm80=True, smem_per_block_cap=A100["smem_per_block"])
+    assert capped["smem"]["limit"] == A100["smem_per_block"] and not capped["smem"]["fits"]
+    unknown = plan.plan_bwd(call(cc=(8, 0)))  # a described GPU without a figure: not checked
+    assert unknown["smem"]["limit"] == 0 and unknown["smem"]["fits"]
+
+
 # ---- the options ----
 
 def test_options_round_trip_and_restore():

@@ -17,6 +17,11 @@ int padded_head_dim(int head_dim);
 TileShape fwd_tile_shape(int head_dim);
 TileShape bwd_tile_shape(int head_dim);
 
+// The dynamic shared memory per block of the forward (masked: the variant with masks and dropout)
+// and of the backward main kernel at a head dim with a compiled kernel, in bytes.
+int fwd_smem_bytes(int head_dim, bool masked);
+int bwd_smem_bytes(int head_dim);
+
 // Forward: writes params.out and params.lse; returns the launch status. Requires seqlen_q, seqlen_k, batch, heads >= 1.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 

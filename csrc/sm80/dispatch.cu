@@ -27,6 +27,27 @@ TileShape fwd_tile_shape(int head_dim) {
   return {0, 0};
 }
 
+int fwd_smem_bytes(int head_dim, bool masked) {
+  const int padded = padded_head_dim(head_dim);
+#define FLASHATTN_SMEM(D)                                 \
+  if (padded == D) {                                      \
+    using Cfg = DefaultFwdConfig<D>::type;                \
+    return Cfg::kSmemBytes + (masked ? Cfg::kKeepBitsBytes : 0); \
+  }
+  FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_SMEM)
+#undef FLASHATTN_SMEM
+  return 0;
+}
+
+int bwd_smem_bytes(int head_dim) {
+  const int padded = padded_head_dim(head_dim);
+#define FLASHATTN_SMEM(D) \
+  if (padded == D) return DefaultBwdConfig<D>::type::kSmemBytes;
+  FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_SMEM)
+#undef FLASHATTN_SMEM
+  return 0;
+}
+
 TileShape bwd_tile_shape(int head_dim) {
   const int padded = padded_head_dim(head_dim);
 #define FLASHATTN_TILE(D) \

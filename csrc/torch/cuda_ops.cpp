@@ -45,6 +45,7 @@ DeviceInfo device_info(const at::Tensor& q) {
     info.major = prop->major;
     info.minor = prop->minor;
     info.num_sms = prop->multiProcessorCount;
+    info.smem_per_block = static_cast<int>(prop->sharedMemPerBlockOptin);
     if (info.major == 9 && info.minor == 0) info.pair_clusters = sm90::max_pair_clusters(device);
     return info;
   };
@@ -71,6 +72,12 @@ AttentionShape make_shape(const CheckedShape& s, const at::Tensor& q, double sca
 }
 
 bool has_work(const CheckedShape& s) { return s.batch > 0 && s.heads_q > 0 && s.seqlen_q > 0 && s.seqlen_k > 0; }
+
+void check_smem_fit(const SmemFit& fit, const char* op, int head_dim) {
+  TORCH_CHECK(fit.fits(), op, ": the sm80 kernel for head dim ", head_dim, " needs ", fit.bytes,
+              " bytes of shared memory per block and this GPU offers ", fit.limit,
+              "; flashattn has no smaller tiles for such GPUs yet (README, Limits)");
+}
 
 void check_sm90_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err != cudaErrorNotSupported, op,

@@ -51,6 +51,10 @@ AttentionShape make_shape(const CheckedShape& s, const at::Tensor& q, double sca
 
 bool has_work(const CheckedShape& s);
 
+// Raises, before anything is launched, when the plan's sm80 kernel needs more shared memory per block
+// than the GPU offers (plan.h, SmemFit).
+void check_smem_fit(const SmemFit& fit, const char* op, int head_dim);
+
 // Raises for an sm90 launch that failed; a TMA descriptor the driver refused gets a message of its own.
 void check_sm90_launch(cudaError_t err, const char* op);
 

@@ -101,6 +101,7 @@ py::dict options_dict(const PlanOptions& o) {
   d["sm90_narrow_tail"] = o.sm90_narrow_tail;
   d["sm90_dynamic_tail"] = o.sm90_dynamic_tail;
   d["sm90_staged_output"] = o.sm90_staged_output;
+  d["smem_per_block_cap"] = o.smem_per_block_cap;
   return d;
 }
 
@@ -121,6 +122,8 @@ PlanOptions options_of(const py::dict& d, PlanOptions o) {
       o.sm90_dynamic_tail = value.cast<bool>();
     } else if (key == "sm90_staged_output") {
       o.sm90_staged_output = value.cast<bool>();
+    } else if (key == "smem_per_block_cap") {
+      o.smem_per_block_cap = value.cast<int>();
     } else {
       TORCH_CHECK(false, "plan option: unknown name '", key, "'; the options are ", py::str(options_dict(o)).cast<std::string>());
     }
@@ -137,7 +140,7 @@ T get(const py::dict& d, const char* key, T fallback) {
 // head_dim, scale, is_causal, causal_offset, dtype ("bf16" | "fp16"), mask (None | "bool" | "additive"),
 // mask_batch_stride_zero, mask_head_stride_zero, mask_row_stride_zero, dropout, tma (True: every tensor
 // TMA-describable), out_tma, deterministic, dmask; and the device: cc ((major, minor)), num_sms,
-// pair_clusters.
+// pair_clusters, smem_per_block (bytes; 0 or absent: not known, not checked).
 AttentionShape shape_of(const py::dict& d) {
   AttentionShape s{};
   s.batch = get<int>(d, "batch", 1);
@@ -173,10 +176,19 @@ DeviceInfo device_of(const py::dict& d) {
   dev.minor = cc.second;
   dev.num_sms = get<int>(d, "num_sms", 132);
   dev.pair_clusters = get<int>(d, "pair_clusters", dev.num_sms / 2);
+  dev.smem_per_block = get<int>(d, "smem_per_block", 0);
   return dev;
 }
 
 const char* path_name(GpuPath path) { return path == GpuPath::kSm90 ? "sm90" : "sm80"; }
+
+py::dict smem_dict(const SmemFit& f) {
+  py::dict d;
+  d["bytes"] = f.bytes;
+  d["limit"] = f.limit;
+  d["fits"] = f.fits();
+  return d;
+}
 
 py::dict mask_policy_dict(const MaskPolicy& m) {
   static const char* const forms[] = {"none", "padding", "causal"};
@@ -217,6 +229,7 @@ py::dict plan_fwd_dict(const py::dict& call_dict, const py::dict& options) {
   d["path"] = path_name(plan.path);
   d["mask"] = mask_policy_dict(plan.mask);
   d["tile_counter"] = plan.tile_counter;
+  d["smem"] = smem_dict(plan.smem);
   py::list launches;
   for (int i = 0; i < plan.sm90_launches; ++i) launches.append(launch_dict(plan.sm90[i]));
   d["launches"] = launches;
@@ -236,6 +249,7 @@ py::dict plan_bwd_dict(const py::dict& call_dict, const py::dict& options) {
   d["path"] = path_name(plan.path);
   d["mask"] = mask_policy_dict(plan.mask);
   d["dq_accum_dim"] = plan.dq_accum_dim;
+  d["smem"] = smem_dict(plan.smem);
   return d;
 }
 #endif  // FLASHATTN_WITH_CUDA
