@@ -257,18 +257,21 @@ __device__ __forceinline__ void load_query_columns(float (&values)[16], uint32_t
   }
 }
 
-// The mask's gradient: this thread's dS^T elements (the gradient of the masked scaled score) into
-// params.dmask, [B, Hq, Lq, Lk] contiguous in the mask's element type (q's or float32).
-template <typename T>
-__device__ __forceinline__ void write_dmask(const BwdParams& p, const float (&ds)[32], int batch, int head, int m0,
+// The mask's gradient: this thread's dS elements (a score accumulator: rows of keys from key0 and
+// columns of queries from m0 when kKeyRows, as the narrow kernel's dS^T; rows of queries and columns of
+// keys otherwise, as the wide kernel's dS) into params.dmask, [B, Hq, Lq, Lk] contiguous in the mask's
+// element type (q's or float32).
+template <typename T, int kCount, bool kKeyRows>
+__device__ __forceinline__ void write_dmask(const BwdParams& p, const float (&ds)[kCount], int batch, int head, int m0,
                                             int key0, int warp_in_group, int lane) {
   const AttentionShape& sh = p.shape;
   const int64_t first = (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q * sh.seqlen_k;
   const bool f32 = p.mask.kind == MaskKind::kAdditiveFloat32;
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int key = key0 + accumulator_row(i, warp_in_group, lane);
-    const int query = m0 + accumulator_col(i, lane);
+  for (int i = 0; i < kCount; ++i) {
+    const int row = accumulator_row(i, warp_in_group, lane), col = accumulator_col(i, lane);
+    const int key = key0 + (kKeyRows ? row : col);
+    const int query = m0 + (kKeyRows ? col : row);
     if (query >= sh.seqlen_q || key >= sh.seqlen_k) continue;
     const int64_t offset = first + static_cast<int64_t>(query) * sh.seqlen_k + key;
     if (f32) {
@@ -277,6 +280,63 @@ __device__ __forceinline__ void write_dmask(const BwdParams& p, const float (&ds
       static_cast<T*>(p.dmask)[offset] = ElementOps<T>::from_float(ds[i]);
     }
   }
+}
+
+// The CTA's dK = scale * dS^T Q and dV, straight from a consumer's accumulators (rows: keys from key0,
+// columns: head dims from col0), into params.dk and params.dv.
+template <typename T, int kCount>
+__device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&dk)[kCount], const float (&dv)[kCount],
+                                            int batch, int kv_head, int key0, int col0, int warp_in_group, int lane) {
+  using Ops = ElementOps<T>;
+  const AttentionShape& sh = p.shape;
+  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_strides.batch + kv_head * p.dk_strides.head;  // [Lk, D]
+  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_strides.batch + kv_head * p.dv_strides.head;  // [Lk, D]
+#pragma unroll
+  for (int i = 0; i < kCount; i += 2) {
+    const int key = key0 + accumulator_row(i, warp_in_group, lane);
+    const int col = col0 + accumulator_col(i, lane);
+    if (key >= sh.seqlen_k) continue;
+    T* dk_row = dk_out + key * p.dk_strides.row;
+    T* dv_row = dv_out + key * p.dv_strides.row;
+    if (col + 1 < sh.head_dim && sh.head_dim % 2 == 0) {
+      *reinterpret_cast<uint32_t*>(dk_row + col) = Ops::pack(dk[i] * sh.scale, dk[i + 1] * sh.scale);
+      *reinterpret_cast<uint32_t*>(dv_row + col) = Ops::pack(dv[i], dv[i + 1]);
+    } else {
+      if (col < sh.head_dim) {
+        dk_row[col] = Ops::from_float(dk[i] * sh.scale);
+        dv_row[col] = Ops::from_float(dv[i]);
+      }
+      if (col + 1 < sh.head_dim) {
+        dk_row[col + 1] = Ops::from_float(dk[i + 1] * sh.scale);
+        dv_row[col + 1] = Ops::from_float(dv[i + 1]);
+      }
+    }
+  }
+}
+
+// Thread 0's setup of a backward CTA: the tensor maps prefetched, the K/V and Q/dO barriers set.
+template <typename Cfg>
+__device__ __forceinline__ void init_bwd_barriers(const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars) {
+  prefetch_tensor_map(&maps.q);
+  prefetch_tensor_map(&maps.k);
+  prefetch_tensor_map(&maps.v);
+  prefetch_tensor_map(&maps.dout);
+  mbar_init(&bars.kv_full, 1);
+  for (int i = 0; i < Cfg::kStages; ++i) {
+    mbar_init(&bars.qdo_full[i], 32);  // one arrival per producer lane, plus the TMA bytes
+  }
+  mbar_fence_init();
+}
+
+// The tensor maps of q, dout ([rows][64] boxes of kBlockM rows) and k, v (kBlockN rows).
+template <typename Cfg>
+cudaError_t make_bwd_tensor_maps(const BwdParams& p, BwdTensorMaps* maps) {
+  const AttentionShape& sh = p.shape;
+  cudaError_t err = make_tensor_map(&maps->q, p.q, sh, sh.seqlen_q, sh.heads_q, p.q_strides, Cfg::kBlockM);
+  if (err == cudaSuccess) err = make_tensor_map(&maps->dout, p.dout, sh, sh.seqlen_q, sh.heads_q, p.dout_strides, Cfg::kBlockM);
+  if (err == cudaSuccess) err = make_tensor_map(&maps->k, p.k, sh, sh.seqlen_k, sh.heads_kv, p.k_strides, Cfg::kBlockN);
+  if (err == cudaSuccess) err = make_tensor_map(&maps->v, p.v, sh, sh.seqlen_k, sh.heads_kv, p.v_strides, Cfg::kBlockN);
+  return err;
 }
 
 // Deterministic mode (BwdParams::deterministic): the key blocks add their dQ partials into a query
@@ -397,17 +457,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
   BwdStepWalk<T, kMasked> walk{p, steps, kv_head, batch, n_block};
 
-  if (threadIdx.x == 0) {
-    prefetch_tensor_map(&maps.q);
-    prefetch_tensor_map(&maps.k);
-    prefetch_tensor_map(&maps.v);
-    prefetch_tensor_map(&maps.dout);
-    mbar_init(&bars.kv_full, 1);
-    for (int i = 0; i < kStages; ++i) {
-      mbar_init(&bars.qdo_full[i], 32);  // one arrival per producer lane, plus the TMA bytes
-    }
-    mbar_fence_init();
-  }
+  if (threadIdx.x == 0) init_bwd_barriers(maps, bars);
   __syncthreads();
 
   if (warpgroup == 0) {
@@ -543,7 +593,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     }
 
     if constexpr (kMasked) {
-      if (p.dmask != nullptr) write_dmask<T>(p, dp, batch, head, m0, key0, warp_in_group, lane);
+      if (p.dmask != nullptr) write_dmask<T, 32, true>(p, dp, batch, head, m0, key0, warp_in_group, lane);
     }
 
     uint32_t p_frag[4][4], ds_frag[4][4];
@@ -588,30 +638,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   if (reducer) Turns::pass();
 
   // dK = scale * dS^T Q and dV, straight from the accumulators.
-  using Ops = ElementOps<T>;
-  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_strides.batch + kv_head * p.dk_strides.head;  // [Lk, D]
-  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_strides.batch + kv_head * p.dv_strides.head;  // [Lk, D]
-#pragma unroll
-  for (int i = 0; i < Cfg::kHeadDim / 2; i += 2) {
-    const int key = key0 + accumulator_row(i, warp_in_group, lane);
-    const int col = accumulator_col(i, lane);
-    if (key >= sh.seqlen_k) continue;
-    T* dk_row = dk_out + key * p.dk_strides.row;
-    T* dv_row = dv_out + key * p.dv_strides.row;
-    if (col + 1 < sh.head_dim && sh.head_dim % 2 == 0) {
-      *reinterpret_cast<uint32_t*>(dk_row + col) = Ops::pack(dk[i] * sh.scale, dk[i + 1] * sh.scale);
-      *reinterpret_cast<uint32_t*>(dv_row + col) = Ops::pack(dv[i], dv[i + 1]);
-    } else {
-      if (col < sh.head_dim) {
-        dk_row[col] = Ops::from_float(dk[i] * sh.scale);
-        dv_row[col] = Ops::from_float(dv[i]);
-      }
-      if (col + 1 < sh.head_dim) {
-        dk_row[col + 1] = Ops::from_float(dk[i + 1] * sh.scale);
-        dv_row[col + 1] = Ops::from_float(dv[i + 1]);
-      }
-    }
-  }
+  store_dk_dv<T>(p, dk, dv, batch, kv_head, key0, 0, warp_in_group, lane);
 #endif
 }
 
@@ -620,10 +647,7 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   const AttentionShape& sh = p.shape;
   if (p.dq_accum_dim != Cfg::kHeadDim || !p.dq_accum_tiled) return cudaErrorNotSupported;
   BwdTensorMaps maps;
-  cudaError_t err = make_tensor_map(&maps.q, p.q, sh, sh.seqlen_q, sh.heads_q, p.q_strides, Cfg::kBlockM);
-  if (err == cudaSuccess) err = make_tensor_map(&maps.dout, p.dout, sh, sh.seqlen_q, sh.heads_q, p.dout_strides, Cfg::kBlockM);
-  if (err == cudaSuccess) err = make_tensor_map(&maps.k, p.k, sh, sh.seqlen_k, sh.heads_kv, p.k_strides, Cfg::kBlockN);
-  if (err == cudaSuccess) err = make_tensor_map(&maps.v, p.v, sh, sh.seqlen_k, sh.heads_kv, p.v_strides, Cfg::kBlockN);
+  cudaError_t err = make_bwd_tensor_maps<Cfg>(p, &maps);
   if (err != cudaSuccess) return err;
 
   const int64_t grid = static_cast<int64_t>((sh.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN) * sh.heads_kv * sh.batch;

@@ -119,28 +119,6 @@ __device__ __forceinline__ uint32_t wide_keep_bits(const DropoutRow& rng, int ro
   return keep;
 }
 
-// The mask's gradient: this thread's dS elements (queries m0 + row, keys key0 + col) into params.dmask,
-// [B, Hq, Lq, Lk] contiguous in the mask's element type (q's or float32).
-template <typename T, int kCount>
-__device__ __forceinline__ void write_dmask_wide(const BwdParams& p, const float (&ds)[kCount], int batch, int head,
-                                                 int m0, int key0, int warp_in_group, int lane) {
-  const AttentionShape& sh = p.shape;
-  const bool f32 = p.mask.kind == MaskKind::kAdditiveFloat32;
-  const int64_t first = (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q * sh.seqlen_k;
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) {
-    const int query = m0 + accumulator_row(i, warp_in_group, lane);
-    const int key = key0 + accumulator_col(i, lane);
-    if (query >= sh.seqlen_q || key >= sh.seqlen_k) continue;
-    const int64_t offset = first + static_cast<int64_t>(query) * sh.seqlen_k + key;
-    if (f32) {
-      static_cast<float*>(p.dmask)[offset] = ds[i];
-    } else {
-      static_cast<T*>(p.dmask)[offset] = ElementOps<T>::from_float(ds[i]);
-    }
-  }
-}
-
 template <typename T, typename Cfg, bool kMasked, bool kDropout>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid_constant__ BwdTensorMaps maps,
                                                                     const BwdParams p) {
@@ -170,15 +148,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   static_assert(kBlockN * 2 == BwdConfig<64>::kBlockN, "two 64-key blocks per class tile");
   BwdStepWalk<T, kMasked> walk{p, steps, kv_head, batch, n_block / 2};
 
-  if (threadIdx.x == 0) {
-    prefetch_tensor_map(&maps.q);
-    prefetch_tensor_map(&maps.k);
-    prefetch_tensor_map(&maps.v);
-    prefetch_tensor_map(&maps.dout);
-    mbar_init(&bars.kv_full, 1);
-    for (int i = 0; i < kStages; ++i) mbar_init(&bars.qdo_full[i], 32);  // producer lanes, plus the TMA bytes
-    mbar_fence_init();
-  }
+  if (threadIdx.x == 0) init_bwd_barriers(maps, bars);
   __syncthreads();
 
   if (warpgroup == 0) {
@@ -286,7 +256,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
       for (int i = 0; i < kKeys / 2; ++i) dp[i] = s[i] * (dp[i] - delta[(i % 4) / 2]);  // dS
     }
     if constexpr (kMasked) {
-      if (p.dmask != nullptr) write_dmask_wide<T>(p, dp, batch, head, m0, key0, warp_in_group, lane);
+      if (p.dmask != nullptr) write_dmask<T, kKeys / 2, false>(p, dp, batch, head, m0, key0, warp_in_group, lane);
     }
 
     // The previous step's products are done with P and dS (the barrier at its end).
@@ -328,30 +298,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   if (reducer) Turns::pass();
 
   // dK = scale * dS^T Q and dV, straight from the accumulators: keys n0 + row, head dims dim0 + col.
-  using Ops = ElementOps<T>;
-  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_strides.batch + kv_head * p.dk_strides.head;  // [Lk, D]
-  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_strides.batch + kv_head * p.dv_strides.head;  // [Lk, D]
-#pragma unroll
-  for (int i = 0; i < kDims / 2; i += 2) {
-    const int key = n0 + accumulator_row(i, warp_in_group, lane);
-    const int col = dim0 + accumulator_col(i, lane);
-    if (key >= sh.seqlen_k) continue;
-    T* dk_row = dk_out + key * p.dk_strides.row;
-    T* dv_row = dv_out + key * p.dv_strides.row;
-    if (col + 1 < sh.head_dim && sh.head_dim % 2 == 0) {
-      *reinterpret_cast<uint32_t*>(dk_row + col) = Ops::pack(dk[i] * sh.scale, dk[i + 1] * sh.scale);
-      *reinterpret_cast<uint32_t*>(dv_row + col) = Ops::pack(dv[i], dv[i + 1]);
-    } else {
-      if (col < sh.head_dim) {
-        dk_row[col] = Ops::from_float(dk[i] * sh.scale);
-        dv_row[col] = Ops::from_float(dv[i]);
-      }
-      if (col + 1 < sh.head_dim) {
-        dk_row[col + 1] = Ops::from_float(dk[i + 1] * sh.scale);
-        dv_row[col + 1] = Ops::from_float(dv[i + 1]);
-      }
-    }
-  }
+  store_dk_dv<T>(p, dk, dv, batch, kv_head, n0, dim0, warp_in_group, lane);
 #endif
 }
 
@@ -361,10 +308,7 @@ cudaError_t launch_bwd_wide(const BwdParams& p, cudaStream_t stream) {
   const AttentionShape& sh = p.shape;
   if (p.dq_accum_dim != Cfg::kHeadDim || !p.dq_accum_tiled) return cudaErrorNotSupported;
   BwdTensorMaps maps;
-  cudaError_t err = make_tensor_map(&maps.q, p.q, sh, sh.seqlen_q, sh.heads_q, p.q_strides, Cfg::kBlockM);
-  if (err == cudaSuccess) err = make_tensor_map(&maps.dout, p.dout, sh, sh.seqlen_q, sh.heads_q, p.dout_strides, Cfg::kBlockM);
-  if (err == cudaSuccess) err = make_tensor_map(&maps.k, p.k, sh, sh.seqlen_k, sh.heads_kv, p.k_strides, Cfg::kBlockN);
-  if (err == cudaSuccess) err = make_tensor_map(&maps.v, p.v, sh, sh.seqlen_k, sh.heads_kv, p.v_strides, Cfg::kBlockN);
+  cudaError_t err = make_bwd_tensor_maps<Cfg>(p, &maps);
   if (err != cudaSuccess) return err;
 
   const int64_t grid = static_cast<int64_t>((sh.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN) * sh.heads_kv * sh.batch;
