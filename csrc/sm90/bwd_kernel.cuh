@@ -642,37 +642,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 #endif
 }
 
+// One launch of a backward main kernel over the (key block, kv head, batch) grid of Cfg.
+template <typename Cfg, typename Kernel>
+cudaError_t launch_bwd_main(Kernel kernel, const BwdTensorMaps& maps, const BwdParams& p, cudaStream_t stream) {
+  const AttentionShape& sh = p.shape;
+  const int64_t grid = static_cast<int64_t>((sh.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN) * sh.heads_kv * sh.batch;
+  if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
+  return cudaGetLastError();
+}
+
 template <typename T, typename Cfg, bool kMasked>
 cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
-  const AttentionShape& sh = p.shape;
   if (p.dq_accum_dim != Cfg::kHeadDim || !p.dq_accum_tiled) return cudaErrorNotSupported;
   BwdTensorMaps maps;
   cudaError_t err = make_bwd_tensor_maps<Cfg>(p, &maps);
-  if (err != cudaSuccess) return err;
-
-  const int64_t grid = static_cast<int64_t>((sh.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN) * sh.heads_kv * sh.batch;
-  if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
-
-  err = launch_bwd_preprocess<T>(p, stream);
+  if (err == cudaSuccess) err = launch_bwd_preprocess<T>(p, stream);
   if (err != cudaSuccess) return err;
   auto kernel = bwd_kernel<T, Cfg, kMasked, false>;
   if constexpr (kMasked) {
     if (p.dropout.enabled) kernel = bwd_kernel<T, Cfg, true, true>;
   }
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
-  err = cudaGetLastError();
+  err = launch_bwd_main<Cfg>(kernel, maps, p, stream);
   if (err != cudaSuccess) return err;
   if constexpr (kMasked) {
     if (p.key_end != nullptr) {  // the groups the masked kernel left, over their key prefixes
       BwdParams key_rows = p;
       key_rows.shape = key_end_shape(p.shape, p.key_end_causal);  // causal in the causal form
-      auto key_end_kernel = bwd_kernel<T, Cfg, false, false, true>;
-      err = cudaFuncSetAttribute(key_end_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-      if (err != cudaSuccess) return err;
-      key_end_kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, key_rows);
-      err = cudaGetLastError();
+      err = launch_bwd_main<Cfg>(bwd_kernel<T, Cfg, false, false, true>, maps, key_rows, stream);
       if (err != cudaSuccess) return err;
     }
   }

@@ -305,25 +305,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
 template <typename T, typename Cfg, bool kMasked>
 cudaError_t launch_bwd_wide(const BwdParams& p, cudaStream_t stream) {
   if (p.key_end != nullptr) return cudaErrorNotSupported;  // no key-length form at these widths
-  const AttentionShape& sh = p.shape;
   if (p.dq_accum_dim != Cfg::kHeadDim || !p.dq_accum_tiled) return cudaErrorNotSupported;
   BwdTensorMaps maps;
   cudaError_t err = make_bwd_tensor_maps<Cfg>(p, &maps);
-  if (err != cudaSuccess) return err;
-
-  const int64_t grid = static_cast<int64_t>((sh.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN) * sh.heads_kv * sh.batch;
-  if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
-
-  err = launch_bwd_preprocess<T>(p, stream);
+  if (err == cudaSuccess) err = launch_bwd_preprocess<T>(p, stream);
   if (err != cudaSuccess) return err;
   auto kernel = bwd_wide_kernel<T, Cfg, kMasked, false>;
   if constexpr (kMasked) {
     if (p.dropout.enabled) kernel = bwd_wide_kernel<T, Cfg, true, true>;
   }
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
-  err = cudaGetLastError();
+  err = launch_bwd_main<Cfg>(kernel, maps, p, stream);
   if (err != cudaSuccess) return err;
   return launch_bwd_convert_dq<T>(p, stream);
 }
