@@ -38,6 +38,15 @@ def check_tensor(name: str, t, ndim: int, layout: str) -> None:
         )
 
 
+def unpack(name: str, t, ndim: int, dim: int, count: int, layout: str):
+    """check_tensor, then the `count` tensors packed along `dim` (size `count`) as strided views of `t`:
+    autograd stacks their gradients back into one."""
+    check_tensor(name, t, ndim, layout)
+    if t.size(dim) != count:
+        raise ValueError(f"flashattn: {name} must have shape {layout}, got {tuple(t.shape)}")
+    return t.unbind(dim=dim)
+
+
 def check_devices(q, k, v) -> None:
     """What the FlashAttention-2 API checks before the op's own checks: one device, kernels for it."""
     if k.device != q.device or v.device != q.device:

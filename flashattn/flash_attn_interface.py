@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._fa2_common import check_devices, check_tensor, fa2_attention, reject_unimplemented
+from ._fa2_common import check_devices, check_tensor, fa2_attention, reject_unimplemented, unpack
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]
 
@@ -114,10 +114,7 @@ def flash_attn_kvpacked_func(
 ):
     reject_unimplemented(window_size, softcap, alibi_slopes)
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
-    check_tensor("kv", kv, 5, "(batch, seqlen_k, 2, nheads_k, headdim)")
-    if kv.size(2) != 2:
-        raise ValueError(f"flashattn: kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got {tuple(kv.shape)}")
-    k, v = kv.unbind(dim=2)  # strided views into kv; autograd stacks dk, dv back into one dkv
+    k, v = unpack("kv", kv, 5, 2, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
     return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs)
 
 
@@ -144,10 +141,7 @@ def flash_attn_qkvpacked_func(
     return_attn_probs: bool = False,
 ):
     reject_unimplemented(window_size, softcap, alibi_slopes)
-    check_tensor("qkv", qkv, 5, "(batch, seqlen, 3, nheads, headdim)")
-    if qkv.size(2) != 3:
-        raise ValueError(f"flashattn: qkv must have shape (batch, seqlen, 3, nheads, headdim), got {tuple(qkv.shape)}")
-    q, k, v = qkv.unbind(dim=2)  # strided views into qkv; autograd stacks dq, dk, dv back into one dqkv
+    q, k, v = unpack("qkv", qkv, 5, 2, 3, "(batch, seqlen, 3, nheads, headdim)")
     return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs)
 
 

@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._fa2_common import check_devices, check_tensor, fa2_attention, reject_unimplemented
+from ._fa2_common import check_devices, check_tensor, fa2_attention, reject_unimplemented, unpack
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
 
@@ -200,10 +200,7 @@ def flash_attn_varlen_kvpacked_func(
 ):
     reject_unimplemented(window_size, softcap, alibi_slopes)
     check_tensor("q", q, 3, "(total_q, nheads, headdim)")
-    check_tensor("kv", kv, 4, "(total_k, 2, nheads_k, headdim)")
-    if kv.size(1) != 2:
-        raise ValueError(f"flashattn: kv must have shape (total_k, 2, nheads_k, headdim), got {tuple(kv.shape)}")
-    k, v = kv.unbind(dim=1)
+    k, v = unpack("kv", kv, 4, 1, 2, "(total_k, 2, nheads_k, headdim)")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                    deterministic, return_attn_probs, None)
 
@@ -231,10 +228,7 @@ def flash_attn_varlen_qkvpacked_func(
     return_attn_probs: bool = False,
 ):
     reject_unimplemented(window_size, softcap, alibi_slopes)
-    check_tensor("qkv", qkv, 4, "(total, 3, nheads, headdim)")
-    if qkv.size(1) != 3:
-        raise ValueError(f"flashattn: qkv must have shape (total, 3, nheads, headdim), got {tuple(qkv.shape)}")
-    q, k, v = qkv.unbind(dim=1)
+    q, k, v = unpack("qkv", qkv, 4, 1, 3, "(total, 3, nheads, headdim)")
     return _varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
                    deterministic, return_attn_probs, None)
 
