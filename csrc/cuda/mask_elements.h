@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "params.h"
+#include "cuda/byte_bits.h"
 #include "cuda/element_ops.h"
 
 namespace flashattn {
@@ -44,13 +45,10 @@ __device__ __forceinline__ bool bool_vector_aligned(const MaskParams& m, int64_t
 // Bit i set when element offset + i (i < 16) of a boolean mask is True (bool_vector_aligned(m, offset)).
 __device__ __forceinline__ uint32_t bool_keep_bits16(const MaskParams& m, int64_t offset) {
   const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(m.data) + offset);
-  auto nonzero_bytes = [](uint32_t x) {  // bit i: byte i of x is not zero
-    // Bit 7 of each byte: set by the byte itself or by the carry of its low 7 bits + 0x7f (no carry
-    // crosses into the next byte); then (bits 0, 8, 16, 24) * 0x01020408 gathers them at bits 24-27.
-    const uint32_t high = (((x & 0x7f7f7f7fu) + 0x7f7f7f7fu) | x) & 0x80808080u;
-    return ((high >> 7) * 0x01020408u) >> 24;
-  };
-  return nonzero_bytes(w.x) | nonzero_bytes(w.y) << 4 | nonzero_bytes(w.z) << 8 | nonzero_bytes(w.w) << 12;
+  // Bit 0 of each byte: whether the byte is not zero. Bit 7 is set by the byte itself or by the carry of
+  // its low 7 bits + 0x7f (no carry crosses into the next byte).
+  auto nonzero = [](uint32_t x) { return ((((x & 0x7f7f7f7fu) + 0x7f7f7f7fu) | x) & 0x80808080u) >> 7; };
+  return byte_low_bits(make_uint4(nonzero(w.x), nonzero(w.y), nonzero(w.z), nonzero(w.w)));
 }
 
 }  // namespace flashattn

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "common/mask.h"
+#include "cuda/byte_bits.h"
 #include "cuda/mask_view.h"
 #include "params.h"
 #include "sm90/class_bits.h"
@@ -34,9 +35,7 @@ struct KeyBlockWalk {
 
   // Bit i = bit `flag_bit` of byte i of the four words (16 class bytes).
   __device__ __forceinline__ static uint32_t gather_flag(const uint4& w, int flag_bit) {
-    // (x & 0x01010101) * 0x01020408 puts byte i's low bit at bit 24 + i, with no carries between them.
-    auto nibble = [&](uint32_t x) { return (((x >> flag_bit) & 0x01010101u) * 0x01020408u) >> 24; };
-    return nibble(w.x) | nibble(w.y) << 4 | nibble(w.z) << 8 | nibble(w.w) << 12;
+    return byte_low_bits(make_uint4(w.x >> flag_bit, w.y >> flag_bit, w.z >> flag_bit, w.w >> flag_bit));
   }
   __device__ __forceinline__ void load_window(int first) {
     static_assert(kClassWindow == 16, "one uint4 per window");
