@@ -472,8 +472,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int warp_in_group = thread_in_group / 32;
   const int lane = threadIdx.x % 32;
   const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
-  // Deterministic mode in the unmasked kernel only: in the masked one its turns made ptxas spill some
-  // 300 bytes (masked deterministic calls run the sm80 backward).
+  // Deterministic mode in the unmasked kernel only: in the masked one its turns made ptxas spill
+  // (masked deterministic calls run the sm80 backward; docs/perf-log.md).
   constexpr bool kDeterministicTurns = !kMasked;
   using Turns = DqTurns<kBlockN>;
   if (reducer) Turns::start();  // also read by the final pass() when kDeterministicTurns is off

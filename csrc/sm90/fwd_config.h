@@ -101,7 +101,7 @@ template <int kTail> struct WideKeyTailFwdConfig<128, kTail> {
 
 // The unmasked forward of long rows runs in this configuration (see uses_long_row_config): at tile
 // width 64, three consumer warpgroups (192 queries per tile, 160 registers each) keep the tensor
-// cores busier than two. The masked variant stays at two: at 160 registers it spills (~1.9 KB).
+// cores busier than two. The masked variant stays at two: at 160 registers it spills.
 // Two Q buffers, so its warpgroups run staggered (see kStaggered in fwd_kernel.cuh); at two
 // consumers staggering did not pay, so the default configurations keep one Q buffer (docs/perf-log.md).
 template <int kHeadDim>

@@ -35,7 +35,7 @@ struct FwdBarriers {
 
 // Whether the variant ends its pairs in a dynamic tail (fwd_schedule.h). Not the masked one: its
 // producer, which also walks the mask's tile classes, has no registers to spare for the claim loop in
-// its 24 (ptxas spilled 76-168 bytes at every width).
+// its 24 (ptxas spilled at every width; docs/perf-log.md).
 template <bool kMasked>
 constexpr bool kFwdDynamicTail = !kMasked;
 
@@ -117,7 +117,7 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
     tma_load_tile<Cfg::kColBlocks>(q_smem + q_stage * Cfg::kQBytes, &maps.q, &bars.q_full[q_stage], t.m0, t.head,
                                    t.batch, Cfg::kQColBlockBytes);
     // Not unrolled: the producer has 24 registers, and the unrolled copies inlined twice (static and
-    // dynamic tiles) spilled 8-20 bytes. One thread's few extra instructions per key block cost nothing.
+    // dynamic tiles) spilled. The loop's few extra instructions run in one thread, once per key block.
 #pragma unroll 1
     for (int n = walk.next(0); n < t.num_n_blocks; n = walk.next(n + 1), ++kv_iter) {
       const int stage = kv_iter % Cfg::kStages;
