@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 
   const AttentionShape& sh = p.shape;
   const int num_n_blocks = (sh.seqlen_k + kBlockN - 1) / kBlockN;
-  const int n_block = kMasked ? static_cast<int>(blockIdx.x % num_n_blocks) : bwd_n_block(p, num_n_blocks);
+  const int n_block = bwd_n_block(p, num_n_blocks);
   const int kv_head = static_cast<int>((blockIdx.x / num_n_blocks) % sh.heads_kv);
   const int batch = static_cast<int>(blockIdx.x / num_n_blocks / sh.heads_kv);
   const int n0 = n_block * kBlockN;
@@ -642,6 +642,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 #endif
 }
 
+// What every sm90 backward does before its main kernel: checks the dq workspace (the tile layout at
+// the kernel's width), describes q, k, v and dout for TMA, and launches the preprocess.
+template <typename T, typename Cfg>
+cudaError_t start_bwd(const BwdParams& p, BwdTensorMaps* maps, cudaStream_t stream) {
+  if (p.dq_accum_dim != Cfg::kHeadDim || !p.dq_accum_tiled) return cudaErrorNotSupported;
+  const cudaError_t err = make_bwd_tensor_maps<Cfg>(p, maps);
+  return err == cudaSuccess ? launch_bwd_preprocess<T>(p, stream) : err;
+}
+
 // One launch of a backward main kernel over the (key block, kv head, batch) grid of Cfg.
 template <typename Cfg, typename Kernel>
 cudaError_t launch_bwd_main(Kernel kernel, const BwdTensorMaps& maps, const BwdParams& p, cudaStream_t stream) {
@@ -656,10 +665,8 @@ cudaError_t launch_bwd_main(Kernel kernel, const BwdTensorMaps& maps, const BwdP
 
 template <typename T, typename Cfg, bool kMasked>
 cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
-  if (p.dq_accum_dim != Cfg::kHeadDim || !p.dq_accum_tiled) return cudaErrorNotSupported;
   BwdTensorMaps maps;
-  cudaError_t err = make_bwd_tensor_maps<Cfg>(p, &maps);
-  if (err == cudaSuccess) err = launch_bwd_preprocess<T>(p, stream);
+  cudaError_t err = start_bwd<T, Cfg>(p, &maps, stream);
   if (err != cudaSuccess) return err;
   auto kernel = bwd_kernel<T, Cfg, kMasked, false>;
   if constexpr (kMasked) {

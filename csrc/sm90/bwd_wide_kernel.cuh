@@ -305,10 +305,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
 template <typename T, typename Cfg, bool kMasked>
 cudaError_t launch_bwd_wide(const BwdParams& p, cudaStream_t stream) {
   if (p.key_end != nullptr) return cudaErrorNotSupported;  // no key-length form at these widths
-  if (p.dq_accum_dim != Cfg::kHeadDim || !p.dq_accum_tiled) return cudaErrorNotSupported;
   BwdTensorMaps maps;
-  cudaError_t err = make_bwd_tensor_maps<Cfg>(p, &maps);
-  if (err == cudaSuccess) err = launch_bwd_preprocess<T>(p, stream);
+  cudaError_t err = start_bwd<T, Cfg>(p, &maps, stream);
   if (err != cudaSuccess) return err;
   auto kernel = bwd_wide_kernel<T, Cfg, kMasked, false>;
   if constexpr (kMasked) {
