@@ -101,17 +101,28 @@ def _legend_and_title(fig, title: str) -> None:
     fig.tight_layout(rect=(0, 0, 1, 1 - (0.35 + 0.22 * legend_lines) / height))
 
 
-def _throughput_chart(Figure, dtype: str, mode: str, rows: List[dict], path: str) -> None:
-    methods = _ordered_methods(rows, "tflops")
+def _panel_grid(Figure, rows: List[dict]):
+    """A figure with one axes per (head dim, causal) panel of ``rows``, the unused cells of the grid
+    hidden, and per panel (its axes, head dim, causal, its rows by sequence length)."""
     panels = _panels(rows)
     nrows, ncols = _grid(len(panels))
     fig = Figure(figsize=(5.5 * ncols, 3.8 * nrows))
     axes = fig.subplots(nrows, ncols, squeeze=False)
-    width = 0.8 / max(1, len(methods))
+    for index in range(len(panels), nrows * ncols):
+        axes[index // ncols][index % ncols].set_visible(False)
+    panel_axes = []
     for index, (head_dim, causal) in enumerate(panels):
-        ax = axes[index // ncols][index % ncols]
         panel_rows = sorted((r for r in rows if r["head_dim"] == head_dim and bool(r["causal"]) == causal),
                             key=lambda r: r["seqlen"])
+        panel_axes.append((axes[index // ncols][index % ncols], head_dim, causal, panel_rows))
+    return fig, panel_axes
+
+
+def _throughput_chart(Figure, dtype: str, mode: str, rows: List[dict], path: str) -> None:
+    methods = _ordered_methods(rows, "tflops")
+    width = 0.8 / max(1, len(methods))
+    fig, panel_axes = _panel_grid(Figure, rows)
+    for ax, head_dim, causal, panel_rows in panel_axes:
         seqlens = [r["seqlen"] for r in panel_rows]
         for m_index, method in enumerate(methods):
             xs, heights = [], []
@@ -128,22 +139,14 @@ def _throughput_chart(Figure, dtype: str, mode: str, rows: List[dict], path: str
         ax.set_ylabel("TFLOP/s")
         ax.set_title(f"D={head_dim}, {'causal' if causal else 'not causal'}")
         ax.grid(axis="y", alpha=0.3)
-    for index in range(len(panels), nrows * ncols):
-        axes[index // ncols][index % ncols].set_visible(False)
     _legend_and_title(fig, f"attention throughput, {dtype}, {mode}")
     fig.savefig(path, dpi=110)
 
 
 def _memory_chart(Figure, dtype: str, mode: str, rows: List[dict], path: str) -> None:
     methods = _ordered_methods(rows, "peak_mib")
-    panels = _panels(rows)
-    nrows, ncols = _grid(len(panels))
-    fig = Figure(figsize=(5.5 * ncols, 3.8 * nrows))
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    for index, (head_dim, causal) in enumerate(panels):
-        ax = axes[index // ncols][index % ncols]
-        panel_rows = sorted((r for r in rows if r["head_dim"] == head_dim and bool(r["causal"]) == causal),
-                            key=lambda r: r["seqlen"])
+    fig, panel_axes = _panel_grid(Figure, rows)
+    for ax, head_dim, causal, panel_rows in panel_axes:
         for m_index, method in enumerate(methods):
             points = [(r["seqlen"], (r.get("peak_mib") or {}).get(method)) for r in panel_rows]
             points = [(n, mib) for n, mib in points if mib is not None and mib > 0]
@@ -164,8 +167,6 @@ def _memory_chart(Figure, dtype: str, mode: str, rows: List[dict], path: str) ->
         ax.set_xlabel("sequence length N")
         ax.set_ylabel("peak extra memory (MiB)")
         ax.grid(alpha=0.3)
-    for index in range(len(panels), nrows * ncols):
-        axes[index // ncols][index % ncols].set_visible(False)
     _legend_and_title(fig, f"peak extra memory of one call, {dtype}, {mode}")
     fig.savefig(path, dpi=110)
 
