@@ -117,7 +117,6 @@ BwdPlan plan_bwd(const BwdCall& call, const DeviceInfo& device, const PlanOption
                     (!masked || (sm90::bwd_masked_supported(s.head_dim) && !call.deterministic));
   plan.path = sm90 ? GpuPath::kSm90 : GpuPath::kSm80;
   plan.dq_accum_dim = sm90 ? sm90::bwd_tile_width(s.head_dim) : sm80::padded_head_dim(s.head_dim);
-  plan.dq_accum_tiled = sm90;
   if (!sm90) plan.smem = {sm80::bwd_smem_bytes(s.head_dim), smem_limit(device, options)};
   if (!call.mask.present) return plan;
   plan.mask.tile = sm90 ? sm90::bwd_tile_shape() : sm80::bwd_tile_shape(s.head_dim);

@@ -106,7 +106,8 @@ struct BwdPlan {
   GpuPath path = GpuPath::kSm80;
   MaskPolicy mask;
   int dq_accum_dim = 0;  // the dq workspace's row width: the chosen path's tile width
-  bool dq_accum_tiled = false;  // the workspace in the sm90 tile layout (cuda/dq_accum_layout.h)
+  // The workspace in the sm90 tile layout (cuda/dq_accum_layout.h): the sm90 backward's.
+  bool dq_accum_tiled() const { return path == GpuPath::kSm90; }
   SmemFit smem;
 };
 BwdPlan plan_bwd(const BwdCall& call, const DeviceInfo& device, const PlanOptions& options);

@@ -66,7 +66,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
 
   // Zeroed by the backward's first kernel (the preprocess), not by a fill of its own.
   const int64_t stats_stride = bwd_stats_stride(s.seqlen_q);
-  const int64_t dq_accum_rows = plan.dq_accum_tiled ? stats_stride : s.seqlen_q;
+  const int64_t dq_accum_rows = plan.dq_accum_tiled() ? stats_stride : s.seqlen_q;
   at::Tensor dq_accum = at::empty({s.batch, s.heads_q, dq_accum_rows, plan.dq_accum_dim}, q.options().dtype(at::kFloat));
   at::Tensor delta = at::empty({s.batch, s.heads_q, stats_stride}, q.options().dtype(at::kFloat));
   at::Tensor lse_log2 = at::empty_like(delta);
@@ -93,7 +93,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   p.lse_log2 = lse_log2.data_ptr<float>();
   p.stats_stride = stats_stride;
   p.dq_accum_dim = plan.dq_accum_dim;
-  p.dq_accum_tiled = plan.dq_accum_tiled;
+  p.dq_accum_tiled = plan.dq_accum_tiled();
   p.deterministic = deterministic;
   p.dq_keys_done = deterministic ? dq_keys_done.data_ptr<int>() : nullptr;
   p.q_strides = strides_of(q);
