@@ -114,6 +114,8 @@ struct FwdParams {
   // One int32 of device memory the sm90 forward may use to hand out tiles (it zeroes it on the launch's
   // stream before use); nullptr: a static schedule only.
   int* tile_counter = nullptr;
+  // The sm80 kernels' tile configuration (FwdPlan::sm80_tiles; sm80/kernel_configs.h's FwdConfigs).
+  int sm80_tiles = 0;
 };
 
 // Rows of the backward's statistics workspaces are padded to a multiple of this many queries: the
@@ -171,6 +173,8 @@ struct BwdParams {
   // [B, Lq, Hq, D] workspace. nullptr: `dout` is the caller's, read as is.
   const void* dout_caller = nullptr;
   TensorStrides dout_caller_strides{};
+  // The sm80 kernels' tile configuration (BwdPlan::sm80_tiles; sm80/kernel_configs.h's BwdConfigs).
+  int sm80_tiles = 0;
 };
 
 }  // namespace flashattn

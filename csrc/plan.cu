@@ -73,9 +73,11 @@ FwdPlan plan_fwd(const FwdCall& call, const DeviceInfo& device, const PlanOption
   const bool masked = call.mask.present || call.dropout;  // the variant with both
   if (!(sm90_device(device, options) && sm90::fwd_supported(s, call.qkv_tma))) {
     plan.path = GpuPath::kSm80;
-    plan.smem = {sm80::fwd_smem_bytes(s.head_dim, masked), smem_limit(device, options)};
+    const int limit = smem_limit(device, options);
+    plan.sm80_tiles = sm80::fwd_tiles(s.head_dim, masked, limit);
+    plan.smem = {sm80::fwd_smem_bytes(s.head_dim, masked, plan.sm80_tiles), limit};
     if (call.mask.present) {
-      plan.mask.tile = sm80::fwd_tile_shape(s.head_dim);
+      plan.mask.tile = sm80::fwd_tile_shape(s.head_dim, plan.sm80_tiles);
       plan.mask.classify = worth_classifying(call.mask, s);
     }
     return plan;
@@ -117,9 +119,13 @@ BwdPlan plan_bwd(const BwdCall& call, const DeviceInfo& device, const PlanOption
                     (!masked || (sm90::bwd_masked_supported(s.head_dim) && !call.deterministic));
   plan.path = sm90 ? GpuPath::kSm90 : GpuPath::kSm80;
   plan.dq_accum_dim = sm90 ? sm90::bwd_tile_width(s.head_dim) : sm80::padded_head_dim(s.head_dim);
-  if (!sm90) plan.smem = {sm80::bwd_smem_bytes(s.head_dim), smem_limit(device, options)};
+  if (!sm90) {
+    const int limit = smem_limit(device, options);
+    plan.sm80_tiles = sm80::bwd_tiles(s.head_dim, limit);
+    plan.smem = {sm80::bwd_smem_bytes(s.head_dim, plan.sm80_tiles), limit};
+  }
   if (!call.mask.present) return plan;
-  plan.mask.tile = sm90 ? sm90::bwd_tile_shape() : sm80::bwd_tile_shape(s.head_dim);
+  plan.mask.tile = sm90 ? sm90::bwd_tile_shape() : sm80::bwd_tile_shape(s.head_dim, plan.sm80_tiles);
   // Deterministic mode needs every key block to take its dq turn at every query block: no skipping.
   plan.mask.classify = !call.deterministic && worth_classifying(call.mask, s);
   // The key-length form where every GQA group's query heads share their mask row (the mask is

@@ -42,9 +42,9 @@ struct DeviceInfo {
   int smem_per_block = 0;    // opt-in shared memory per block, bytes (0: not known, not checked)
 };
 
-// The shared memory an sm80 kernel of a plan needs and what the GPU offers it: the sm80 kernels'
-// tiles are fixed per head dim, and at some head dims they need more than an A100 (163 KiB) or a
-// consumer GPU (99 KiB) gives a block.
+// The shared memory an sm80 kernel of a plan needs and what the GPU offers it. The planner picks the
+// fastest sm80 tile configuration that fits (sm80_tiles); at head dims 192 and 256 the backward has
+// none that fits a consumer GPU's 99 KiB a block.
 struct SmemFit {
   int bytes = 0;  // the chosen sm80 kernel's (0: the sm90 path, whose kernels fit sm_90 by construction)
   int limit = 0;  // the GPU's, or the smem_per_block_cap option's (0: not known)
@@ -89,6 +89,7 @@ struct FwdPlan {
   // The sm90 launches, in order: the one kernel, or the masked kernel's rows then the key-length form's.
   int sm90_launches = 0;
   sm90::FwdLaunchPlan sm90[2];
+  int sm80_tiles = 0;  // the sm80 path's tile configuration (FwdParams::sm80_tiles)
   SmemFit smem;
 };
 FwdPlan plan_fwd(const FwdCall& call, const DeviceInfo& device, const PlanOptions& options);
@@ -108,6 +109,7 @@ struct BwdPlan {
   int dq_accum_dim = 0;  // the dq workspace's row width: the chosen path's tile width
   // The workspace in the sm90 tile layout (cuda/dq_accum_layout.h): the sm90 backward's.
   bool dq_accum_tiled() const { return path == GpuPath::kSm90; }
+  int sm80_tiles = 0;  // the sm80 path's tile configuration (BwdParams::sm80_tiles)
   SmemFit smem;
 };
 BwdPlan plan_bwd(const BwdCall& call, const DeviceInfo& device, const PlanOptions& options);

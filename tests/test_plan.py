@@ -253,22 +253,56 @@ A100 = {"cc": (8, 0), "num_sms": 108, "smem_per_block": 166912}      # 163 KiB a
 CONSUMER = {"cc": (8, 9), "num_sms": 128, "smem_per_block": 101376}  # 99 KiB (RTX 40xx)
 
 
-@pytest.mark.parametrize("gpu,head_dim,fwd_fits,bwd_fits", [
-    (A100, 64, True, True),
-    (A100, 96, True, True),
-    (A100, 128, True, False),   # the sm80 backward at 128 needs 173 KiB
-    (A100, 256, True, False),
-    (CONSUMER, 32, True, True),
-    (CONSUMER, 64, True, False),
-    (CONSUMER, 128, False, False),
+H200_SMEM = 232448
+
+
+# The sm80 tile configurations each limit gets (fwd, fwd with a mask or dropout, bwd), and whether the
+# backward fits: the fastest that fits, the smallest (and a clear error before launch) when none does.
+@pytest.mark.parametrize("limit,head_dim,tiles,bwd_fits", [
+    (H200_SMEM, 64, (0, 0, 0), True),
+    (H200_SMEM, 256, (0, 0, 0), True),
+    (A100["smem_per_block"], 32, (0, 0, 0), True),
+    (A100["smem_per_block"], 64, (0, 0, 0), True),
+    (A100["smem_per_block"], 96, (0, 0, 0), True),
+    (A100["smem_per_block"], 128, (0, 0, 1), True),   # one Q/dO buffer: 139 KiB
+    (A100["smem_per_block"], 192, (0, 0, 1), True),
+    (A100["smem_per_block"], 256, (0, 0, 1), True),
+    (CONSUMER["smem_per_block"], 32, (0, 0, 0), True),
+    (CONSUMER["smem_per_block"], 64, (0, 0, 1), True),
+    (CONSUMER["smem_per_block"], 96, (0, 0, 1), True),
+    (CONSUMER["smem_per_block"], 128, (1, 1, 2), True),
+    (CONSUMER["smem_per_block"], 192, (1, 1, 1), False),
+    (CONSUMER["smem_per_block"], 256, (1, 2, 1), False),  # the keep bits push the masked forward to 32 rows
 ])
-def test_sm80_kernels_checked_against_the_gpu_shared_memory(gpu, head_dim, fwd_fits, bwd_fits):
+def test_sm80_tiles_chosen_from_the_gpu_shared_memory(limit, head_dim, tiles, bwd_fits):
+    gpu = {"cc": (8, 0), "num_sms": 108, "smem_per_block": limit}
     fwd = plan.plan_fwd(call(head_dim=head_dim, **gpu))
+    fwd_masked = plan.plan_fwd(call(head_dim=head_dim, dropout=True, **gpu))
     bwd = plan.plan_bwd(call(head_dim=head_dim, **gpu))
     assert fwd["path"] == bwd["path"] == "sm80"
-    assert (fwd["smem"]["fits"], bwd["smem"]["fits"]) == (fwd_fits, bwd_fits)
-    assert fwd["smem"]["limit"] == bwd["smem"]["limit"] == gpu["smem_per_block"]
-    assert fwd["smem"]["bytes"] > 0 and bwd["smem"]["bytes"] > 0
+    assert (fwd["sm80_tiles"], fwd_masked["sm80_tiles"], bwd["sm80_tiles"]) == tiles
+    assert fwd["smem"]["fits"] and fwd_masked["smem"]["fits"]
+    assert bwd["smem"]["fits"] == bwd_fits
+    for p in (fwd, fwd_masked, bwd):
+        assert p["smem"]["limit"] == limit and 0 < p["smem"]["bytes"]
+        assert p["smem"]["bytes"] <= limit or p is bwd
+
+
+def test_sm80_tiles_shrink_in_order():
+    # Each later configuration needs less shared memory: the planner's first fit is the fastest that fits.
+    for head_dim in (32, 64, 96, 128, 192, 256):
+        needs = [plan.plan_bwd(call(head_dim=head_dim, cc=(8, 0), smem_per_block=limit))["smem"]["bytes"]
+                 for limit in (H200_SMEM, A100["smem_per_block"], CONSUMER["smem_per_block"])]
+        assert needs == sorted(needs, reverse=True), (head_dim, needs)
+
+
+def test_sm80_mask_tile_grid_follows_the_tiles():
+    # The mask's tile classes are computed on the grid of the configuration that reads them.
+    gpu = {"cc": (8, 9), "num_sms": 128, "smem_per_block": CONSUMER["smem_per_block"]}
+    assert plan.plan_fwd(call(head_dim=128, mask="bool", **gpu))["mask"]["tile"] == (64, 64)
+    assert plan.plan_bwd(call(head_dim=128, mask="bool", **gpu))["mask"]["tile"] == (64, 64)
+    assert plan.plan_fwd(call(head_dim=128, mask="bool", cc=(8, 0)))["mask"]["tile"] == (128, 64)
+    assert plan.plan_bwd(call(head_dim=128, mask="bool", cc=(8, 0)))["mask"]["tile"] == (64, 128)
 
 
 def test_masked_sm80_forward_needs_its_keep_bits_too():
@@ -282,7 +316,10 @@ def test_shared_memory_cap_option_and_the_sm90_path():
     forced = plan.plan_bwd(call(**h200), force_sm80=True)
     assert forced["smem"]["fits"] and forced["smem"]["limit"] == 232448
     capped = plan.plan_bwd(call(**h200), force_sm80=True, smem_per_block_cap=A100["smem_per_block"])
-    assert capped["smem"]["limit"] == A100["smem_per_block"] and not capped["smem"]["fits"]
+    assert capped["smem"]["limit"] == A100["smem_per_block"] and capped["smem"]["fits"]
+    assert (forced["sm80_tiles"], capped["sm80_tiles"]) == (0, 1)
+    too_small = plan.plan_bwd(call(**h200), force_sm80=True, smem_per_block_cap=64 * 1024)
+    assert too_small["smem"]["limit"] == 64 * 1024 and not too_small["smem"]["fits"]
     unknown = plan.plan_bwd(call(cc=(8, 0)))  # a described GPU without a figure: not checked
     assert unknown["smem"]["limit"] == 0 and unknown["smem"]["fits"]
 

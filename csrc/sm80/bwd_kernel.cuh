@@ -6,7 +6,8 @@
 //                          in registers for the whole loop; dQ partials are added into an fp32
 //                          workspace with atomics, in any order (the default) or, with
 //                          params.deterministic, in increasing key-block order (dq_keys_done counters).
-//                          Q/dO blocks are double-buffered with cp.async.
+//                          Q/dO blocks are double-buffered with cp.async (single-buffered in the
+//                          configurations for GPUs with less shared memory, BwdConfig::kQStages).
 //   3. bwd_convert_dq_kernel (cuda/bwd_aux.cuh): dq = scale * dq_accum, cast and laid out as [B, Lq, Hq, D].
 // The kMasked variant of bwd_kernel applies params.mask as the forward did (skipping the steps whose
 // tile the mask excludes entirely), and writes dS into params.dmask when that is set. It also applies
@@ -164,8 +165,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
     const int next_step = next_run(step + 1);
     cp_async_wait<0>();
     __syncthreads();  // this step's Q, dO, LSE, delta have landed; the previous step is done everywhere
-    if (next_step < num_steps) load_step(next_step, iter + 1);  // lands during this step
-    cp_async_commit();
+    if constexpr (Cfg::kQStages == 2) {
+      if (next_step < num_steps) load_step(next_step, iter + 1);  // lands during this step
+      cp_async_commit();
+    }
     const int head = kv_head * group + step / num_m;
     const int m0 = (m_begin + step % num_m) * kBlockM;
     const int stage = iter % Cfg::kQStages;
@@ -329,6 +332,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
         dk_acc, [&](uint32_t(&a)[4], int mt, int kk) { load_a<kPStride>(a, ds_smem, kv_key0 + mt * 16, kk * 16, lane); },
         [&](uint32_t(&b)[4], int np, int kk) { load_b_from_rows_kn<kStride>(b, q_tile, kk * 16, kv_col0 + np * 16, lane); });
 
+    if constexpr (Cfg::kQStages == 1) {
+      __syncthreads();  // every warp is done with this step's Q, dO, LSE and delta
+      if (next_step < num_steps) load_step(next_step, iter + 1);  // lands during the dQ GEMM
+      cp_async_commit();
+    }
+
     // Stage 3: dQ[m0 + rows, cols] += dS K, added into the fp32 workspace.
     {
       // Deterministic mode: this query block's counter (see wait_for_dq_turn). Waiting here, before the
@@ -435,14 +444,23 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   return launch_bwd_convert_dq<T>(p, stream);
 }
 
+// The configuration params.sm80_tiles names (BwdConfigs).
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  return launch_bwd_with_config<T, typename DefaultBwdConfig<kHeadDim>::type, false>(p, stream);
+  using Configs = typename BwdConfigs<kHeadDim>::type;
+  if (p.sm80_tiles < 0 || p.sm80_tiles >= Configs::kCount) return cudaErrorInvalidValue;
+  return with_config<Configs>(p.sm80_tiles, [&](auto cfg) {
+    return launch_bwd_with_config<T, decltype(cfg), false>(p, stream);
+  });
 }
 
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd_masked(const BwdParams& p, cudaStream_t stream) {
-  return launch_bwd_with_config<T, typename DefaultBwdConfig<kHeadDim>::type, true>(p, stream);
+  using Configs = typename BwdConfigs<kHeadDim>::type;
+  if (p.sm80_tiles < 0 || p.sm80_tiles >= Configs::kCount) return cudaErrorInvalidValue;
+  return with_config<Configs>(p.sm80_tiles, [&](auto cfg) {
+    return launch_bwd_with_config<T, decltype(cfg), true>(p, stream);
+  });
 }
 
 }  // namespace sm80

@@ -18,43 +18,76 @@ int padded_head_dim(int head_dim) {
   return 0;
 }
 
-TileShape fwd_tile_shape(int head_dim) {
+namespace {
+
+// f(Configs{}) with the FwdConfigs / BwdConfigs list of the tile width serving head_dim; `none` when
+// no compiled width does.
+template <template <int> class ConfigsOf, typename F, typename R>
+R with_configs(int head_dim, F&& f, R none) {
   const int padded = padded_head_dim(head_dim);
-#define FLASHATTN_TILE(D) \
-  if (padded == D) return {DefaultFwdConfig<D>::type::kBlockM, DefaultFwdConfig<D>::type::kBlockN};
-  FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_TILE)
-#undef FLASHATTN_TILE
-  return {0, 0};
+#define FLASHATTN_CONFIGS(D) \
+  if (padded == D) return f(typename ConfigsOf<D>::type{});
+  FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_CONFIGS)
+#undef FLASHATTN_CONFIGS
+  return none;
 }
 
-int fwd_smem_bytes(int head_dim, bool masked) {
-  const int padded = padded_head_dim(head_dim);
-#define FLASHATTN_SMEM(D)                                 \
-  if (padded == D) {                                      \
-    using Cfg = DefaultFwdConfig<D>::type;                \
-    return Cfg::kSmemBytes + (masked ? Cfg::kKeepBitsBytes : 0); \
+// The first entry of a configuration list whose shared memory (bytes_of(Config{})) fits `limit`
+// bytes (0: not known, entry 0); the last, smallest one when none fits (its plan then says so).
+template <typename List, typename Bytes>
+int first_fit(int limit, Bytes&& bytes_of) {
+  for (int i = 0; i < List::kCount; ++i) {
+    const int bytes = with_config<List>(i, bytes_of);
+    if (limit <= 0 || bytes <= limit) return i;
   }
-  FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_SMEM)
-#undef FLASHATTN_SMEM
-  return 0;
+  return List::kCount - 1;
 }
 
-int bwd_smem_bytes(int head_dim) {
-  const int padded = padded_head_dim(head_dim);
-#define FLASHATTN_SMEM(D) \
-  if (padded == D) return DefaultBwdConfig<D>::type::kSmemBytes;
-  FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_SMEM)
-#undef FLASHATTN_SMEM
-  return 0;
+template <typename Cfg>
+int fwd_bytes(bool masked) {
+  return Cfg::kSmemBytes + (masked ? Cfg::kKeepBitsBytes : 0);
 }
 
-TileShape bwd_tile_shape(int head_dim) {
-  const int padded = padded_head_dim(head_dim);
-#define FLASHATTN_TILE(D) \
-  if (padded == D) return {DefaultBwdConfig<D>::type::kBlockM, DefaultBwdConfig<D>::type::kBlockN};
-  FLASHATTN_SM80_FOR_EACH_HEAD_DIM(FLASHATTN_TILE)
-#undef FLASHATTN_TILE
-  return {0, 0};
+}  // namespace
+
+int fwd_tiles(int head_dim, bool masked, int smem_limit) {
+  return with_configs<FwdConfigs>(head_dim, [&](auto list) {
+    return first_fit<decltype(list)>(smem_limit, [&](auto cfg) { return fwd_bytes<decltype(cfg)>(masked); });
+  }, 0);
+}
+
+int bwd_tiles(int head_dim, int smem_limit) {
+  return with_configs<BwdConfigs>(head_dim, [&](auto list) {
+    return first_fit<decltype(list)>(smem_limit, [](auto cfg) { return decltype(cfg)::kSmemBytes; });
+  }, 0);
+}
+
+TileShape fwd_tile_shape(int head_dim, int tiles) {
+  return with_configs<FwdConfigs>(head_dim, [&](auto list) {
+    return with_config<decltype(list)>(tiles, [](auto cfg) {
+      return TileShape{decltype(cfg)::kBlockM, decltype(cfg)::kBlockN};
+    });
+  }, TileShape{0, 0});
+}
+
+TileShape bwd_tile_shape(int head_dim, int tiles) {
+  return with_configs<BwdConfigs>(head_dim, [&](auto list) {
+    return with_config<decltype(list)>(tiles, [](auto cfg) {
+      return TileShape{decltype(cfg)::kBlockM, decltype(cfg)::kBlockN};
+    });
+  }, TileShape{0, 0});
+}
+
+int fwd_smem_bytes(int head_dim, bool masked, int tiles) {
+  return with_configs<FwdConfigs>(head_dim, [&](auto list) {
+    return with_config<decltype(list)>(tiles, [&](auto cfg) { return fwd_bytes<decltype(cfg)>(masked); });
+  }, 0);
+}
+
+int bwd_smem_bytes(int head_dim, int tiles) {
+  return with_configs<BwdConfigs>(head_dim, [&](auto list) {
+    return with_config<decltype(list)>(tiles, [](auto cfg) { return decltype(cfg)::kSmemBytes; });
+  }, 0);
 }
 
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {

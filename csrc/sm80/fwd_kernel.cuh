@@ -304,14 +304,23 @@ cudaError_t launch_fwd_with_config(const FwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The configuration params.sm80_tiles names (FwdConfigs).
 template <typename T, int kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  return launch_fwd_with_config<T, typename DefaultFwdConfig<kHeadDim>::type, false>(p, stream);
+  using Configs = typename FwdConfigs<kHeadDim>::type;
+  if (p.sm80_tiles < 0 || p.sm80_tiles >= Configs::kCount) return cudaErrorInvalidValue;
+  return with_config<Configs>(p.sm80_tiles, [&](auto cfg) {
+    return launch_fwd_with_config<T, decltype(cfg), false>(p, stream);
+  });
 }
 
 template <typename T, int kHeadDim>
 cudaError_t launch_fwd_masked(const FwdParams& p, cudaStream_t stream) {
-  return launch_fwd_with_config<T, typename DefaultFwdConfig<kHeadDim>::type, true>(p, stream);
+  using Configs = typename FwdConfigs<kHeadDim>::type;
+  if (p.sm80_tiles < 0 || p.sm80_tiles >= Configs::kCount) return cudaErrorInvalidValue;
+  return with_config<Configs>(p.sm80_tiles, [&](auto cfg) {
+    return launch_fwd_with_config<T, decltype(cfg), true>(p, stream);
+  });
 }
 
 }  // namespace sm80

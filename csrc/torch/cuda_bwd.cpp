@@ -63,6 +63,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   call.tensors_tma = tma_describable(q) && tma_describable(k) && tma_describable(v) && tma_describable(dout_read);
   const BwdPlan plan = plan_bwd(call, device_info(q), plan_options());
   check_smem_fit(plan.smem, op, p.shape.head_dim);
+  p.sm80_tiles = plan.sm80_tiles;
 
   // Zeroed by the backward's first kernel (the preprocess), not by a fill of its own.
   const int64_t stats_stride = bwd_stats_stride(s.seqlen_q);

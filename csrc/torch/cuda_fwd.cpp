@@ -48,6 +48,7 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   call.out_tma = tma_describable(out);
   const FwdPlan plan = plan_fwd(call, device_info(q), plan_options());
   check_smem_fit(plan.smem, "flashattn.fwd", p.shape.head_dim);
+  p.sm80_tiles = plan.sm80_tiles;
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   MaskPlan mask;

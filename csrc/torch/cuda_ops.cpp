@@ -75,8 +75,8 @@ bool has_work(const CheckedShape& s) { return s.batch > 0 && s.heads_q > 0 && s.
 
 void check_smem_fit(const SmemFit& fit, const char* op, int head_dim) {
   TORCH_CHECK(fit.fits(), op, ": the sm80 kernel for head dim ", head_dim, " needs ", fit.bytes,
-              " bytes of shared memory per block and this GPU offers ", fit.limit,
-              "; flashattn has no smaller tiles for such GPUs yet (README, Limits)");
+              " bytes of shared memory per block (its smallest tiles) and this GPU offers ", fit.limit,
+              " (README, Limits)");
 }
 
 void check_sm90_launch(cudaError_t err, const char* op) {

@@ -229,6 +229,7 @@ py::dict plan_fwd_dict(const py::dict& call_dict, const py::dict& options) {
   d["path"] = path_name(plan.path);
   d["mask"] = mask_policy_dict(plan.mask);
   d["tile_counter"] = plan.tile_counter;
+  d["sm80_tiles"] = plan.sm80_tiles;
   d["smem"] = smem_dict(plan.smem);
   py::list launches;
   for (int i = 0; i < plan.sm90_launches; ++i) launches.append(launch_dict(plan.sm90[i]));
@@ -249,6 +250,7 @@ py::dict plan_bwd_dict(const py::dict& call_dict, const py::dict& options) {
   d["path"] = path_name(plan.path);
   d["mask"] = mask_policy_dict(plan.mask);
   d["dq_accum_dim"] = plan.dq_accum_dim;
+  d["sm80_tiles"] = plan.sm80_tiles;
   d["smem"] = smem_dict(plan.smem);
   return d;
 }

@@ -1,0 +1,108 @@
+"""The sm80 kernels' smaller tile configurations, for GPUs that offer a block less shared memory than an
+H200 (an A100 163 KiB, sm86 and sm89 99 KiB), run on the H200 with the planner's force_sm80 and
+smem_per_block_cap options: the plan must pick the configuration expected for that limit, and the
+kernels must pass the oracle with it (plain, causal, Lq != Lk, GQA, masks with the mask's gradient,
+dropout, deterministic repeats). The configurations themselves are in csrc/sm80/kernel_configs.h.
+"""
+import pytest
+import torch
+
+from conftest import requires_cuda
+from flashattn import ops, plan
+from flashattn.testing import make_qkv
+from test_gpu_attention import run_case
+from test_gpu_dropout import check_dropout
+from test_gpu_masks import check_masked
+
+pytestmark = requires_cuda
+
+A100, CONSUMER = 166912, 101376  # shared memory per block (bytes)
+
+# (limit, head dim): the forward's tiles without and with a mask, the backward's (None: none fits).
+# Only the pairs where some kernel leaves its first configuration.
+TILES = [
+    (A100, 128, 0, 0, 1),
+    (A100, 192, 0, 0, 1),
+    (A100, 256, 0, 0, 1),
+    (CONSUMER, 64, 0, 0, 1),
+    (CONSUMER, 96, 0, 0, 1),
+    (CONSUMER, 128, 1, 1, 2),
+    (CONSUMER, 192, 1, 1, None),
+    (CONSUMER, 256, 1, 2, None),
+]
+RUNS_BACKWARD = [pytest.param(limit, d, id=f"{limit // 1024}KiB-d{d}") for limit, d, _, _, bwd in TILES
+                 if bwd is not None]
+
+
+def _described(limit, head_dim, **fields):
+    return {"cc": (8, 0), "num_sms": 108, "smem_per_block": limit, "batch": 1, "heads_q": 4, "heads_kv": 2,
+            "seqlen_q": 1000, "seqlen_k": 1000, "head_dim": head_dim, **fields}
+
+
+@pytest.fixture
+def capped(plan_options):
+    def cap(limit):
+        plan_options(force_sm80=True, smem_per_block_cap=limit)
+    return cap
+
+
+@pytest.mark.parametrize("limit,head_dim,fwd,fwd_masked,bwd", TILES)
+def test_plan_picks_the_tiles_that_fit(limit, head_dim, fwd, fwd_masked, bwd):
+    # Runs without a GPU too; here beside the kernels it names.
+    assert plan.plan_fwd(_described(limit, head_dim))["sm80_tiles"] == fwd
+    assert plan.plan_fwd(_described(limit, head_dim, dropout=True))["sm80_tiles"] == fwd_masked
+    backward = plan.plan_bwd(_described(limit, head_dim))
+    assert backward["smem"]["fits"] == (bwd is not None)
+    if bwd is not None:
+        assert backward["sm80_tiles"] == bwd
+
+
+@pytest.mark.parametrize("limit,head_dim", RUNS_BACKWARD)
+@pytest.mark.parametrize("causal", ["none", "bottom_right"])
+def test_small_tiles_match_oracle(capped, limit, head_dim, causal):
+    capped(limit)
+    # Several query blocks per key block (the single-buffered Q/dO ring wraps), Lq != Lk both ways, GQA.
+    run_case(1, 700, 433, 4, 2, head_dim, torch.bfloat16, causal)
+    run_case(2, 203, 517, 2, 1, head_dim - 8, torch.float16, causal)
+
+
+@pytest.mark.parametrize("limit,head_dim", RUNS_BACKWARD)
+def test_small_tiles_with_masks(capped, limit, head_dim):
+    capped(limit)
+    check_masked(1, 300, 300, 4, 2, head_dim, torch.bfloat16, "top_left", "float", "blocks", mask_grad=True)
+    check_masked(2, 97, 203, 2, 2, head_dim, torch.float16, "none", "bool", "tiles")
+
+
+@pytest.mark.parametrize("limit,head_dim", RUNS_BACKWARD)
+def test_small_tiles_with_dropout(capped, limit, head_dim):
+    capped(limit)
+    check_dropout(1, 256, 300, 4, 2, head_dim, torch.bfloat16, "none", 0.2)
+    check_dropout(1, 97, 203, 2, 1, head_dim, torch.float16, "bottom_right", 0.1, mask=("bool", "b11k"))
+
+
+@pytest.mark.parametrize("limit,head_dim", RUNS_BACKWARD)
+def test_small_tiles_deterministic_backward_repeats_bitwise(capped, limit, head_dim):
+    capped(limit)
+    q, k, v = make_qkv(1, 700, 700, 4, 2, head_dim, torch.bfloat16, "cuda")
+    dout = torch.randn_like(q)
+
+    def grads():
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out, _ = ops.attention(*leaves, head_dim**-0.5, True, False, True)
+        return torch.autograd.grad(out, leaves, dout)
+
+    first, second = grads(), grads()
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_consumer_gpu_backward_above_128_raises_before_launch(capped, head_dim):
+    # The forward fits 99 KiB at these head dims; no backward configuration does.
+    capped(CONSUMER)
+    q, k, v = (torch.randn(1, 256, 2, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    out, _ = ops.attention(q, k, v, head_dim**-0.5, False, False, False)
+    needs = plan.plan_bwd(_described(CONSUMER, head_dim))["smem"]["bytes"]
+    with pytest.raises(RuntimeError, match=f"needs {needs} bytes of shared memory per block .* offers {CONSUMER}"):
+        out.sum().backward()
