@@ -11,7 +11,9 @@ baseline or anchors in the same run:
   dropout_anchors
                  dropout_p = 0.1, causal and not, no mask: flashattn vs torch SDPA with one backend
                  forced (sdpa_kernel, so no fallback), CUDNN_ATTENTION and FLASH_ATTENTION
-                 (FlashAttention-2), all three with p = 0.1
+                 (FlashAttention-2), all three with p = 0.1. torch builds with pytorch PR 174245
+                 (the 2.14 CI one has it) refuse cuDNN at a p that is not a multiple of 1/16, the
+                 resolution of some cuDNN kernels: its column is then n/a
 
 TFLOP/s use the unmasked FLOP count (causal: halved), so a ratio is a ratio of times. The methods of
 a figure are timed in --rounds rotating rounds (harness.rotating_medians; a figure is the median of
