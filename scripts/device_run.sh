@@ -7,7 +7,8 @@
 #   scripts/device_run.sh sanitize     build + scripts/sanitize.py (compute-sanitizer, about 4 minutes)
 #   scripts/device_run.sh fuzz         build + the fuzz tests' GPU profile (FUZZ_EXAMPLES per test, default 300)
 #   scripts/device_run.sh bench        build + benchmarks/bench.py (the full grid, about 4 minutes)
-#   scripts/device_run.sh masks        build + benchmarks/bench_masks.py (the attention-mask figures)
+#   scripts/device_run.sh masks        build + benchmarks/bench_masks.py (the attention-mask and dropout figures;
+#                                      MASKS_ARGS="--figures dropout_anchors --seqlens 1024,4096,16384" picks some)
 #   scripts/device_run.sh tune         build + benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
 #   scripts/device_run.sh ncu          build + Nsight Compute stall profiles of the sm90 forward, no mask
 #                                      and padding mask (D=${NCU_HEADDIM:-64}, N=${NCU_SEQLEN:-4096}), when ncu is installed there, and
@@ -72,7 +73,7 @@ has large && run tests_large 300 python3 -m pytest tests/test_gpu_reliability.py
 has sanitize && run sanitize 300 python3 scripts/sanitize.py --out "$OUT/sanitize"
 has fuzz && run fuzz_gpu 300 env FLASHATTN_FUZZ_PROFILE=gpu FLASHATTN_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-300} \
   python3 -m pytest tests/test_fuzz.py -q -rfE
-has masks && run masks 300 python3 benchmarks/bench_masks.py --out "$OUT/masks"
+has masks && run masks 300 python3 benchmarks/bench_masks.py --out "$OUT/masks" ${MASKS_ARGS:-}
 has stress && run stress 300 python3 scripts/dev/schedule_stress.py --runs ${STRESS_RUNS:-1000} ${STRESS_ARGS:-}
 has tune && run tune 400 python3 benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
 if has ncu; then
