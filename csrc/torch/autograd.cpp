@@ -18,6 +18,8 @@
 #include <optional>
 #include <tuple>
 
+#include "torch/checks.h"  // to_text
+
 namespace flashattn {
 namespace {
 
@@ -45,8 +47,8 @@ at::Tensor kernel_layout(const at::Tensor& t) {
 
 void check_heads_first(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "flashattn.fwd_heads_first: q, k and v must be 4-D (B, H, L, E), got ", q.dim(), ", ", k.dim(),
-              " and ", v.dim(), " dims");
+              "flashattn.fwd_heads_first: q, k and v must be 4-D (B, H, L, E), got ", to_text(q.dim()), ", ",
+              to_text(k.dim()), " and ", to_text(v.dim()), " dims");
 }
 
 const auto& fwd_op() {

@@ -74,8 +74,8 @@ AttentionShape make_shape(const CheckedShape& s, const at::Tensor& q, double sca
 bool has_work(const CheckedShape& s) { return s.batch > 0 && s.heads_q > 0 && s.seqlen_q > 0 && s.seqlen_k > 0; }
 
 void check_smem_fit(const SmemFit& fit, const char* op, int head_dim) {
-  TORCH_CHECK(fit.fits(), op, ": the sm80 kernel for head dim ", head_dim, " needs ", fit.bytes,
-              " bytes of shared memory per block (its smallest tiles) and this GPU offers ", fit.limit,
+  TORCH_CHECK(fit.fits(), op, ": the sm80 kernel for head dim ", to_text(head_dim), " needs ", to_text(fit.bytes),
+              " bytes of shared memory per block (its smallest tiles) and this GPU offers ", to_text(fit.limit),
               " (README, Limits)");
 }
 
