@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdPa
   }
 }
 
-// dq[b, i, h, d] = scale * dq_accum's element (b, h, i, d) (either layout): each thread converts 4
-// consecutive columns of a row.
+// dq[b, i, h, d] = scale * dq_accum[b, h, i, d] from the row layout: each thread converts 4 consecutive
+// columns of a row.
 template <typename T>
 __global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_kernel(const BwdParams p, int chunks_per_head) {
   using Ops = ElementOps<T>;
@@ -122,21 +122,13 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_kernel(const BwdPa
   const AuxTile tile(chunks_per_head, kAuxRows);
   const int quads = (s.head_dim + 3) / 4;
   for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
-    const float* accum = p.dq_accum + (static_cast<int64_t>(batch) * s.heads_q + tile.head) * p.dq_accum_rows() *
-                                          p.dq_accum_dim;  // this head's rows
+    const float* accum = p.dq_accum + (static_cast<int64_t>(batch) * s.heads_q + tile.head) * s.seqlen_q *
+                                          p.dq_accum_dim;  // [Lq, dq_accum_dim]: this head's rows
     for (int i = threadIdx.x; i < kAuxRows * quads; i += blockDim.x) {
       const int query = tile.row0 + i / quads;
       const int col = i % quads * 4;
       if (query >= s.seqlen_q) break;  // i only grows
-      float4 v;
-      if (p.dq_accum_tiled) {  // columns col, col + 1 and col + 2, col + 3 are pairs of two threads' elements
-        const float* block = accum + static_cast<int64_t>(query / kDqTileRows) * kDqTileRows * p.dq_accum_dim;
-        const float2 a = *reinterpret_cast<const float2*>(block + dq_tile_offset(query % kDqTileRows, col, p.dq_accum_dim));
-        const float2 b = *reinterpret_cast<const float2*>(block + dq_tile_offset(query % kDqTileRows, col + 2, p.dq_accum_dim));
-        v = make_float4(a.x, a.y, b.x, b.y);
-      } else {
-        v = *reinterpret_cast<const float4*>(accum + static_cast<int64_t>(query) * p.dq_accum_dim + col);
-      }
+      const float4 v = *reinterpret_cast<const float4*>(accum + static_cast<int64_t>(query) * p.dq_accum_dim + col);
       T* dq = static_cast<T*>(p.dq) + batch * p.dq_strides.batch + query * p.dq_strides.row +
               tile.head * p.dq_strides.head;  // [D]
       if (col + 4 <= s.head_dim && (reinterpret_cast<uintptr_t>(dq + col) & 7) == 0) {
@@ -147,6 +139,59 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_kernel(const BwdPa
         for (int c = 0; c < 4 && col + c < s.head_dim; ++c) dq[col + c] = Ops::from_float(values[c] * s.scale);
       }
     }
+  }
+}
+
+// The same from the sm90 tile layout (cuda/dq_accum_layout.h), a block per 16-row slab of a 64-query
+// block: the slab's elements are, per n8 column block, 512 contiguous bytes (32 consumer threads'
+// fragments of four floats), so the block reads them whole float4 by float4, transposes them through
+// shared memory into rows, and writes dq 8 columns (16 bytes) per thread. Reading the layout
+// element by element in dq's order instead used half of every 32-byte sector it touched.
+constexpr int kDqSlabRows = 16;
+constexpr int kDqSlabMaxWidth = 256;
+constexpr int kDqSlabPad = 4;  // floats after each row in shared memory: fragment stores 2-way, not 8-way, per bank
+
+template <typename T>
+__global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_tiled_kernel(const BwdParams p, int chunks_per_head) {
+  using Ops = ElementOps<T>;
+  const AttentionShape& s = p.shape;
+  const AuxTile tile(chunks_per_head, kDqSlabRows);
+  const int width = p.dq_accum_dim;
+  const int row_stride = width + kDqSlabPad;
+  __shared__ __align__(16) float slab[kDqSlabRows * (kDqSlabMaxWidth + kDqSlabPad)];  // [16][width + pad]
+  const int block_row0 = tile.row0 / kDqTileRows * kDqTileRows;
+  const int slab_index = tile.row0 % kDqTileRows / kDqSlabRows;  // 0..3 within the 64-query block
+  for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
+    const float* block = p.dq_accum + ((static_cast<int64_t>(batch) * s.heads_q + tile.head) * p.stats_stride +
+                                       block_row0) * width;  // [64 * width]: this 64-query block
+    // Fragment f of n8 block nb: consumer thread slab_index * 32 + f, rows f / 4 and f / 4 + 8 of the
+    // slab, columns 8 nb + 2 (f % 4) and the next.
+    for (int i = threadIdx.x; i < width / 8 * 32; i += blockDim.x) {
+      const int nb = i / 32, f = i % 32;
+      const float4 v = *reinterpret_cast<const float4*>(block + (nb * 128 + slab_index * 32 + f) * 4);
+      const int row = f / 4, col = nb * 8 + (f % 4) * 2;
+      *reinterpret_cast<float2*>(slab + row * row_stride + col) = make_float2(v.x, v.y);
+      *reinterpret_cast<float2*>(slab + (row + 8) * row_stride + col) = make_float2(v.z, v.w);
+    }
+    __syncthreads();
+    const int chunks = (s.head_dim + 7) / 8;  // of 8 columns
+    for (int i = threadIdx.x; i < kDqSlabRows * chunks; i += blockDim.x) {
+      const int row = i / chunks, col = i % chunks * 8;
+      const int query = tile.row0 + row;
+      if (query >= s.seqlen_q) break;  // i only grows
+      const float* src = slab + row * row_stride + col;
+      T* dq = static_cast<T*>(p.dq) + batch * p.dq_strides.batch + query * p.dq_strides.row +
+              tile.head * p.dq_strides.head;  // [D]
+      if (col + 8 <= s.head_dim && (reinterpret_cast<uintptr_t>(dq + col) & 15) == 0) {
+        const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
+        *reinterpret_cast<uint4*>(dq + col) =
+            make_uint4(Ops::pack(a.x * s.scale, a.y * s.scale), Ops::pack(a.z * s.scale, a.w * s.scale),
+                       Ops::pack(b.x * s.scale, b.y * s.scale), Ops::pack(b.z * s.scale, b.w * s.scale));
+      } else {
+        for (int c = 0; c < 8 && col + c < s.head_dim; ++c) dq[col + c] = Ops::from_float(src[c] * s.scale);
+      }
+    }
+    __syncthreads();  // the slab is rewritten for the next batch
   }
 }
 
@@ -185,6 +230,13 @@ template <typename T>
 cudaError_t launch_bwd_convert_dq(const BwdParams& p, cudaStream_t stream) {
   int chunks_per_head = 0;
   dim3 grid;
+  if (p.dq_accum_tiled) {
+    if (p.dq_accum_dim % 8 != 0 || p.dq_accum_dim > kDqSlabMaxWidth) return cudaErrorInvalidValue;
+    cudaError_t err = aux_grid(p.shape, p.shape.seqlen_q, kDqSlabRows, &chunks_per_head, &grid);
+    if (err != cudaSuccess) return err;
+    bwd_convert_dq_tiled_kernel<T><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
+    return cudaGetLastError();
+  }
   cudaError_t err = aux_grid(p.shape, p.shape.seqlen_q, kAuxRows, &chunks_per_head, &grid);
   if (err != cudaSuccess) return err;
   bwd_convert_dq_kernel<T><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
