@@ -48,6 +48,19 @@ int fwd_bytes(bool masked) {
   return Cfg::kSmemBytes + (masked ? Cfg::kKeepBitsBytes : 0);
 }
 
+// of(Config{}) for configuration `tiles` of the list serving head_dim; `none` when no width does.
+template <template <int> class ConfigsOf, typename Of, typename R>
+R of_tiles(int head_dim, int tiles, Of&& of, R none) {
+  return with_configs<ConfigsOf>(head_dim, [&](auto list) { return with_config<decltype(list)>(tiles, of); }, none);
+}
+
+template <template <int> class ConfigsOf>
+TileShape tile_shape(int head_dim, int tiles) {
+  return of_tiles<ConfigsOf>(head_dim, tiles, [](auto cfg) {
+    return TileShape{decltype(cfg)::kBlockM, decltype(cfg)::kBlockN};
+  }, TileShape{0, 0});
+}
+
 }  // namespace
 
 int fwd_tiles(int head_dim, bool masked, int smem_limit) {
@@ -62,32 +75,15 @@ int bwd_tiles(int head_dim, int smem_limit) {
   }, 0);
 }
 
-TileShape fwd_tile_shape(int head_dim, int tiles) {
-  return with_configs<FwdConfigs>(head_dim, [&](auto list) {
-    return with_config<decltype(list)>(tiles, [](auto cfg) {
-      return TileShape{decltype(cfg)::kBlockM, decltype(cfg)::kBlockN};
-    });
-  }, TileShape{0, 0});
-}
-
-TileShape bwd_tile_shape(int head_dim, int tiles) {
-  return with_configs<BwdConfigs>(head_dim, [&](auto list) {
-    return with_config<decltype(list)>(tiles, [](auto cfg) {
-      return TileShape{decltype(cfg)::kBlockM, decltype(cfg)::kBlockN};
-    });
-  }, TileShape{0, 0});
-}
+TileShape fwd_tile_shape(int head_dim, int tiles) { return tile_shape<FwdConfigs>(head_dim, tiles); }
+TileShape bwd_tile_shape(int head_dim, int tiles) { return tile_shape<BwdConfigs>(head_dim, tiles); }
 
 int fwd_smem_bytes(int head_dim, bool masked, int tiles) {
-  return with_configs<FwdConfigs>(head_dim, [&](auto list) {
-    return with_config<decltype(list)>(tiles, [&](auto cfg) { return fwd_bytes<decltype(cfg)>(masked); });
-  }, 0);
+  return of_tiles<FwdConfigs>(head_dim, tiles, [&](auto cfg) { return fwd_bytes<decltype(cfg)>(masked); }, 0);
 }
 
 int bwd_smem_bytes(int head_dim, int tiles) {
-  return with_configs<BwdConfigs>(head_dim, [&](auto list) {
-    return with_config<decltype(list)>(tiles, [](auto cfg) { return decltype(cfg)::kSmemBytes; });
-  }, 0);
+  return of_tiles<BwdConfigs>(head_dim, tiles, [](auto cfg) { return decltype(cfg)::kSmemBytes; }, 0);
 }
 
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
