@@ -72,6 +72,37 @@ struct BwdSteps {
   __device__ __forceinline__ int m0(int step) const { return (m_begin + step % num_m) * kBlockM; }
 };
 
+// The key block a CTA owns (n0 = n_block * kBlockN its first key): n_block varies fastest in blockIdx.x,
+// then the kv head, then the batch; n_block runs in decreasing order in deterministic mode under causal
+// masking (the order of its dq turns, DqTurns::take).
+struct BwdKeyBlock {
+  int n_block, kv_head, batch, n0;
+};
+template <int kBlockN>
+__device__ __forceinline__ BwdKeyBlock bwd_key_block(const BwdParams& p) {
+  const AttentionShape& sh = p.shape;
+  const int num_n_blocks = (sh.seqlen_k + kBlockN - 1) / kBlockN;
+  const int n = static_cast<int>(blockIdx.x % num_n_blocks);
+  BwdKeyBlock b;
+  b.n_block = p.deterministic && sh.is_causal ? num_n_blocks - 1 - n : n;
+  b.kv_head = static_cast<int>((blockIdx.x / num_n_blocks) % sh.heads_kv);
+  b.batch = static_cast<int>(blockIdx.x / num_n_blocks / sh.heads_kv);
+  b.n0 = b.n_block * kBlockN;
+  return b;
+}
+
+// The steps of the key block starting at key n0: every query head of its GQA group times the
+// kBlockM-query blocks from the first that sees key n0 (none when no query does).
+template <int kBlockM>
+__device__ __forceinline__ BwdSteps bwd_steps(const AttentionShape& sh, int n0) {
+  BwdSteps steps;
+  steps.group = sh.heads_q / sh.heads_kv;
+  const int first_query = first_query_seeing(n0, sh.is_causal, sh.causal_offset);
+  steps.m_begin = first_query / kBlockM;
+  steps.num_m = first_query < sh.seqlen_q ? (sh.seqlen_q + kBlockM - 1) / kBlockM - steps.m_begin : 0;
+  return steps;
+}
+
 // The steps a CTA runs: from step i on, the first one whose mask tile does not exclude every element
 // (every step without a mask); steps.count() when none is left. The classes of kClassWindow steps
 // are read at once (independent loads, one memory round trip) into bit sets: a class read between the
@@ -347,13 +378,6 @@ cudaError_t make_bwd_tensor_maps(const BwdParams& p, BwdTensorMaps* maps) {
 // reducer thread alone. A turn is passed once its reduction has completed, which the reducer checks
 // where the next step waits for the staging tile anyway, so the reduction still overlaps that step's
 // first GEMMs.
-// The key block of this CTA: n_block varies fastest in blockIdx.x, in decreasing order in deterministic
-// mode under causal masking (the order of its dq turns, DqTurns::take).
-__device__ __forceinline__ int bwd_n_block(const BwdParams& p, int num_n_blocks) {
-  const int n = static_cast<int>(blockIdx.x % num_n_blocks);
-  return p.deterministic && p.shape.is_causal ? num_n_blocks - 1 - n : n;
-}
-
 template <int kBlockN>
 struct DqTurns {
   // The counter of the query block reduced last, while its turn is held. In shared memory, touched by
@@ -431,11 +455,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   auto& bars = *reinterpret_cast<BwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
 
   const AttentionShape& sh = p.shape;
-  const int num_n_blocks = (sh.seqlen_k + kBlockN - 1) / kBlockN;
-  const int n_block = bwd_n_block(p, num_n_blocks);
-  const int kv_head = static_cast<int>((blockIdx.x / num_n_blocks) % sh.heads_kv);
-  const int batch = static_cast<int>(blockIdx.x / num_n_blocks / sh.heads_kv);
-  const int n0 = n_block * kBlockN;
+  const BwdKeyBlock block = bwd_key_block<kBlockN>(p);
+  const int n_block = block.n_block, kv_head = block.kv_head, batch = block.batch, n0 = block.n0;
   // Keys from row_keys_end on are masked: seqlen_k, or the group's BwdParams::key_end.
   int row_keys_end = sh.seqlen_k;
   if constexpr (kMasked || kKeyEnds) {
@@ -445,11 +466,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       if constexpr (kKeyEnds) row_keys_end = key_end;
     }
   }
-  BwdSteps steps;
-  steps.group = sh.heads_q / sh.heads_kv;
-  const int first_query = first_query_seeing(n0, sh.is_causal, sh.causal_offset);
-  steps.m_begin = first_query / kBlockM;
-  steps.num_m = first_query < sh.seqlen_q ? (sh.seqlen_q + kBlockM - 1) / kBlockM - steps.m_begin : 0;
+  BwdSteps steps = bwd_steps<kBlockM>(sh, n0);
   if (kKeyEnds && n0 >= row_keys_end) steps.num_m = 0;  // no key of the block is kept: dK = dV = 0
   // Broadcast from lane 0: the compiler then knows the value is the same across the warp, so what
   // derives from it (each consumer's shared-memory tile addresses, its wgmma descriptors) lives in

@@ -132,16 +132,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   auto& bars = *reinterpret_cast<BwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
 
   const AttentionShape& sh = p.shape;
-  const int num_n_blocks = (sh.seqlen_k + kBlockN - 1) / kBlockN;
-  const int n_block = bwd_n_block(p, num_n_blocks);
-  const int kv_head = static_cast<int>((blockIdx.x / num_n_blocks) % sh.heads_kv);
-  const int batch = static_cast<int>(blockIdx.x / num_n_blocks / sh.heads_kv);
-  const int n0 = n_block * kBlockN;
-  BwdSteps steps;
-  steps.group = sh.heads_q / sh.heads_kv;
-  const int first_query = first_query_seeing(n0, sh.is_causal, sh.causal_offset);
-  steps.m_begin = first_query / kBlockM;
-  steps.num_m = first_query < sh.seqlen_q ? (sh.seqlen_q + kBlockM - 1) / kBlockM - steps.m_begin : 0;
+  const BwdKeyBlock block = bwd_key_block<kBlockN>(p);
+  const int n_block = block.n_block, kv_head = block.kv_head, batch = block.batch, n0 = block.n0;
+  const BwdSteps steps = bwd_steps<kBlockM>(sh, n0);
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);  // uniform, as in bwd_kernel
   // The walk over the steps whose class tile lets some key through: the tile of the class grid's
   // 128-key column holding this block.
