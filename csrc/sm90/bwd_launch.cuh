@@ -7,22 +7,24 @@
 namespace flashattn {
 namespace sm90 {
 
-template <typename T, int kHeadDim>
-cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+// Width 128 and below: the narrow kernel; above: the wide one.
+template <typename T, int kHeadDim, bool kMasked>
+cudaError_t launch_bwd_at_width(const BwdParams& p, cudaStream_t stream) {
   if constexpr (kHeadDim > 128) {
-    return launch_bwd_wide<T, BwdWideConfig<kHeadDim>, false>(p, stream);
+    return launch_bwd_wide<T, BwdWideConfig<kHeadDim>, kMasked>(p, stream);
   } else {
-    return launch_bwd_with_config<T, BwdConfig<kHeadDim>, false>(p, stream);
+    return launch_bwd_with_config<T, BwdConfig<kHeadDim>, kMasked>(p, stream);
   }
 }
 
 template <typename T, int kHeadDim>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  return launch_bwd_at_width<T, kHeadDim, false>(p, stream);
+}
+
+template <typename T, int kHeadDim>
 cudaError_t launch_bwd_masked(const BwdParams& p, cudaStream_t stream) {
-  if constexpr (kHeadDim > 128) {
-    return launch_bwd_wide<T, BwdWideConfig<kHeadDim>, true>(p, stream);
-  } else {
-    return launch_bwd_with_config<T, BwdConfig<kHeadDim>, true>(p, stream);
-  }
+  return launch_bwd_at_width<T, kHeadDim, true>(p, stream);
 }
 
 }  // namespace sm90
