@@ -164,8 +164,9 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_tiled_kernel(const
   for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
     const float* block = p.dq_accum + ((static_cast<int64_t>(batch) * s.heads_q + tile.head) * p.stats_stride +
                                        block_row0) * width;  // [64 * width]: this 64-query block
-    // Fragment f of n8 block nb: consumer thread slab_index * 32 + f, rows f / 4 and f / 4 + 8 of the
-    // slab, columns 8 nb + 2 (f % 4) and the next.
+    // Fragment f of n8 block nb (counted over both consumers' head dims): consumer thread
+    // slab_index * 32 + f (dq_tile_fragment_offset), rows f / 4 and f / 4 + 8 of the slab, columns
+    // 8 nb + 2 (f % 4) and the next.
     for (int i = threadIdx.x; i < width / 8 * 32; i += blockDim.x) {
       const int nb = i / 32, f = i % 32;
       const float4 v = *reinterpret_cast<const float4*>(block + (nb * 128 + slab_index * 32 + f) * 4);

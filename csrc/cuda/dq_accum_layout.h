@@ -16,15 +16,9 @@ namespace flashattn {
 
 constexpr int kDqTileRows = 64;
 
-// Float offset, within its 64-query block, of the element (row, col) of the sm90 tile layout.
-FLASHATTN_HOST_DEVICE int dq_tile_offset(int row, int col, int width) {
-  const int half = width / 2;
-  const int consumer = col / half, c = col % half;
-  const int thread = (row / 16) * 32 + (row % 8) * 4 + (c % 8) / 2;
-  return ((consumer * (half / 8) + c / 8) * 128 + thread) * 4 + ((row % 16) / 8) * 2 + c % 2;
-}
-
-// Float offset of the four elements a consumer's thread (0..127) holds of its n8 block j.
+// Float offset, within its 64-query block, of the four elements a consumer's thread (0..127) holds of
+// its n8 block j, in the order (r, c), (r, c + 1), (r + 8, c), (r + 8, c + 1): r = 16 (thread / 32) +
+// (thread % 32) / 4, and c = 8 j + 2 (thread % 4) among the consumer's head dims.
 FLASHATTN_HOST_DEVICE int dq_tile_fragment_offset(int consumer, int j, int thread, int width) {
   return ((consumer * (width / 16) + j) * 128 + thread) * 4;
 }
