@@ -372,7 +372,7 @@ cudaError_t make_bwd_tensor_maps(const BwdParams& p, BwdTensorMaps* maps) {
 
 // Deterministic mode (BwdParams::deterministic): the key blocks add their dQ partials into a query
 // block in a fixed order (take()), through the dq_keys_done counters as in the sm80 backward. The
-// blocks a key block waits for have lower blockIdx.x (bwd_n_block), so they were dispatched first and
+// blocks a key block waits for have lower blockIdx.x (bwd_key_block), so they were dispatched first and
 // keep their SMs until they finish; the first block of the order never waits, so by induction every
 // awaited turn is passed (wait_for_dq_turn in the sm80 backward makes the same argument). Used by the
 // reducer thread alone. A turn is passed once its reduction has completed, which the reducer checks
