@@ -18,10 +18,15 @@ namespace flashattn {
 
 // The two auxiliary kernels run on a grid of (query head x chunk of rows) along x and batches along y
 // (looping past the grid's limit), so no thread divides a 64-bit index. A chunk is kAuxRows rows for
-// the dq conversion and kAuxThreads / lanes rows for the preprocess (lanes threads per row).
+// the dq conversion and kPreprocessRowsPerThread * kAuxThreads / lanes rows for the preprocess (lanes
+// threads per row): 128 rows at head dims up to 64, 64 above, which divide stats_stride.
 constexpr int kAuxRows = 16;
 constexpr int kAuxThreads = 256;
 constexpr int kAuxMaxGridY = 65535;
+// Rows each thread of the preprocess sums, their loads all in flight at once: 4 give a thread 128
+// bytes of O and dO, a block 32 KB, and an SM holds 2 or 3 such blocks (their registers), where HBM
+// wants about 40-64 KB in flight per SM. One row per thread, as before, kept 8 KB per block in flight.
+constexpr int kPreprocessRowsPerThread = 4;
 
 struct AuxTile {
   int head, row0, batch;
@@ -33,82 +38,151 @@ struct AuxTile {
 
 // delta[b, h, i] = sum_d dout[b, i, h, d] * out[b, i, h, d] and lse_log2 = lse * log2(e) (+inf for a
 // row that saw no key, so its P = exp2(s - lse_log2) is 0). The padding rows i in [seqlen_q,
-// stats_stride) get delta 0 and lse_log2 +inf. A row is summed by kLanes threads, 8 columns each at a
-// time: 8 for head dims up to 64 (every thread loads), 16 above. It also zeroes the row's dq_accum (the
-// main kernels add into it), which saves the backward a separate fill of that workspace. With
-// params.dout_caller set (additive masks), dout is read from there and written to params.dout,
-// saturated rows rebalanced (cuda/saturated_rows.h), and delta is the sum over the written values.
-template <typename T, int kLanes>
-__global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const BwdParams p, int chunks_per_head) {
+// stats_stride) get delta 0 and lse_log2 +inf. With params.dout_caller set (kRebalance, additive
+// masks), dout is read from there and written to params.dout, saturated rows rebalanced
+// (cuda/saturated_rows.h), and delta is the sum over the written values.
+//
+// The kernel is bound by HBM, so it is laid out for bytes in flight: a row is summed by kLanes threads
+// of one warp, 8 columns (16 bytes) each per pass of kLanes * 8 columns (8 lanes for head dims up to
+// 64, where every thread loads, 16 above: one pass up to 128, two up to 256), and each thread sums
+// kPreprocessRowsPerThread rows kAuxThreads / kLanes apart, so a warp's load covers whole consecutive
+// rows. Per pass, a thread issues its rows' O and dO loads (8 independent 16-byte loads, 128 bytes)
+// before it uses any of them. Rows whose starts are not 16-byte aligned take an element-wise path.
+//
+// It also zeroes dq_accum (the main kernels add into it), which saves the backward a separate fill of
+// that workspace: a block zeroes the workspace rows of its (batch, head, rows), contiguous in either
+// layout, all its threads storing consecutive 16 bytes (a warp 512 contiguous bytes), issued while
+// the loads are in flight. The rows' element order (the sm90 tile layout's is not a query's row) does
+// not matter to a fill.
+//
+// Three blocks per SM (96 KB of loads in flight) without kRebalance: left to itself ptxas took 80
+// registers (three blocks as well) and spilled 4 bytes. With kRebalance the inlined saturated-row code
+// takes 100-128 registers: two blocks (64 KB).
+template <typename T, int kLanes, bool kRebalance>
+__global__ void __launch_bounds__(kAuxThreads, kRebalance ? 2 : 3) bwd_preprocess_kernel(const BwdParams p, int chunks_per_head) {
   using Ops = ElementOps<T>;
   static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row's threads share a warp");
+  constexpr int kRows = kPreprocessRowsPerThread;
+  constexpr int kRowStep = kAuxThreads / kLanes;  // between one thread's rows
+  constexpr int kPassCols = kLanes * 8;
   const AttentionShape& s = p.shape;
-  const AuxTile tile(chunks_per_head, kAuxThreads / kLanes);
-  const int query = tile.row0 + static_cast<int>(threadIdx.x) / kLanes;
+  const AuxTile tile(chunks_per_head, kRowStep * kRows);
+  const int query0 = tile.row0 + static_cast<int>(threadIdx.x) / kLanes;  // the thread's first row
   const int sub = static_cast<int>(threadIdx.x) % kLanes;
-  const bool rebalance = p.dout_caller != nullptr;
-  const void* dout_read = rebalance ? p.dout_caller : p.dout;
-  const TensorStrides& dout_read_strides = rebalance ? p.dout_caller_strides : p.dout_strides;
+  const void* dout_read = kRebalance ? p.dout_caller : p.dout;
+  const TensorStrides& dout_read_strides = kRebalance ? p.dout_caller_strides : p.dout_strides;
+  const int64_t dq_rows = p.dq_accum_rows();
   for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
     const int64_t row = static_cast<int64_t>(batch) * s.heads_q + tile.head;
-    float lse_log2 = INFINITY;
-    if (query < s.seqlen_q) {
-      const float lse = p.lse[row * s.seqlen_q + query];
-      if (lse != -INFINITY) lse_log2 = lse * 1.4426950408889634f;
+    const T* out = static_cast<const T*>(p.out) + batch * p.out_strides.batch + query0 * p.out_strides.row +
+                   tile.head * p.out_strides.head;  // [D], row i at + i * kRowStep * row stride
+    const T* dout = static_cast<const T*>(dout_read) + batch * dout_read_strides.batch +
+                    query0 * dout_read_strides.row + tile.head * dout_read_strides.head;  // [D], as out
+    // With kRebalance, p.dout is the workspace this kernel fills (see BwdParams::dout_caller).
+    T* dout_written = kRebalance ? static_cast<T*>(const_cast<void*>(p.dout)) + batch * p.dout_strides.batch +
+                                       query0 * p.dout_strides.row + tile.head * p.dout_strides.head
+                                 : nullptr;  // [D], as out
+
+    float lse[kRows];  // -inf for the padding rows, which get lse_log2 +inf like a row that saw no key
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int query = query0 + i * kRowStep;
+      lse[i] = query < s.seqlen_q ? p.lse[row * s.seqlen_q + query] : -INFINITY;
     }
-    float rescale = 1.f;
-    if (rebalance) {
-      const bool saturated = query < s.seqlen_q && fabsf(lse_log2) >= kSaturatedLseLog2 && isfinite(lse_log2);
-      if (__any_sync(0xffffffff, saturated)) {
-        rebalance_saturated_row<T, kLanes>(p, batch, tile.head, query, saturated, sub, &lse_log2, &rescale);
+
+    // One pass's 8 columns from col0 of each row, zeros past seqlen_q and head_dim (so they add 0).
+    const bool vector = s.rows_aligned_16 && s.head_dim % 8 == 0;
+    uint4 o_vec[kRows], do_vec[kRows];
+    auto load_pass = [&](int col0) {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const bool live = query0 + i * kRowStep < s.seqlen_q && col0 < s.head_dim;
+        o_vec[i] = live ? *reinterpret_cast<const uint4*>(out + i * kRowStep * p.out_strides.row + col0)
+                        : make_uint4(0u, 0u, 0u, 0u);
+        do_vec[i] = live ? *reinterpret_cast<const uint4*>(dout + i * kRowStep * dout_read_strides.row + col0)
+                         : make_uint4(0u, 0u, 0u, 0u);
+      }
+    };
+    if (vector) load_pass(sub * 8);
+
+    // This block's dq_accum rows [row0, row0 + rows) of (batch, head), flat: every element of the
+    // workspace belongs to exactly one block's range.
+    {
+      const int64_t left = dq_rows - tile.row0;
+      const int rows = left <= 0 ? 0 : left < kRowStep * kRows ? static_cast<int>(left) : kRowStep * kRows;
+      float4* accum = reinterpret_cast<float4*>(p.dq_accum + (row * dq_rows + tile.row0) * p.dq_accum_dim);  // [rows * dq_accum_dim / 4]
+      const int count = rows * (p.dq_accum_dim / 4);
+#pragma unroll 4
+      for (int i = static_cast<int>(threadIdx.x); i < count; i += kAuxThreads) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+
+    float lse_log2[kRows], rescale[kRows], sum[kRows];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      lse_log2[i] = lse[i] != -INFINITY ? lse[i] * 1.4426950408889634f : INFINITY;
+      rescale[i] = 1.f;
+      sum[i] = 0.f;
+      if constexpr (kRebalance) {
+        const int query = query0 + i * kRowStep;
+        const bool saturated =
+            query < s.seqlen_q && fabsf(lse_log2[i]) >= kSaturatedLseLog2 && isfinite(lse_log2[i]);
+        if (__any_sync(0xffffffff, saturated)) {
+          rebalance_saturated_row<T, kLanes>(p, batch, tile.head, query, saturated, sub, &lse_log2[i], &rescale[i]);
+        }
       }
     }
-    // dq_accum's row `query` of this head (in the tile layout not that query's elements, but every
-    // element of the head's rows is zeroed by some thread all the same).
-    if (query < p.dq_accum_rows()) {
-      float4* accum =
-          reinterpret_cast<float4*>(p.dq_accum + (row * p.dq_accum_rows() + query) * p.dq_accum_dim);  // [dq_accum_dim / 4]
-      for (int c = sub; c < p.dq_accum_dim / 4; c += kLanes) accum[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    float sum = 0.f;
-    if (query < s.seqlen_q) {
-      const T* out = static_cast<const T*>(p.out) + batch * p.out_strides.batch + query * p.out_strides.row +
-                     tile.head * p.out_strides.head;  // [D]
-      const T* dout = static_cast<const T*>(dout_read) + batch * dout_read_strides.batch +
-                      query * dout_read_strides.row + tile.head * dout_read_strides.head;  // [D]
-      // With rebalance, p.dout is the workspace this kernel fills (see BwdParams::dout_caller).
-      T* dout_written = rebalance ? static_cast<T*>(const_cast<void*>(p.dout)) + batch * p.dout_strides.batch +
-                                        query * p.dout_strides.row + tile.head * p.dout_strides.head
-                                  : nullptr;  // [D]
-      for (int col0 = sub * 8; col0 < s.head_dim; col0 += kLanes * 8) {
-        if (s.rows_aligned_16 && col0 + 8 <= s.head_dim) {
-          const uint4 o_vec = *reinterpret_cast<const uint4*>(out + col0);
-          uint4 do_vec = *reinterpret_cast<const uint4*>(dout + col0);
-          const T* o8 = reinterpret_cast<const T*>(&o_vec);
-          T* do8 = reinterpret_cast<T*>(&do_vec);
-          if (rebalance) {
+
+    if (vector) {
+      for (int col0 = sub * 8;;) {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) do8[i] = Ops::from_float(Ops::to_float(do8[i]) * rescale);
-            *reinterpret_cast<uint4*>(dout_written + col0) = do_vec;
+        for (int i = 0; i < kRows; ++i) {
+          const T* o8 = reinterpret_cast<const T*>(&o_vec[i]);
+          T* do8 = reinterpret_cast<T*>(&do_vec[i]);
+          if constexpr (kRebalance) {
+#pragma unroll
+            for (int c = 0; c < 8; ++c) do8[c] = Ops::from_float(Ops::to_float(do8[c]) * rescale[i]);
+            if (query0 + i * kRowStep < s.seqlen_q && col0 < s.head_dim) {
+              *reinterpret_cast<uint4*>(dout_written + i * kRowStep * p.dout_strides.row + col0) = do_vec[i];
+            }
           }
 #pragma unroll
-          for (int i = 0; i < 8; ++i) sum += Ops::to_float(o8[i]) * Ops::to_float(do8[i]);
-        } else {
+          for (int c = 0; c < 8; ++c) sum[i] += Ops::to_float(o8[c]) * Ops::to_float(do8[c]);
+        }
+        col0 += kPassCols;
+        if (col0 - sub * 8 >= s.head_dim) break;  // the next pass starts past the row (for the whole group)
+        load_pass(col0);
+      }
+    } else {
+      // Rows whose starts are not 16-byte aligned (or a head dim that is not a multiple of 8), element
+      // by element in the same order: a fallback, not laid out for bandwidth.
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        if (query0 + i * kRowStep >= s.seqlen_q) continue;
+        const T* o_row = out + i * kRowStep * p.out_strides.row;
+        const T* do_row = dout + i * kRowStep * dout_read_strides.row;
+#pragma unroll 1
+        for (int col0 = sub * 8; col0 < s.head_dim; col0 += kPassCols) {
+#pragma unroll 1
           for (int c = col0; c < col0 + 8 && c < s.head_dim; ++c) {
-            T d = dout[c];
-            if (rebalance) {
-              d = Ops::from_float(Ops::to_float(d) * rescale);
-              dout_written[c] = d;
+            T d = do_row[c];
+            if constexpr (kRebalance) {
+              d = Ops::from_float(Ops::to_float(d) * rescale[i]);
+              dout_written[i * kRowStep * p.dout_strides.row + c] = d;
             }
-            sum += Ops::to_float(out[c]) * Ops::to_float(d);
+            sum[i] += Ops::to_float(o_row[c]) * Ops::to_float(d);
           }
         }
       }
     }
-    sum = group_sum<kLanes>(sum);
-    if (sub == 0 && query < p.stats_stride) {
-      p.delta[row * p.stats_stride + query] = query < s.seqlen_q ? sum : 0.f;
-      p.lse_log2[row * p.stats_stride + query] = lse_log2;
+
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int query = query0 + i * kRowStep;
+      const float total = group_sum<kLanes>(sum[i]);
+      if (sub == 0 && query < p.stats_stride) {
+        p.delta[row * p.stats_stride + query] = query < s.seqlen_q ? total : 0.f;
+        p.lse_log2[row * p.stats_stride + query] = lse_log2[i];
+      }
     }
   }
 }
@@ -216,12 +290,16 @@ cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   // 8 threads per row load a row of up to 64 columns at once; 16 threads for wider rows.
   const bool narrow = p.shape.head_dim <= 64;
   const int lanes = narrow ? 8 : 16;
-  cudaError_t err = aux_grid(p.shape, p.stats_stride, kAuxThreads / lanes, &chunks_per_head, &grid);
+  cudaError_t err =
+      aux_grid(p.shape, p.stats_stride, kAuxThreads / lanes * kPreprocessRowsPerThread, &chunks_per_head, &grid);
   if (err != cudaSuccess) return err;
+  const bool rebalance = p.dout_caller != nullptr;
   if (narrow) {
-    bwd_preprocess_kernel<T, 8><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
+    auto kernel = rebalance ? bwd_preprocess_kernel<T, 8, true> : bwd_preprocess_kernel<T, 8, false>;
+    kernel<<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
   } else {
-    bwd_preprocess_kernel<T, 16><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
+    auto kernel = rebalance ? bwd_preprocess_kernel<T, 16, true> : bwd_preprocess_kernel<T, 16, false>;
+    kernel<<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
   }
   return cudaGetLastError();
 }
