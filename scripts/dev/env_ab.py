@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""TFLOP/s of torch.ops.flashattn.fwd under each value of one of the planner's switches
-(flashattn.plan, e.g. sm90_multicast off / on), beside SDPA's cuDNN backend, in one process and one
-build (bf16, B * N = 16k, H * D = 2048). Methods are timed in rotating rounds (do_bench medians) so
+"""TFLOP/s of torch.ops.flashattn.fwd (or, with --direction bwd, of its backward: 2.5x the forward's
+FLOPs) under each value of one of the planner's switches (flashattn.plan, e.g. sm90_multicast off /
+on), beside SDPA's cuDNN backend, in one process and one build (bf16, B * N = 16k, H * D = 2048). Methods are timed in rotating rounds (do_bench medians) so
 that clock and power drift over the run falls on each alike; the table gives each round's figures.
 
   python3 scripts/dev/env_ab.py --env sm90_multicast --values off,on \
@@ -32,6 +32,7 @@ def main():
     parser.add_argument("--configs", default="128:1024:0,128:2048:0,128:4096:0,128:8192:0,128:16384:0",
                         help="D:N:causal, comma separated")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
     args = parser.parse_args()
     if args.settings:
         methods = args.settings.split(";")
@@ -46,16 +47,30 @@ def main():
     for config in args.configs.split(","):
         d, n, causal = (int(x) for x in config.split(":"))
         b, h = 16384 // n, 2048 // d
-        q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        backward = args.direction == "bwd"
+        q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
+                   for _ in range(3))
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        flops = 4 * b * h * n * n * d / (2 if causal else 1)
+        flops = 4 * b * h * n * n * d / (2 if causal else 1) * (2.5 if backward else 1)
 
-        def ours():
+        def ours_forward():
             return torch.ops.flashattn.fwd(q, k, v, d ** -0.5, bool(causal), False)
 
-        def cudnn():
+        def cudnn_forward():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+
+        if backward:  # the backward of one saved forward each (the plan is made when it runs)
+            out, out_cudnn = ours_forward()[0], cudnn_forward()
+            dout = torch.randn_like(out)
+
+            def ours():
+                return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+            def cudnn():
+                return torch.autograd.grad(out_cudnn, (qt, kt, vt), dout.transpose(1, 2), retain_graph=True)
+        else:
+            ours, cudnn = ours_forward, cudnn_forward
 
         rounds = []
         for r in range(args.rounds):

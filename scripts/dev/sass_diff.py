@@ -92,6 +92,8 @@ def kernels(sass, normalize, subs=()):
         if normalize:
             # FwdConfig's last argument (the narrow tail's keys) equal to its keys per step: the default.
             name = re.sub(r"(FwdConfigILi\d+ELi(\d+)(?:ELi\d+){3}(?:ELb\d)+)ELi\2EEE", r"\1EEE", name)
+            # BwdConfig's queries per step at its default (64).
+            name = re.sub(r"BwdConfigILi(\d+)ELi64EEE", r"BwdConfigILi\1EEE", name)
         lines = []
         for line in body.split("\n"):
             line = re.sub(r"/\*[0-9a-f]+\*/", "", line).strip()
@@ -118,7 +120,7 @@ def main():
     parser.add_argument("--base", required=True, help="git revision of the old tree")
     parser.add_argument("--head", help="git revision of the new tree (default: the working tree)")
     parser.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=True,
-                        help="match FwdConfig names with and without the defaulted tail argument (default on)")
+                        help="match FwdConfig and BwdConfig names with and without a defaulted argument (default on)")
     parser.add_argument("--sub", action="append", default=[], metavar="REGEX=REPLACEMENT",
                         help="rewrite kernel names of both trees before matching (re.sub; repeatable), e.g. a "
                              "namespace that moved: --sub 9flashattn4sm80=9flashattn")
