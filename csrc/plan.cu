@@ -29,6 +29,7 @@ PlanOptions options_from_environment() {
   o.sm90_narrow_tail = env_bool("FLASHATTN_SM90_NARROW_TAIL", true);
   o.sm90_dynamic_tail = !env_bool("FLASHATTN_SM90_STATIC_SCHEDULE", false);
   o.sm90_staged_output = !env_bool("FLASHATTN_SM90_DIRECT_OUTPUT", false);
+  o.sm90_bwd_wide_steps = env_bool("FLASHATTN_SM90_BWD_WIDE_STEPS", true);
   return o;
 }
 
@@ -119,7 +120,14 @@ BwdPlan plan_bwd(const BwdCall& call, const DeviceInfo& device, const PlanOption
                     (!masked || (sm90::bwd_masked_supported(s.head_dim) && !call.deterministic));
   plan.path = sm90 ? GpuPath::kSm90 : GpuPath::kSm80;
   plan.dq_accum_dim = sm90 ? sm90::bwd_tile_width(s.head_dim) : sm80::padded_head_dim(s.head_dim);
-  if (!sm90) {
+  if (sm90) {
+    // 128-query steps where the kernel has them: the unmasked kernel at width 64, whose dK, dV, S^T
+    // and dP^T then fit a consumer's registers; not in deterministic mode, whose dq turns are per
+    // 64-query block.
+    const bool wide_steps = options.sm90_bwd_wide_steps && !masked && !call.deterministic &&
+                            sm90::bwd_tile_width(s.head_dim) == 64;
+    plan.sm90_block_m = wide_steps ? 128 : 64;
+  } else {
     const int limit = smem_limit(device, options);
     plan.sm80_tiles = sm80::bwd_tiles(s.head_dim, limit);
     plan.smem = {sm80::bwd_smem_bytes(s.head_dim, plan.sm80_tiles), limit};

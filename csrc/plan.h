@@ -28,6 +28,7 @@ struct PlanOptions {
   bool sm90_narrow_tail = true;                 // FLASHATTN_SM90_NARROW_TAIL=0: full-width last key blocks
   bool sm90_dynamic_tail = true;                // FLASHATTN_SM90_STATIC_SCHEDULE=1: static pairs only
   bool sm90_staged_output = true;               // FLASHATTN_SM90_DIRECT_OUTPUT=1: threads store O (initcheck)
+  bool sm90_bwd_wide_steps = true;              // FLASHATTN_SM90_BWD_WIDE_STEPS=0: 64-query backward steps only
   // Tests: plan as if the GPU offered at most this many bytes of shared memory per block (0: its own).
   int smem_per_block_cap = 0;
 };
@@ -110,6 +111,7 @@ struct BwdPlan {
   // The workspace in the sm90 tile layout (cuda/dq_accum_layout.h): the sm90 backward's.
   bool dq_accum_tiled() const { return path == GpuPath::kSm90; }
   int sm80_tiles = 0;  // the sm80 path's tile configuration (BwdParams::sm80_tiles)
+  int sm90_block_m = 0;  // the sm90 backward's queries per step (BwdParams::sm90_block_m; 0: the sm80 path)
   SmemFit smem;
 };
 BwdPlan plan_bwd(const BwdCall& call, const DeviceInfo& device, const PlanOptions& options);

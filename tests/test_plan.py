@@ -75,6 +75,27 @@ def test_backward_path(fields, path, accum):
     assert (p["path"], p["dq_accum_dim"]) == (path, accum)
 
 
+@pytest.mark.parametrize("fields,block_m", [
+    ({"head_dim": 64}, 128),
+    ({"head_dim": 40}, 128),
+    ({"head_dim": 64, "is_causal": True}, 128),
+    ({"head_dim": 64, "heads_kv": 4}, 128),
+    ({"head_dim": 64, "deterministic": True}, 64),  # dq turns per 64-query block
+    ({"head_dim": 64, "mask": "bool"}, 64),         # the masked kernel steps 64 queries
+    ({"head_dim": 64, "dropout": True}, 64),
+    ({"head_dim": 96}, 64),                         # width 128: dK, dV, S^T and dP^T would not fit
+    ({}, 64),
+    ({"head_dim": 256}, 64),
+    ({"cc": (8, 0), "head_dim": 64}, 0),            # the sm80 path
+])
+def test_backward_query_steps(fields, block_m):
+    assert plan.plan_bwd(call(**fields))["sm90_block_m"] == block_m
+
+
+def test_backward_query_steps_option():
+    assert plan.plan_bwd(call(head_dim=64), sm90_bwd_wide_steps=False)["sm90_block_m"] == 64
+
+
 def test_backward_workspace_width_follows_the_path():
     # The sm80 backward's workspace is its own tile width (96), not the sm90 one's (128).
     p = plan.plan_bwd(call(head_dim=96), force_sm80=True)

@@ -15,10 +15,13 @@ constexpr int kBwdConsumerBarrier = 1;
 constexpr int kBwdStageBarrier0 = 2;
 constexpr int kBwdStageBarrierThreads = 256 + 32;  // both consumer warpgroups and the producer warp
 
-template <int kHeadDim_>
+// kBlockM_ 128 (width 64 only): a consumer's S^T and dP^T are 64 keys x 128 queries (64 registers
+// each), and the consumers split dQ by its rows (each its 64 queries, every head dim) instead of its
+// columns.
+template <int kHeadDim_, int kBlockM_ = 64>
 struct BwdConfig {
   static constexpr int kHeadDim = kHeadDim_;  // tile width (64 or 128), equal to the dq workspace width
-  static constexpr int kBlockM = 64;          // queries per step
+  static constexpr int kBlockM = kBlockM_;    // queries per step
   static constexpr int kBlockN = 128;         // keys per CTA: 64 per consumer warpgroup
   static constexpr int kStages = 2;           // Q / dO ring depth (3 measured the same)
   static constexpr int kConsumers = 2;
@@ -28,13 +31,16 @@ struct BwdConfig {
   // gives up 128 x (168 - 24), exactly what the consumers take, 256 x (240 - 168).
   static constexpr int kProducerRegisters = 24;
   static constexpr int kColBlocks = kHeadDim / 64;
-  static constexpr int kQColBlockBytes = kBlockM * 128;   // one [64 queries][64] column block
+  static constexpr int kQColBlockBytes = kBlockM * 128;   // one [kBlockM queries][64] column block
   static constexpr int kKVColBlockBytes = kBlockN * 128;  // one [128 keys][64] column block
   static constexpr int kQBytes = kColBlocks * kQColBlockBytes;    // a Q or dO tile
   static constexpr int kKVBytes = kColBlocks * kKVColBlockBytes;  // a K or V tile
-  static constexpr int kDsBytes = 64 * kBlockM * 2;               // dS^T of one consumer: [64 keys][64 queries]
-  static constexpr int kDqBytes = kBlockM * kHeadDim * 4;         // the step's dQ partial, fp32 [64][kHeadDim]
-  static constexpr int kDqCols = kHeadDim / kConsumers;           // dQ columns per consumer
+  // dS^T of one consumer: [kBlockM / 64 query blocks][64 keys][64 queries] (128-byte swizzled rows).
+  static constexpr int kDsBytes = 64 * kBlockM * 2;
+  static constexpr int kDsQueryBlockBytes = 64 * 64 * 2;
+  static constexpr int kDqBytes = kBlockM * kHeadDim * 4;  // the step's dQ partial, fp32, tile layout
+  static constexpr bool kDqByRows = kBlockM == 2 * kDqTileRows;  // each consumer its own 64 queries
+  static constexpr int kDqCols = kDqByRows ? kHeadDim : kHeadDim / kConsumers;  // dQ columns per consumer
   static constexpr int kStatsBytes = 2 * kBlockM * 4;             // a step's LSE (base 2) then delta, fp32
   // K, V, the Q ring, the dO ring, dS^T per consumer, the dQ staging tile, the LSE / delta ring, then the
   // mbarriers.
@@ -49,8 +55,11 @@ struct BwdConfig {
 
   static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
   static_assert(kHeadDim % 64 == 0, "whole 64-column blocks");
-  static_assert(kBlockM == kDqTileRows, "a step's dQ partial is one block of the dq workspace's tile layout");
-  static_assert(kConsumers == 2 && kDqCols % 32 == 0, "each consumer's dQ columns lie in one 64-column block");
+  static_assert(kBlockM == kDqTileRows || (kDqByRows && kHeadDim == 64),
+                "a step's dQ partial is one block of the dq workspace's tile layout, or (128-query steps, "
+                "width 64 only: S^T, dP^T, dK and dV take 192 registers) two, one per consumer");
+  static_assert(kConsumers == 2 && kDqCols % 32 == 0 && kDqCols <= 64,
+                "each consumer's dQ columns lie in one 64-column block");
   static_assert(kBlockM % kBwdStatsAlign == 0 || kBwdStatsAlign % kBlockM == 0, "steps never cross a stats row");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
   static_assert(kBwdStageBarrier0 + kStages <= 16, "16 named barriers per CTA");

@@ -179,7 +179,9 @@ struct BwdStepWalk {
 template <typename T, typename Cfg, bool kMasked>
 __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, unsigned char* base,
                             int n0, int kv_head, int batch, const BwdSteps& steps, BwdStepWalk<T, kMasked> walk) {
-  static_assert(2 * Cfg::kBlockM == 32 * 4, "a step's LSE and delta are one float4 per producer lane");
+  // A step's LSE and delta are kStatsVectors float4 per producer lane.
+  constexpr int kStatsVectors = Cfg::kBlockM / 64;
+  static_assert(Cfg::kBlockM % 64 == 0, "whole float4s per lane");
   const int lane = threadIdx.x % 32;
   if (lane == 0) {
     mbar_arrive_expect_tx(&bars.kv_full, 2 * Cfg::kKVBytes);
@@ -187,9 +189,10 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
     tma_load_tile<Cfg::kColBlocks>(base + Cfg::kVOffset, &maps.v, &bars.kv_full, n0, kv_head, batch,
                                    Cfg::kKVColBlockBytes);
   }
-  // Lanes 0-15 carry the step's LSE (base 2), lanes 16-31 its delta, four entries each.
+  // Lanes 0-15 carry the step's LSE (base 2), lanes 16-31 its delta: entries 4 (lane % 16) + 64 v of
+  // vector v.
   const float* stats_source = lane < 16 ? p.lse_log2 : p.delta;
-  const uint32_t stats_target = smem_u32(base + Cfg::kStatsOffset) + lane * 16;
+  const uint32_t stats_target = smem_u32(base + Cfg::kStatsOffset) + lane * 16 + (lane / 16) * (Cfg::kBlockM - 64) * 4;
   int iter = 0;  // steps run so far: picks the ring stage
   for (int step = walk.next(0); step < steps.count(); step = walk.next(step + 1), ++iter) {
     const int stage = iter % Cfg::kStages;
@@ -199,7 +202,11 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
     // The padded statistics rows (see BwdParams) make every step's 64 entries whole and 16-byte aligned.
     // Loaded before the wait for the stage, so the wait hides the load's latency.
     const int64_t stats_row = (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0;
-    const float4 stats = __ldg(reinterpret_cast<const float4*>(stats_source + stats_row) + lane % 16);
+    float4 stats[kStatsVectors];
+#pragma unroll
+    for (int v = 0; v < kStatsVectors; ++v) {
+      stats[v] = __ldg(reinterpret_cast<const float4*>(stats_source + stats_row) + lane % 16 + 16 * v);
+    }
     if (use > 0) named_barrier_sync(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);
     if (lane == 0) {
       mbar_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes);
@@ -208,7 +215,8 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
       tma_load_tile<Cfg::kColBlocks>(base + Cfg::kDoOffset + stage * Cfg::kQBytes, &maps.dout,
                                      &bars.qdo_full[stage], m0, head, batch, Cfg::kQColBlockBytes);
     }
-    st_shared_f32x4(stats_target + stage * Cfg::kStatsBytes, stats);
+#pragma unroll
+    for (int v = 0; v < kStatsVectors; ++v) st_shared_f32x4(stats_target + stage * Cfg::kStatsBytes + v * 256, stats[v]);
     mbar_arrive(&bars.qdo_full[stage]);  // releases this lane's store
   }
   // The consumers release every stage they use, the last kStages uses included: complete those
@@ -218,25 +226,27 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
   }
 }
 
-// X^T Y^T-shaped GEMM of one consumer: acc (64 keys x 64 queries) = rows of `kv` (64 keys x D, a
-// K-major tile) times a [64 queries][D] K-major tile, transposed. Used for S^T = K Q^T and dP^T = V dO^T.
+// X^T Y^T-shaped GEMM of one consumer: acc (64 keys x kBlockM queries) = rows of `kv` (64 keys x D, a
+// K-major tile) times a [kBlockM queries][D] K-major tile, transposed. Used for S^T = K Q^T and dP^T =
+// V dO^T.
 template <typename T, typename Cfg>
-__device__ __forceinline__ void issue_keys_by_queries(float (&acc)[32], uint32_t kv_rows, uint32_t q_tile) {
+__device__ __forceinline__ void issue_keys_by_queries(float (&acc)[Cfg::kBlockM / 2], uint32_t kv_rows,
+                                                      uint32_t q_tile) {
   const uint64_t desc_a0 = smem_desc_sw128(kv_rows, 16, 1024), desc_b0 = smem_desc_sw128(q_tile, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
     const int offset = (ks % 4) * 32;
     const uint64_t desc_a = smem_desc_advance(desc_a0, (ks / 4) * Cfg::kKVColBlockBytes + offset);
     const uint64_t desc_b = smem_desc_advance(desc_b0, (ks / 4) * Cfg::kQColBlockBytes + offset);
-    Wgmma<T, 64>::ss(acc, desc_a, desc_b, ks > 0);
+    Wgmma<T, Cfg::kBlockM>::ss(acc, desc_a, desc_b, ks > 0);
   }
 }
 
-// acc (64 keys x D) += A (64 keys x 64 queries, registers) times a [64 queries][D] tile (MN-major B).
-// Used for dV += P^T dO and dK += dS^T Q.
+// acc (64 keys x D) += A (64 keys x kBlockM queries, registers) times a [kBlockM queries][D] tile
+// (MN-major B). Used for dV += P^T dO and dK += dS^T Q.
 template <typename T, typename Cfg>
-__device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 2], uint32_t (&a)[4][4],
-                                                   uint32_t q_tile) {
+__device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 2],
+                                                   uint32_t (&a)[Cfg::kBlockM / 16][4], uint32_t q_tile) {
   const uint64_t desc_b0 = smem_desc_sw128(q_tile, Cfg::kQColBlockBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk) {
@@ -245,13 +255,14 @@ __device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 
   }
 }
 
-// dq (64 queries x this consumer's kDqCols columns, from col0) = dS (64 queries x 128 keys: the two
-// consumers' dS^T tiles, MN-major A) times K (those 128 keys x the columns, MN-major B). col0 lies in
-// one 64-column block (a 32-column half starts 64 bytes into the swizzled rows).
+// dq (64 queries x this consumer's kDqCols columns, from col0) = dS (those 64 queries x 128 keys: one
+// query block of the two consumers' dS^T tiles, from ds_queries, MN-major A) times K (the 128 keys x
+// the columns, MN-major B). col0 lies in one 64-column block (a 32-column half starts 64 bytes into
+// the swizzled rows).
 template <typename T, typename Cfg>
-__device__ __forceinline__ void issue_dq(float (&dq)[Cfg::kDqCols / 2], uint32_t ds_tiles, uint32_t k_tile,
+__device__ __forceinline__ void issue_dq(float (&dq)[Cfg::kDqCols / 2], uint32_t ds_queries, uint32_t k_tile,
                                          int col0) {
-  const uint64_t desc_a0 = smem_desc_sw128(ds_tiles, 64 * 128, 1024);
+  const uint64_t desc_a0 = smem_desc_sw128(ds_queries, 64 * 128, 1024);
   const uint64_t desc_b0 =
       smem_desc_sw128(k_tile + (col0 / 64) * Cfg::kKVColBlockBytes + (col0 % 64) * 2, Cfg::kKVColBlockBytes, 1024);
 #pragma unroll
@@ -261,27 +272,30 @@ __device__ __forceinline__ void issue_dq(float (&dq)[Cfg::kDqCols / 2], uint32_t
   }
 }
 
-// Writes dS^T (this thread's A fragments of it, as accumulator_to_a packs them) into a [64 keys][64
-// queries] tile at shared address ds_tile with the 128-byte swizzle: the 16-byte chunk c of row r lives
-// at chunk c ^ (r % 8).
-__device__ __forceinline__ void store_ds_swizzled(uint32_t ds_tile, const uint32_t (&ds)[4][4], int warp_in_group,
-                                                  int lane) {
+// Writes dS^T (this thread's A fragments of it, as accumulator_to_a packs them: 64 keys x 16 kFrags
+// queries) into [64 keys][64 queries] tiles from shared address ds_tile, one per 64 queries, with the
+// 128-byte swizzle: the 16-byte chunk c of row r lives at chunk c ^ (r % 8).
+template <int kFrags>
+__device__ __forceinline__ void store_ds_swizzled(uint32_t ds_tile, const uint32_t (&ds)[kFrags][4],
+                                                  int warp_in_group, int lane) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {  // n8 block j of the accumulator: A fragment j / 2, registers 2 (j % 2) + half
+  for (int j = 0; j < 2 * kFrags; ++j) {  // n8 block j: A fragment j / 2, registers 2 (j % 2) + half
+    const uint32_t tile = ds_tile + (j / 8) * 64 * 128;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = warp_in_group * 16 + lane / 4 + half * 8;
-      const int offset = row * 128 + ((j ^ (row % 8)) << 4) + (lane % 4) * 4;
-      st_shared_u32(ds_tile + offset, ds[j / 2][2 * (j % 2) + half]);
+      const int offset = row * 128 + (((j % 8) ^ (row % 8)) << 4) + (lane % 4) * 4;
+      st_shared_u32(tile + offset, ds[j / 2][2 * (j % 2) + half]);
     }
   }
 }
 
-// The 16 query columns 8j + 2 (lane % 4) + {0, 1} of a step's statistics row (LSE or delta), from
+// The kCount query columns 8j + 2 (lane % 4) + {0, 1} of a step's statistics row (LSE or delta), from
 // `row` = its shared address plus (lane % 4) * 8 bytes, in the order of an accumulator's columns.
-__device__ __forceinline__ void load_query_columns(float (&values)[16], uint32_t row) {
+template <int kCount>
+__device__ __forceinline__ void load_query_columns(float (&values)[kCount], uint32_t row) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < kCount / 2; ++j) {
     const float2 v = ld_shared_f32x2(row + j * 32);
     values[2 * j] = v.x;
     values[2 * j + 1] = v.y;
@@ -431,12 +445,14 @@ __device__ __forceinline__ void store_dq_tile(uint32_t stage, const float (&dq)[
   }
 }
 
-// Adds the staged dQ tile of query block m0 / 64 of (batch, head) into the dq workspace (tile layout:
-// the whole block, rows past seqlen_q included, which hold zeros).
-template <int kWidth>
+// Adds the staged dQ tiles of query blocks m0 / 64 .. (m0 + kRows) / 64 - 1 of (batch, head) into the
+// dq workspace (tile layout, the blocks adjacent: whole blocks, rows past seqlen_q included, which hold
+// zeros).
+template <int kWidth, int kRows>
 __device__ __forceinline__ void reduce_dq_tile(const BwdParams& p, const float* stage, int batch, int head, int m0) {
+  static_assert(kRows % kDqTileRows == 0, "whole blocks of the tile layout");
   const int64_t rows = (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0;
-  bulk_reduce_add_f32(p.dq_accum + rows * kWidth, stage, kDqTileRows * kWidth * 4);
+  bulk_reduce_add_f32(p.dq_accum + rows * kWidth, stage, kRows * kWidth * 4);
   bulk_commit();
 }
 
@@ -450,6 +466,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   __trap();  // built for sm_80 too, never launched there (see sm90/api.h)
 #else
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr int kScores = kBlockM / 2;  // a consumer's S^T (or dP^T) elements per thread
+  static_assert(kBlockM == 64 || !(kMasked || kDropout || kKeyEnds), "128-query steps in the unmasked kernel only");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   auto& bars = *reinterpret_cast<BwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
@@ -491,19 +509,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
   // Deterministic mode in the unmasked kernel only: in the masked one its turns made ptxas spill
   // (masked deterministic calls run the sm80 backward; docs/perf-log.md).
-  constexpr bool kDeterministicTurns = !kMasked;
+  // Not with 128-query steps either, whose dQ partials span two turns' query blocks (the planner
+  // never picks them in deterministic mode).
+  constexpr bool kDeterministicTurns = !kMasked && kBlockM == kDqTileRows;
   using Turns = DqTurns<kBlockN>;
   if (reducer) Turns::start();  // also read by the final pass() when kDeterministicTurns is off
   const int key0 = n0 + consumer * 64;      // this warpgroup's keys: [key0, key0 + 64)
-  const int dq_col0 = consumer * Cfg::kDqCols;
+  // The consumer's share of dQ: its 64 queries (from dq_row0, every head dim) or its kDqCols head dims
+  // (from dq_col0, every query of the step).
+  const int dq_row0 = Cfg::kDqByRows ? consumer * kDqTileRows : 0;
+  const int dq_col0 = Cfg::kDqByRows ? 0 : consumer * Cfg::kDqCols;
   // Shared-memory addresses (the shared window's 32-bit form).
   const uint32_t smem = smem_u32(base);
   const uint32_t k_rows = smem + consumer * 64 * 128;
   const uint32_t v_rows = smem + Cfg::kVOffset + consumer * 64 * 128;
-  const uint32_t ds_tiles = smem + Cfg::kDsOffset;  // both consumers' [64 keys][64 queries] dS^T
+  const uint32_t ds_tiles = smem + Cfg::kDsOffset;  // both consumers' dS^T (Cfg::kDsBytes each)
   const uint32_t ds_tile = ds_tiles + consumer * Cfg::kDsBytes;
-  const float* dq_stage = reinterpret_cast<const float*>(base + Cfg::kDqOffset);  // [64 * kHeadDim], tile layout
-  const uint32_t dq_stage_addr = smem + Cfg::kDqOffset;
+  const uint32_t ds_dq_queries = ds_tiles + (dq_row0 / 64) * Cfg::kDsQueryBlockBytes;  // the dQ GEMM's A
+  const float* dq_stage = reinterpret_cast<const float*>(base + Cfg::kDqOffset);  // [kBlockM * kHeadDim], tile layout
+  // This consumer's part of the staging tile: its query block's when the consumers split dQ by rows.
+  const uint32_t dq_stage_addr = smem + Cfg::kDqOffset + dq_row0 * Cfg::kHeadDim * 4;
   const uint32_t stats_addr = smem + Cfg::kStatsOffset;
 
   float dk[Cfg::kHeadDim / 2], dv[Cfg::kHeadDim / 2];
@@ -532,7 +557,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       keep = backward_keep_bits(DropoutRow(p.dropout, batch, sh.heads_q, head), m0 + accumulator_col(0, lane),
                                 key0 + accumulator_row(0, warp_in_group, lane));
     }
-    float s[32], dp[32];
+    float s[kScores], dp[kScores];
     mbar_wait(&bars.qdo_full[stage], (iter / kStages) & 1);
     wgmma_fence();
     issue_keys_by_queries<T, Cfg>(s, k_rows, q_tile);
@@ -542,7 +567,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     // This thread's 16 query columns 8j + 2 (lane % 4) + {0, 1}: LSE (base 2; +inf past the end, so
     // P = 0 there), then delta, from the stage.
     const uint32_t stats = stats_addr + stage * Cfg::kStatsBytes + (lane % 4) * 8;
-    float lse[16];
+    float lse[kBlockM / 4];
     load_query_columns(lse, stats);
     wgmma_wait<1>();  // S^T is ready; dP^T may still run while P^T is computed
     fence_registers(s);
@@ -555,7 +580,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       // many as the registers left beside dK and dV allow.
       constexpr int kChunk = Cfg::kHeadDim <= 64 ? 16 : 8;
 #pragma unroll
-      for (int chunk = 0; chunk < 32; chunk += kChunk) {
+      for (int chunk = 0; chunk < kScores; chunk += kChunk) {
         float term[kChunk];
         mask.template load_terms<kChunk>(
             [&](int e) -> int64_t {
@@ -584,7 +609,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       const int keys_left = keys_end - key_row;
       const int diagonal = sh.is_causal ? m0 + accumulator_col(0, lane) + sh.causal_offset - key_row : kBlockM;
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
+      for (int i = 0; i < kScores; ++i) {
         const int c = 2 * (i / 4) + i % 2;  // index of this element's query column in lse / delta
         s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[c]));
       }
@@ -592,13 +617,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       // the 32 visibility predicates of every step ahead of the S^T GEMM's issue.
       if (needs_mask) {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) {
+        for (int i = 0; i < kScores; ++i) {
           const int key_step = 8 * ((i % 4) / 2), query_step = 8 * (i / 4) + i % 2;
           s[i] = (key_step < keys_left) & (key_step - query_step <= diagonal) ? s[i] : 0.f;
         }
       }
     }
-    float delta[16];
+    float delta[kBlockM / 4];
     load_query_columns(delta, stats + kBlockM * 4);
     wgmma_wait<0>();
     fence_registers(dp);
@@ -606,16 +631,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       apply_backward_dropout(s, dp, delta, keep, p.dropout.keep_scale);
     } else {
 #pragma unroll
-      for (int i = 0; i < 32; ++i) dp[i] = s[i] * (dp[i] - delta[2 * (i / 4) + i % 2]);  // dS^T
+      for (int i = 0; i < kScores; ++i) dp[i] = s[i] * (dp[i] - delta[2 * (i / 4) + i % 2]);  // dS^T
     }
 
     if constexpr (kMasked) {
-      if (p.dmask != nullptr) write_dmask<T, 32, true>(p, dp, batch, head, m0, key0, warp_in_group, lane);
+      if (p.dmask != nullptr) write_dmask<T, kScores, true>(p, dp, batch, head, m0, key0, warp_in_group, lane);
     }
 
-    uint32_t p_frag[4][4], ds_frag[4][4];
-    accumulator_to_a<T, 64>(p_frag, s);
-    accumulator_to_a<T, 64>(ds_frag, dp);
+    uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
+    accumulator_to_a<T, kBlockM>(p_frag, s);
+    accumulator_to_a<T, kBlockM>(ds_frag, dp);
     store_ds_swizzled(ds_tile, ds_frag, warp_in_group, lane);
     fence_proxy_async_shared();
     if (reducer) {  // the previous step's dQ reduction has left dq_stage
@@ -632,7 +657,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     issue_keys_by_dims<T, Cfg>(dv, p_frag, do_tile);
     issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
     wgmma_commit();
-    issue_dq<T, Cfg>(dq, ds_tiles, smem, dq_col0);
+    issue_dq<T, Cfg>(dq, ds_dq_queries, smem, dq_col0);
     wgmma_commit();
     wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO (and the next S^T, dP^T with them)
     fence_registers(dv);
@@ -642,13 +667,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
     wgmma_wait<0>();
     fence_registers(dq);
-    store_dq_tile<Cfg::kHeadDim, Cfg::kDqCols>(dq_stage_addr, dq, consumer, thread_in_group);
+    // By rows, a consumer's 64 x kHeadDim partial is a whole block of the tile layout, whose halves are
+    // those of "consumers" 0 and 1 of a column split (dq_tile_fragment_offset): consumer 0's n8 blocks.
+    store_dq_tile<Cfg::kHeadDim, Cfg::kDqCols>(dq_stage_addr, dq, Cfg::kDqByRows ? 0 : consumer, thread_in_group);
     fence_proxy_async_shared();
     // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
     named_barrier_sync(kBwdConsumerBarrier, 256);
     if (reducer) {
       if (kDeterministicTurns && p.deterministic) Turns::take(p, batch, head, m0, n_block);
-      reduce_dq_tile<Cfg::kHeadDim>(p, dq_stage, batch, head, m0);
+      reduce_dq_tile<Cfg::kHeadDim, kBlockM>(p, dq_stage, batch, head, m0);
     }
     step = next;
   }

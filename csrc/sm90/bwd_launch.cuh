@@ -7,11 +7,19 @@
 namespace flashattn {
 namespace sm90 {
 
-// Width 128 and below: the narrow kernel; above: the wide one.
+// Width 128 and below: the narrow kernel (at width 64 unmasked, in the plan's steps of 64 or 128
+// queries); above: the wide one.
 template <typename T, int kHeadDim, bool kMasked>
 cudaError_t launch_bwd_at_width(const BwdParams& p, cudaStream_t stream) {
   if constexpr (kHeadDim > 128) {
     return launch_bwd_wide<T, BwdWideConfig<kHeadDim>, kMasked>(p, stream);
+  } else if constexpr (kHeadDim == 64 && !kMasked) {
+    if (p.sm90_block_m == 128) {
+      // Its dQ partials span two query blocks: no deterministic turns (BwdPlan::sm90_block_m).
+      if (p.deterministic) return cudaErrorNotSupported;
+      return launch_bwd_with_config<T, BwdConfig<kHeadDim, 128>, false>(p, stream);
+    }
+    return launch_bwd_with_config<T, BwdConfig<kHeadDim>, false>(p, stream);
   } else {
     return launch_bwd_with_config<T, BwdConfig<kHeadDim>, kMasked>(p, stream);
   }

@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
     named_barrier_sync(kBwdConsumerBarrier, 256);
     if (reducer) {
       if (kDeterministicTurns && p.deterministic) Turns::take(p, batch, head, m0, n_block);
-      reduce_dq_tile<Cfg::kHeadDim>(p, dq_stage, batch, head, m0);
+      reduce_dq_tile<Cfg::kHeadDim, Cfg::kBlockM>(p, dq_stage, batch, head, m0);
     }
     step = next;
   }

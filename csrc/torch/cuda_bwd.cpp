@@ -64,6 +64,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   const BwdPlan plan = plan_bwd(call, device_info(q), plan_options());
   check_smem_fit(plan.smem, op, p.shape.head_dim);
   p.sm80_tiles = plan.sm80_tiles;
+  p.sm90_block_m = plan.sm90_block_m;
 
   // Zeroed by the backward's first kernel (the preprocess), not by a fill of its own.
   const int64_t stats_stride = bwd_stats_stride(s.seqlen_q);

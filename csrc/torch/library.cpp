@@ -101,6 +101,7 @@ py::dict options_dict(const PlanOptions& o) {
   d["sm90_narrow_tail"] = o.sm90_narrow_tail;
   d["sm90_dynamic_tail"] = o.sm90_dynamic_tail;
   d["sm90_staged_output"] = o.sm90_staged_output;
+  d["sm90_bwd_wide_steps"] = o.sm90_bwd_wide_steps;
   d["smem_per_block_cap"] = o.smem_per_block_cap;
   return d;
 }
@@ -122,6 +123,8 @@ PlanOptions options_of(const py::dict& d, PlanOptions o) {
       o.sm90_dynamic_tail = value.cast<bool>();
     } else if (key == "sm90_staged_output") {
       o.sm90_staged_output = value.cast<bool>();
+    } else if (key == "sm90_bwd_wide_steps") {
+      o.sm90_bwd_wide_steps = value.cast<bool>();
     } else if (key == "smem_per_block_cap") {
       o.smem_per_block_cap = value.cast<int>();
     } else {
@@ -251,6 +254,7 @@ py::dict plan_bwd_dict(const py::dict& call_dict, const py::dict& options) {
   d["mask"] = mask_policy_dict(plan.mask);
   d["dq_accum_dim"] = plan.dq_accum_dim;
   d["sm80_tiles"] = plan.sm80_tiles;
+  d["sm90_block_m"] = plan.sm90_block_m;
   d["smem"] = smem_dict(plan.smem);
   return d;
 }
