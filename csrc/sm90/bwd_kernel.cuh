@@ -5,7 +5,8 @@
 //
 // Main kernel: one CTA per (128-key block, kv head, batch), three warpgroups.
 //   Warpgroup 0, the producer: its first warp loads the CTA's K and V blocks once (TMA, one thread),
-//     then for every step (query head of the GQA group x 64-query block that sees these keys) Q and dO
+//     then for every step (query head of the GQA group x kBlockM-query block that sees these keys: 64
+//     queries, or 128 in the unmasked kernel at width 64, BwdConfig) Q and dO
 //     (TMA) and the step's LSE and delta (ordinary loads and shared stores, 16 bytes per lane, so no
 //     stage that consumers read with ordinary loads is rewritten by the async proxy) into a ring of
 //     kStages stages. Each stage is released by the consumer warps when their GEMMs are done with it,
@@ -17,8 +18,9 @@
 //     dS^T = P^T (dP^T - delta) in registers; dV += P^T dO and dK += dS^T Q with P^T, dS^T as register
 //     A operands (dK, dV stay in registers for the whole CTA). dS^T is also written to shared memory
 //     (swizzled), and once both consumers' tiles are there each computes half the columns of
-//     dQ_partial = dS K over all 128 keys; the halves meet in one fp32 staging tile that is added into
-//     the dq workspace with one asynchronous bulk reduction per step (one per 128 keys, not per 64).
+//     dQ_partial = dS K over all 128 keys (with 128-query steps: the rows of its own 64 queries); the
+//     halves meet in one fp32 staging tile that is added into the dq workspace with one asynchronous
+//     bulk reduction per step (one per 128 keys, not per 64).
 // The kMasked variant applies params.mask (its tile classes on this kernel's 64-query x 128-key grid):
 // producer and consumers walk only the steps whose tile lets some key through (the same walk on both
 // sides, so the ring stays in step), steps whose tile needs it add the mask element by element to the
@@ -189,8 +191,8 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
     tma_load_tile<Cfg::kColBlocks>(base + Cfg::kVOffset, &maps.v, &bars.kv_full, n0, kv_head, batch,
                                    Cfg::kKVColBlockBytes);
   }
-  // Lanes 0-15 carry the step's LSE (base 2), lanes 16-31 its delta: entries 4 (lane % 16) + 64 v of
-  // vector v.
+  // Lanes 0-15 carry the step's LSE (base 2), lanes 16-31 its delta (which starts kBlockM * 4 bytes
+  // into the stage): entries 4 (lane % 16) + 64 v of vector v.
   const float* stats_source = lane < 16 ? p.lse_log2 : p.delta;
   const uint32_t stats_target = smem_u32(base + Cfg::kStatsOffset) + lane * 16 + (lane / 16) * (Cfg::kBlockM - 64) * 4;
   int iter = 0;  // steps run so far: picks the ring stage
@@ -199,7 +201,8 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
     const int use = iter / Cfg::kStages;
     const int head = steps.head(step, kv_head);
     const int m0 = steps.m0<Cfg::kBlockM>(step);
-    // The padded statistics rows (see BwdParams) make every step's 64 entries whole and 16-byte aligned.
+    // The padded statistics rows (see BwdParams) make every step's kBlockM entries whole and 16-byte
+    // aligned.
     // Loaded before the wait for the stage, so the wait hides the load's latency.
     const int64_t stats_row = (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0;
     float4 stats[kStatsVectors];
@@ -564,7 +567,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     wgmma_commit();
     issue_keys_by_queries<T, Cfg>(dp, v_rows, do_tile);
     wgmma_commit();
-    // This thread's 16 query columns 8j + 2 (lane % 4) + {0, 1}: LSE (base 2; +inf past the end, so
+    // This thread's kBlockM / 4 query columns 8j + 2 (lane % 4) + {0, 1}: LSE (base 2; +inf past the end, so
     // P = 0 there), then delta, from the stage.
     const uint32_t stats = stats_addr + stage * Cfg::kStatsBytes + (lane % 4) * 8;
     float lse[kBlockM / 4];
@@ -614,7 +617,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
         s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[c]));
       }
       // A branch of its own (not a select inside the loop above): the compiler then does not compute
-      // the 32 visibility predicates of every step ahead of the S^T GEMM's issue.
+      // the visibility predicates of every step ahead of the S^T GEMM's issue.
       if (needs_mask) {
 #pragma unroll
         for (int i = 0; i < kScores; ++i) {
