@@ -77,7 +77,6 @@ from harness import (  # noqa: E402  (benchmarks/harness.py)
 
 MIXES = ("loguniform", "equal", "one-long")
 CONTENDERS = ("flashattn", "fa4", "batched")
-ANCHORS = ("fa4", "batched")  # the contenders flashattn's varlen is divided by in the ratio columns
 MODES = ("fwd", "bwd", "fwdbwd")
 DEFAULT_TOTALS = (16384, 65536)
 LOGUNIFORM_LENGTHS = (64, 8192)
