@@ -91,6 +91,31 @@ struct MaskParams {
   int tile_q = 0, tile_k = 0, tiles_k = 0, class_row_stride = 0;
 };
 
+// A variable-length batch (all pointers nullptr: a batched call). Sequence b's queries are rows
+// cu_seqlens_q[b] .. cu_seqlens_q[b + 1] of q and out, seen as [1, total_q, H, D] tensors (their batch
+// strides unused), its keys rows cu_seqlens_k[b] .. of k and v; AttentionShape::batch counts the
+// sequences and seqlen_q / seqlen_k are total_q / total_k (what the tensor maps describe). With
+// seqused_q / seqused_k, only the first seqused_*[b] rows of sequence b take part. The LSE is [Hq,
+// total_q] (lse_head_stride = total_q). Under causal masking each sequence has its own diagonal:
+// causal_offset len_k - len_q when causal_bottom_right, else 0.
+//
+// The kernels walk the work items of a schedule list (cuda/varlen_schedule.h) built on the device
+// from the offsets: tiles[i] for i < *tile_count, no item for the padding of a sequence.
+struct VarlenParams {
+  const int* cu_seqlens_q = nullptr;  // [batch + 1]
+  const int* cu_seqlens_k = nullptr;  // [batch + 1]
+  const int* seqused_q = nullptr;     // [batch] or nullptr
+  const int* seqused_k = nullptr;     // [batch] or nullptr
+  bool causal_bottom_right = true;
+  const int* tiles = nullptr;       // the schedule list: item i is (tiles[2i], tiles[2i + 1])
+  const int* tile_count = nullptr;  // its length, on the device
+  // The backward's statistics and dq workspaces: sequence b's rows start at workspace row
+  // varlen_workspace_row(b) (cuda/varlen.h), every sequence padded to whole kBwdStatsAlign blocks;
+  // workspace_rows per query head.
+  int64_t workspace_rows = 0;
+  FLASHATTN_HOST_DEVICE bool enabled() const { return cu_seqlens_q != nullptr; }
+};
+
 struct FwdParams {
   AttentionShape shape;
   const void* q;  // [B, Lq, Hq, D]
@@ -116,6 +141,7 @@ struct FwdParams {
   int* tile_counter = nullptr;
   // The sm80 kernels' tile configuration (FwdPlan::sm80_tiles; sm80/kernel_configs.h's FwdConfigs).
   int sm80_tiles = 0;
+  VarlenParams varlen;
 };
 
 // Rows of the backward's statistics workspaces are padded to a multiple of this many queries: the
@@ -178,6 +204,7 @@ struct BwdParams {
   // Queries per step of the sm90 backward (BwdPlan::sm90_block_m): 64, or 128 in the unmasked kernel
   // at tile width 64 outside deterministic mode.
   int sm90_block_m = 64;
+  VarlenParams varlen;
 };
 
 }  // namespace flashattn

@@ -37,6 +37,12 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     The CPU implementation is always deterministic; it accepts the flag and ignores it. ``fwd`` is
     bitwise reproducible on both.
 
+``torch.ops.flashattn.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False) -> (out, lse)``
+``torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False) -> (dq, dk, dv)``
+    A variable-length batch (:mod:`flashattn.varlen`): q ``(total_q, Hq, D)``, k/v ``(total_k, Hk, D)``,
+    int32 offsets ``(batch + 1,)`` and optional used lengths ``(batch,)`` on q's device; out like q,
+    lse ``(Hq, total_q)``. On CUDA, sm_90 GPUs at head dims 33..128 only. varlen_fwd has autograd.
+
 ``torch.ops.flashattn.dropout_keep_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> keep``
     The keep-mask ``fwd`` and ``bwd`` apply for that ``rng_state`` and ``dropout_p``, as a bool
     ``[batch, heads, seqlen_q, seqlen_k]`` tensor on rng_state's device (True = kept; all True for
@@ -63,6 +69,8 @@ fwd = torch.ops.flashattn.fwd.default
 fwd_heads_first = torch.ops.flashattn.fwd_heads_first.default
 bwd = torch.ops.flashattn.bwd.default
 _keep_mask_op = torch.ops.flashattn.dropout_keep_mask.default
+varlen_fwd = torch.ops.flashattn.varlen_fwd.default
+varlen_bwd = torch.ops.flashattn.varlen_bwd.default
 
 # rng_state values are drawn uniformly from [0, 2^62): any int64 works, this range keeps torch.randint's
 # bounds simple. The kernels use all 64 bits of the seed and the low 32 bits of the offset.
@@ -223,6 +231,63 @@ def _dropout_keep_mask_fake(rng_state, batch, heads, seqlen_q, seqlen_k, dropout
     torch._check(0.0 <= dropout_p < 1.0, lambda: f"{op}: dropout_p must be in [0, 1), got {dropout_p}")
     _check_rng_state_meta(op, rng_state)
     return rng_state.new_empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.bool)
+
+
+def _check_varlen_meta(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
+    # csrc/torch/varlen_ops.cpp's checks on metadata only.
+    torch._check(q.dim() == 3, lambda: f"{op}: q must be (total_q, heads_q, head_dim), got shape {tuple(q.shape)}")
+    torch._check(k.dim() == 3, lambda: f"{op}: k must be (total_k, heads_kv, head_dim), got shape {tuple(k.shape)}")
+    torch._check(v.dim() == 3, lambda: f"{op}: v must be (total_k, heads_kv, head_dim), got shape {tuple(v.shape)}")
+    _check_qkv_meta(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0))
+    torch._check(cu_seqlens_q.dim() == 1 and cu_seqlens_q.numel() >= 1,
+                 lambda: f"{op}: cu_seqlens_q must be a 1-dim tensor of batch + 1 offsets, got {tuple(cu_seqlens_q.shape)}")
+    batch = cu_seqlens_q.numel() - 1
+    for name, t, n in (("cu_seqlens_q", cu_seqlens_q, batch + 1), ("cu_seqlens_k", cu_seqlens_k, batch + 1),
+                       ("seqused_q", seqused_q, batch), ("seqused_k", seqused_k, batch)):
+        if t is None:
+            continue
+        torch._check(t.dim() == 1 and t.numel() == n, lambda: f"{op}: {name} must be a 1-dim tensor of {n} int32 values")
+        torch._check(t.dtype == torch.int32, lambda: f"{op}: {name} must be int32, got {t.dtype}")
+        torch._check(t.device == q.device, lambda: f"{op}: {name} must be on q's device {q.device}, got {t.device}")
+
+
+@torch.library.register_fake("flashattn::varlen_fwd")
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right,
+                     deterministic=False):
+    _check_varlen_meta("flashattn.varlen_fwd", q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=_lse_dtype(q.dtype))
+
+
+@torch.library.register_fake("flashattn::varlen_bwd")
+def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal,
+                     causal_bottom_right, deterministic=False):
+    op = "flashattn.varlen_bwd"
+    _check_varlen_meta(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    torch._check(dout.shape == q.shape, lambda: f"{op}: dout must have q's shape {tuple(q.shape)}, got {tuple(dout.shape)}")
+    torch._check(out.shape == q.shape, lambda: f"{op}: out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
+    torch._check(tuple(lse.shape) == (q.size(1), q.size(0)),
+                 lambda: f"{op}: lse must be (heads_q, total_q), got {tuple(lse.shape)}")
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    ctx.args = (scale, is_causal, causal_bottom_right, deterministic)
+
+
+def _varlen_backward(ctx, dout, _dlse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k = ctx.saved_tensors
+    scale, is_causal, causal_bottom_right, deterministic = ctx.args
+    if dout.stride(-1) != 1 or dout.storage_offset() % 8 != 0 or any(st % 8 for st in dout.stride()[:-1]):
+        dout = dout.contiguous()  # the kernels read 16-byte aligned rows
+    dq, dk, dv = torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
+                                                seqused_k, scale, is_causal, causal_bottom_right, deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("flashattn::varlen_fwd", _varlen_backward, setup_context=_varlen_setup_context)
 
 
 def draw_rng_state(device, generator=None) -> torch.Tensor:

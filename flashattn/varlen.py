@@ -4,15 +4,18 @@
 ``b`` at rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``; ``k`` and ``v`` ``(total_k, nheads_k, headdim)``
 likewise with ``cu_seqlens_k``. Each sequence attends only within itself.
 
-How it runs: not natively in the kernels yet. The rows are gathered into a padded
-``(batch, max_seqlen, nheads, headdim)`` batch (index_select with indices computed on the device: no
-host synchronization), the batched op runs over it with a key-padding mask, and the output rows are
-gathered back; autograd carries the gradients back through the gathers. So it is exact and needs no
-host round trip, but it computes and stores the padded rows too: cost grows with
-``batch * max_seqlen`` rather than with the packed lengths, plus a copy of q, k, v and out. Without
-``causal`` the sequences sit at the start of their padded rows, a key-prefix mask that the sm90
-forward runs as key lengths; with ``causal`` they sit at the end, so that the kernels' bottom-right
-causal alignment is each sequence's own (key j visible to query i iff ``j <= i + len_k - len_q``).
+How it runs. In the kernels (``torch.ops.flashattn.varlen_fwd`` / ``varlen_bwd``) on the CPU and on
+sm_90 GPUs at head dims 33..128 without dropout: the packed rows are read in place and each
+sequence's own tiles are scheduled, longest first, from a work list the GPU builds from the offsets
+(no host synchronization, no padded copy, work and memory linear in the packed rows; ``max_seqlen``
+sizes nothing, so a new batch of lengths is not a new graph for ``torch.compile``). Elsewhere (the
+sm80 path, dropout, other head dims) the rows are gathered into a padded ``(batch, max_seqlen,
+nheads, headdim)`` batch on the device, the batched op runs over it with a key-padding mask and the
+output rows are gathered back: exact, still no host round trip, but the work and memory of ``batch *
+max_seqlen`` rows. Without ``causal`` the sequences sit at the start of their padded rows, a key-prefix
+mask that the sm90 forward runs as key lengths; with ``causal`` they sit at the end, so that the
+kernels' bottom-right causal alignment is each sequence's own (key j visible to query i iff ``j <= i +
+len_k - len_q``).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import _C, ops
 from ._fa2_common import check_devices, check_tensor, fa2_attention, reject_unimplemented, unpack
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
@@ -36,10 +40,52 @@ def _check_cu_seqlens(name: str, cu_seqlens, device: torch.device) -> None:
         raise ValueError(f"flashattn: {name} must be on q's device {device}, got {cu_seqlens.device}")
 
 
-def _check_max_seqlen(name: str, max_seqlen) -> int:
+def _check_max_seqlen(name: str, max_seqlen):
+    """max_seqlen as given: an int >= 0, or a 0-dim integer tensor (as transformers passes it; only
+    compared on the device, never read on the host)."""
+    if isinstance(max_seqlen, torch.Tensor):
+        if max_seqlen.dim() != 0 or max_seqlen.dtype.is_floating_point or max_seqlen.dtype == torch.bool:
+            raise ValueError(f"flashattn: {name} must be an int or a 0-dim integer tensor, got a tensor of "
+                             f"shape {tuple(max_seqlen.shape)} and dtype {max_seqlen.dtype}")
+        return max_seqlen
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
         raise ValueError(f"flashattn: {name} must be an int >= 0, got {max_seqlen!r}")
     return max_seqlen
+
+
+def _check_seqused(name: str, seqused, batch: int, device: torch.device) -> None:
+    if seqused is None:
+        return
+    _check_cu_seqlens(name, seqused, device)
+    if seqused.numel() != batch:
+        raise ValueError(f"flashattn: {name} must have one entry per sequence ({batch}), got {seqused.numel()}")
+
+
+_SM90_VARLEN_KERNELS_ENABLED = False
+
+
+def _rows_aligned(t: torch.Tensor) -> bool:
+    # 16-byte aligned rows from metadata alone (no data pointer: this also runs on fake tensors while
+    # torch.compile traces); torch's allocations are 16-byte aligned.
+    return t.stride(-1) == 1 and t.storage_offset() % 8 == 0 and all(st % 8 == 0 for st in t.stride()[:-1])
+
+
+def _in_kernels(q, k, v, dropout_p, block_table) -> bool:
+    """Whether the varlen ops serve the call (see the module docstring); else the padded batch."""
+    if dropout_p > 0.0 or block_table is not None:
+        return False
+    if q.device.type == "cpu":
+        return True
+    # The sm90 variable-length kernels are built but not yet called: on the H200 they faulted with an
+    # illegal memory access in their first GPU test run, so CUDA calls keep the padded path for now.
+    if not _SM90_VARLEN_KERNELS_ENABLED:
+        return False
+    if q.device.type != "cuda" or not ops.cuda_kernels_built() or not _C.compiled_with_sm90():
+        return False
+    if torch.cuda.get_device_capability(q.device) != (9, 0) or _C.plan_options()["force_sm80"]:
+        return False
+    return (q.dtype in (torch.float16, torch.bfloat16) and 33 <= q.size(-1) <= 128 and q.size(-1) % 8 == 0
+            and all(_rows_aligned(t) for t in (q, k, v)))
 
 
 def _assert_offsets(name: str, max_name: str, cu_seqlens: torch.Tensor, max_seqlen: int, total: int) -> torch.Tensor:
@@ -51,9 +97,16 @@ def _assert_offsets(name: str, max_name: str, cu_seqlens: torch.Tensor, max_seql
     torch._assert_async(cu_seqlens[-1] == total, f"flashattn: {name}[-1] must be the packed row count {total}")
     if lengths.numel() > 0:
         torch._assert_async((lengths >= 0).all(), f"flashattn: {name} must not decrease")
-        torch._assert_async((lengths <= max_seqlen).all(),
-                            f"flashattn: a sequence of {name} is longer than {max_name}={max_seqlen}")
+        limit = f"{max_name}={max_seqlen}" if isinstance(max_seqlen, int) else max_name
+        torch._assert_async((lengths <= max_seqlen).all(), f"flashattn: a sequence of {name} is longer than {limit}")
     return lengths
+
+
+def _assert_seqused(name: str, seqused, lengths: torch.Tensor) -> None:
+    """seqused within each sequence's rows (checked on the device as the offsets are)."""
+    if seqused is not None and lengths.numel() > 0:
+        torch._assert_async(((seqused >= 0) & (seqused <= lengths)).all(),
+                            f"flashattn: {name} must be in [0, the sequence's length] for every sequence")
 
 
 def _padding(cu_seqlens: torch.Tensor, lengths: torch.Tensor, max_seqlen: int, pad_at_end: bool):
@@ -88,7 +141,7 @@ def _packed_positions(cu_seqlens: torch.Tensor, lengths: torch.Tensor, max_seqle
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-            deterministic, return_attn_probs, block_table):
+            deterministic, return_attn_probs, block_table, seqused_q=None, seqused_k=None):
     if block_table is not None:
         raise NotImplementedError("flashattn: block_table (paged KV cache) is not implemented yet (only None)")
     check_devices(q, k, v)
@@ -99,11 +152,29 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
             f"flashattn: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
             f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}"
         )
+    batch = cu_seqlens_q.numel() - 1
+    _check_seqused("seqused_q", seqused_q, batch, q.device)
+    _check_seqused("seqused_k", seqused_k, batch, q.device)
     max_seqlen_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     total_q, nheads = q.size(0), q.size(1)
     lengths_q = _assert_offsets("cu_seqlens_q", "max_seqlen_q", cu_seqlens_q, max_seqlen_q, total_q)
     lengths_k = _assert_offsets("cu_seqlens_k", "max_seqlen_k", cu_seqlens_k, max_seqlen_k, k.size(0))
+    _assert_seqused("seqused_q", seqused_q, lengths_q)
+    _assert_seqused("seqused_k", seqused_k, lengths_k)
+    dropout_p = float(dropout_p)
+    if _in_kernels(q, k, v, dropout_p, block_table):
+        if softmax_scale is None:
+            softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0
+        out, softmax_lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                                          float(softmax_scale), bool(causal), True, bool(deterministic))
+        return (out, softmax_lse, None) if return_attn_probs else out
+    if seqused_q is not None or seqused_k is not None:
+        raise NotImplementedError(
+            "flashattn: seqused_q / seqused_k run only in the variable-length kernels (the CPU, and sm_90 GPUs at "
+            "head dims 33..128 without dropout); this call takes the padded path")
+    # The padded batch's sizes: a tensor max_seqlen is read here (a host synchronization).
+    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     # Padding after each sequence without causal masking (the key mask is then a key prefix), before it
     # with causal masking (the kernels' bottom-right alignment is then each sequence's own).
     pad_at_end = not causal
@@ -128,21 +199,28 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
 _VARLEN_DOC = """
     cu_seqlens_q, cu_seqlens_k: int32 ``(batch + 1,)`` tensors on q's device, the offsets of the
         sequences in the packed rows (0 first, the packed row count last, never decreasing).
-    max_seqlen_q, max_seqlen_k: ints, at least the longest query / key sequence (they size the padded
-        batch; a longer sequence is an error, raised at once on the CPU and as a device-side
-        assertion on CUDA, where the offsets are not read on the host).
+    max_seqlen_q, max_seqlen_k: at least the longest query / key sequence: ints, or 0-dim integer
+        tensors. A longer sequence is an error, raised at once on the CPU and as a device-side
+        assertion on CUDA, where the offsets are not read on the host. In the kernels they size
+        nothing; the padded path reads a tensor's value (a host synchronization) to size its batch.
 
     The other arguments are :func:`flashattn.flash_attn_func`'s, per sequence: ``causal`` aligns
     each sequence's mask to its own bottom-right corner (key j visible to query i iff
     ``j <= i + len_k - len_q``). ``block_table`` must be None (no paged KV cache yet).
 
     Returns ``out`` ``(total_q, nheads, headdim)``; with ``return_attn_probs=True`` also
-    ``softmax_lse`` ``(nheads, total_q)`` float32 and the dropout keep-mask (None without dropout) in
-    this function's padded coordinates, ``(batch, nheads, max_seqlen_q, max_seqlen_k)``, sequences
-    at the start of their rows, or at the end with ``causal``.
+    ``softmax_lse`` ``(nheads, total_q)`` float32 (float64 for float64 CPU inputs) and the dropout
+    keep-mask (None without dropout) in the padded path's coordinates, ``(batch, nheads, max_seqlen_q,
+    max_seqlen_k)``, sequences at the start of their rows, or at the end with ``causal``.
 
-    Runs the batched kernels over a padded copy of the batch (see :mod:`flashattn.varlen`): exact,
-    no host synchronization, but the work and memory of ``batch * max_seqlen`` rows.
+    Runs in the variable-length kernels on the CPU and on sm_90 GPUs at head dims 33..128 (a multiple
+    of 8) without dropout, else over a padded copy of the batch (see :mod:`flashattn.varlen`).
+"""
+
+_SEQUSED_DOC = """
+    seqused_q, seqused_k: optional int32 ``(batch,)`` tensors: only the first ``seqused_*[b]`` rows of
+        sequence b take part (the rest of its rows get out 0, lse -inf and zero gradients). Served by
+        the variable-length kernels only: elsewhere they raise NotImplementedError.
 """
 
 
@@ -163,13 +241,16 @@ def flash_attn_varlen_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     block_table: Optional[torch.Tensor] = None,
+    *,
+    seqused_q: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
 ):
     reject_unimplemented(window_size, softcap, alibi_slopes)
     check_tensor("q", q, 3, "(total_q, nheads, headdim)")
     check_tensor("k", k, 3, "(total_k, nheads_k, headdim)")
     check_tensor("v", v, 3, "(total_k, nheads_k, headdim)")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, block_table)
+                   deterministic, return_attn_probs, block_table, seqused_q, seqused_k)
 
 
 flash_attn_varlen_func.__doc__ = (
@@ -179,6 +260,7 @@ flash_attn_varlen_func.__doc__ = (
     nheads_k), each sequence's rows one after another.
 """
     + _VARLEN_DOC
+    + _SEQUSED_DOC
 )
 
 

@@ -10,6 +10,9 @@ SM90_BWD_HEAD_DIMS = [64, 128, 256]  # 256: the wide kernel (bwd_wide_kernel.cuh
 # The masked sm90 backward at every width (at 128 it spills a little since the half-width dQ GEMM,
 # and runs faster than the masked sm80 backward; docs/perf-log.md).
 SM90_BWD_MASKED_HEAD_DIMS = [64, 128, 256]
+# Variable-length batches in the kernels: the widths whose backward is the narrow kernel.
+SM90_VARLEN_FWD_HEAD_DIMS = [64, 96, 128]
+SM90_VARLEN_BWD_HEAD_DIMS = [64, 128]
 ELEMENTS = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 PASSES = {"fwd": ("fwd_kernel.cuh", "launch_fwd", "FwdParams"), "bwd": ("bwd_kernel.cuh", "launch_bwd", "BwdParams")}
 
@@ -44,6 +47,16 @@ def main():
                         f"template cudaError_t flashattn::sm90::launch_bwd{suffix}<{element}, {head_dim}>(\n"
                         f"    const flashattn::BwdParams&, cudaStream_t);\n")
                 (out_dir / f"bwd{suffix}_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
+        for head_dim in SM90_VARLEN_FWD_HEAD_DIMS:
+            text = (f"{HEADER}#include \"sm90/fwd_launch.cuh\"\n\n"
+                    f"template cudaError_t flashattn::sm90::launch_fwd_varlen<{element}, {head_dim}>(\n"
+                    f"    const flashattn::FwdParams&, int, cudaStream_t);\n")
+            (out_dir / f"fwd_varlen_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
+        for head_dim in SM90_VARLEN_BWD_HEAD_DIMS:
+            text = (f"{HEADER}#include \"sm90/bwd_launch.cuh\"\n\n"
+                    f"template cudaError_t flashattn::sm90::launch_bwd_varlen<{element}, {head_dim}>(\n"
+                    f"    const flashattn::BwdParams&, cudaStream_t);\n")
+            (out_dir / f"bwd_varlen_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
     cases = lambda dims: " ".join(f"X({d})" for d in dims)  # noqa: E731
     (ROOT / "csrc" / "sm80" / "head_dims.h").write_text(
         f"{HEADER}// The head dims with compiled sm80 kernels; X(D) is applied to each, smallest first.\n"
@@ -52,7 +65,9 @@ def main():
         f"{HEADER}// The head dims with compiled sm90 kernels; X(D) is applied to each, smallest first.\n"
         f"#pragma once\n\n#define FLASHATTN_SM90_FOR_EACH_HEAD_DIM(X) {cases(SM90_HEAD_DIMS)}\n"
         f"#define FLASHATTN_SM90_BWD_FOR_EACH_HEAD_DIM(X) {cases(SM90_BWD_HEAD_DIMS)}\n"
-        f"#define FLASHATTN_SM90_BWD_MASKED_FOR_EACH_HEAD_DIM(X) {cases(SM90_BWD_MASKED_HEAD_DIMS)}\n")
+        f"#define FLASHATTN_SM90_BWD_MASKED_FOR_EACH_HEAD_DIM(X) {cases(SM90_BWD_MASKED_HEAD_DIMS)}\n"
+        f"#define FLASHATTN_SM90_VARLEN_FWD_FOR_EACH_HEAD_DIM(X) {cases(SM90_VARLEN_FWD_HEAD_DIMS)}\n"
+        f"#define FLASHATTN_SM90_VARLEN_BWD_FOR_EACH_HEAD_DIM(X) {cases(SM90_VARLEN_BWD_HEAD_DIMS)}\n")
 
 
 if __name__ == "__main__":

@@ -256,6 +256,8 @@ CALLS: Dict[str, Callable] = {
     "varlen-sequence-too-long": lambda mp: varlen(max_seqlen_q=5),
     "varlen-offsets-short": lambda mp: varlen(cu_seqlens_q=_cu([0, 4, 9])),
     "varlen-heads-not-a-multiple": lambda mp: varlen(q=_randn(10, 3, 8)),
+    "varlen-seqused-too-long": lambda mp: varlen(seqused_q=_cu([5, 6])),
+    "varlen-seqused-padded-path": lambda mp: varlen(seqused_k=_cu([5, 7]), dropout_p=0.1),
     # flash_attn_with_kvcache
     "kvcache-rotary": lambda mp: kvcache(rotary_cos=torch.ones(10, 4)),
     "kvcache-paged": lambda mp: kvcache(block_table=_cu([0, 1])),

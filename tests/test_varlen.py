@@ -137,3 +137,153 @@ def test_varlen_compiles_without_graph_breaks():
     torch.testing.assert_close(out, flashattn.flash_attn_varlen_func(q, k, v, cu, cu, 17, 17, causal=True))
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     assert all(g.shape == t.shape for g, t in zip(grads, (q, k, v)))
+
+
+def _in_kernels_on(device):
+    """Whether flash_attn_varlen_func runs the variable-length kernels on `device` at head dim 64 (the
+    CPU always; CUDA on sm_90 with the sm90 kernels built)."""
+    q = torch.empty(1, 1, 64, dtype=torch.bfloat16, device=device)
+    return flashattn.varlen._in_kernels(q, q, q, 0.0, None)
+
+
+def _no_padding(monkeypatch):
+    """Makes the padded path fail, so that a test shows which path ran."""
+    def fail(*args, **kwargs):
+        raise AssertionError("the padded path ran")
+    monkeypatch.setattr(flashattn.varlen, "_gather_padded", fail)
+
+
+def _random_lengths(count, low, high, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high + 1, (count,), generator=g).tolist()
+
+
+# Many sequences of every size around the kernels' tiles (64-128 rows), so that the schedule's lists
+# hold items of many costs and each CTA runs several; GQA, both dtypes, head dims of each tile width.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("heads_q,heads_kv,head_dim", [(8, 2, 40), (4, 4, 96), (4, 1, 128)])
+def test_varlen_kernels_many_sequences(device, causal, dtype, heads_q, heads_kv, head_dim, monkeypatch):
+    if device == "cpu" and head_dim != 40:
+        pytest.skip("the CPU runs one head dim here (it is slow)")
+    if not _in_kernels_on(device):
+        pytest.skip("no variable-length kernels on this device")
+    _no_padding(monkeypatch)
+    lengths_q = _random_lengths(23, 0, 300, seed=head_dim)
+    lengths_k = [n if causal else n + (b % 3) * 17 for b, n in enumerate(lengths_q)]  # Lq != Lk without causal
+    lengths_k[3] = 0  # a sequence without keys: out 0, lse -inf
+    q = _packed(lengths_q, heads_q, head_dim, dtype, device)
+    k = _packed(lengths_k, heads_kv, head_dim, dtype, device)
+    v = _packed(lengths_k, heads_kv, head_dim, dtype, device)
+    dout = torch.randn_like(q)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse, _ = flashattn.flash_attn_varlen_func(*leaves, _cu(lengths_q, device), _cu(lengths_k, device),
+                                                   max(lengths_q), max(lengths_k), causal=causal,
+                                                   return_attn_probs=True)
+    grads = torch.autograd.grad(out, leaves, dout)
+    (ref_out, ref_grads, ref_lse), (base_out, base_grads) = _oracle(q, k, v, dout, lengths_q, lengths_k,
+                                                                    head_dim ** -0.5, causal)
+    assert_oracle("out", out, ref_out, base_out, OUT_FACTOR)
+    for name, grad, ref, base in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads):
+        assert_oracle(name, grad, ref, base, GRAD_FACTOR)
+    empty = torch.isneginf(ref_lse).to(lse.device)
+    assert torch.equal(torch.isneginf(lse), empty)
+    torch.testing.assert_close(lse[~empty], ref_lse.to(lse.device)[~empty], rtol=0, atol=2e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen_kernels_seqused(device, monkeypatch):
+    # seqused_q / seqused_k: each sequence as if only its first rows existed; the other rows get out 0,
+    # lse -inf and zero gradients.
+    if not _in_kernels_on(device):
+        pytest.skip("no variable-length kernels on this device")
+    _no_padding(monkeypatch)
+    lengths = [70, 0, 200, 9]
+    used_q, used_k = [64, 0, 131, 9], [70, 0, 3, 1]
+    q, k, v = (_packed(lengths, 2, 64, torch.bfloat16, device) for _ in range(3))
+    dout = torch.randn_like(q)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    cu = _cu(lengths, device)
+    as_int = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
+    out, lse, _ = flashattn.flash_attn_varlen_func(*leaves, cu, cu, 200, 200, causal=True, return_attn_probs=True,
+                                                   seqused_q=as_int(used_q), seqused_k=as_int(used_k))
+    grads = torch.autograd.grad(out, leaves, dout)
+    starts = _cu(lengths, "cpu").tolist()
+    pick = lambda t, used: torch.cat([t[s:s + u] for s, u in zip(starts, used)])  # noqa: E731
+    (ref_out, ref_grads, ref_lse), (base_out, base_grads) = _oracle(
+        pick(q, used_q), pick(k, used_k), pick(v, used_k), pick(dout, used_q), used_q, used_k, 64 ** -0.5, True)
+    assert_oracle("out", pick(out, used_q), ref_out, base_out, OUT_FACTOR)
+    for name, grad, used, ref, base in zip(("dq", "dk", "dv"), grads, (used_q, used_k, used_k), ref_grads, base_grads):
+        assert_oracle(name, pick(grad, used), ref, base, GRAD_FACTOR)
+    rest_q = torch.ones(q.size(0), dtype=torch.bool)
+    rest_k = torch.ones(k.size(0), dtype=torch.bool)
+    for s, uq, uk in zip(starts, used_q, used_k):
+        rest_q[s:s + uq] = False
+        rest_k[s:s + uk] = False
+    assert torch.all(out[rest_q.to(device)] == 0) and torch.all(torch.isneginf(lse[:, rest_q.to(device)]))
+    assert torch.all(grads[0][rest_q.to(device)] == 0)
+    assert torch.all(grads[1][rest_k.to(device)] == 0) and torch.all(grads[2][rest_k.to(device)] == 0)
+
+
+@requires_cuda
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_varlen_kernels_deterministic(head_dim, monkeypatch):
+    # deterministic=True: the same gradients bit for bit on every run (the dq turns over the list's
+    # in-order items), and equal to the default mode's within rounding.
+    if not _in_kernels_on("cuda"):
+        pytest.skip("no variable-length kernels on this GPU")
+    _no_padding(monkeypatch)
+    lengths = _random_lengths(17, 1, 700, seed=5)
+    cu = _cu(lengths, "cuda")
+    q, k, v = (_packed(lengths, 4, head_dim, torch.bfloat16, "cuda").requires_grad_() for _ in range(3))
+    dout = torch.randn_like(q)
+
+    def grads(deterministic):
+        out = flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,
+                                               deterministic=deterministic)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    first = grads(True)
+    for _ in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(first, grads(True)))
+    for a, b in zip(first, grads(False)):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+@requires_cuda
+def test_varlen_kernels_equal_the_batched_kernels():
+    # Equal lengths: the packed call and the batched call over the same rows agree to rounding (they run
+    # different kernels' schedules, not different arithmetic).
+    if not _in_kernels_on("cuda"):
+        pytest.skip("no variable-length kernels on this GPU")
+    batch, seqlen = 3, 257
+    q, k, v = (torch.randn(batch, seqlen, 4, 64, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    cu = torch.arange(0, (batch + 1) * seqlen, seqlen, dtype=torch.int32, device="cuda")
+    packed = flashattn.flash_attn_varlen_func(*(t.flatten(0, 1) for t in (q, k, v)), cu, cu, seqlen, seqlen, causal=True)
+    batched = flashattn.flash_attn_func(q, k, v, causal=True)
+    torch.testing.assert_close(packed.view_as(batched), batched, rtol=0, atol=1e-2)
+
+
+@requires_cuda
+def test_varlen_kernels_graph_capture_and_tensor_max_seqlen():
+    # No host synchronisation: the call captures into a CUDA graph, and a replay with new offsets (same
+    # shapes) computes the new batch; a 0-dim tensor max_seqlen is accepted as is.
+    if not _in_kernels_on("cuda"):
+        pytest.skip("no variable-length kernels on this GPU")
+    total, heads, dim = 600, 4, 64
+    q, k, v = (torch.randn(total, heads, dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    cu = torch.tensor([0, 100, 350, 600], dtype=torch.int32, device="cuda")
+    max_len = torch.tensor(400, device="cuda")
+    call = lambda: flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True)  # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    cu.copy_(torch.tensor([0, 400, 410, 600], dtype=torch.int32))
+    graph.replay()
+    torch.testing.assert_close(captured, call(), rtol=0, atol=0)

@@ -12,6 +12,7 @@
 #include "cuda/dq_accum_layout.h"
 #include "cuda/element_ops.h"
 #include "cuda/saturated_rows.h"
+#include "cuda/varlen.h"
 #include "params.h"
 
 namespace flashattn {
@@ -27,6 +28,61 @@ constexpr int kAuxMaxGridY = 65535;
 // bytes of O and dO, a block 32 KB, and an SM holds 2 or 3 such blocks (their registers), where HBM
 // wants about 40-64 KB in flight per SM. One row per thread, as before, kept 8 KB per block in flight.
 constexpr int kPreprocessRowsPerThread = 4;
+
+// The sequence of a variable-length batch whose workspace region (varlen_workspace_row) holds
+// workspace row w: the last b with varlen_workspace_row(b) <= w (regions are at least one block long,
+// so the starts increase strictly).
+__device__ __forceinline__ int varlen_sequence_of_row(const VarlenParams& v, int batch, int64_t w) {
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (varlen_workspace_row(v.cu_seqlens_q[mid], mid) <= w) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// Where an auxiliary kernel's block finds the rows of one (batch, head): the block's first query
+// `first` (within its sequence), the sequence's query count, and the indices of its query 0 in lse,
+// in the statistics and dq workspaces (rows), and in q-shaped tensors (packed row offset). A batched
+// call's are (batch, head)'s; a variable-length batch's are those of the sequence whose workspace region
+// holds the block's rows (the grid then runs over the workspace rows, batch 0 only).
+struct AuxRows {
+  int first, seqlen_q;
+  int64_t lse0, stats0, region_rows;  // region_rows: workspace rows of (batch, head) or the sequence
+  int q_row0;
+
+  __device__ __forceinline__ AuxRows(const BwdParams& p, int batch, int head, int row0) {
+    const AttentionShape& s = p.shape;
+    if (p.varlen.enabled()) {
+      const VarlenParams& v = p.varlen;
+      const int b = varlen_sequence_of_row(v, s.batch, row0);
+      const SeqSpan seq = SeqSpan::of(v, b);
+      const int64_t start = varlen_workspace_row(seq.q_begin, b);
+      first = static_cast<int>(row0 - start);
+      seqlen_q = seq.len_q;
+      lse0 = static_cast<int64_t>(head) * s.seqlen_q + seq.q_begin;
+      stats0 = head * v.workspace_rows + start;
+      region_rows = varlen_workspace_row(v.cu_seqlens_q[b + 1], b + 1) - start;
+      q_row0 = seq.q_begin;
+    } else {
+      const int64_t row = static_cast<int64_t>(batch) * s.heads_q + head;
+      first = row0;
+      seqlen_q = s.seqlen_q;
+      lse0 = row * s.seqlen_q;
+      stats0 = row * p.stats_stride;
+      region_rows = p.stats_stride;
+      q_row0 = 0;
+    }
+  }
+};
+
+// Batch entries the auxiliary kernels loop over: one for a variable-length batch, whose grid runs over
+// every sequence's workspace rows.
+__device__ __forceinline__ int aux_batches(const BwdParams& p) { return p.varlen.enabled() ? 1 : p.shape.batch; }
 
 struct AuxTile {
   int head, row0, batch;
@@ -67,27 +123,30 @@ __global__ void __launch_bounds__(kAuxThreads, kRebalance ? 2 : 3) bwd_preproces
   constexpr int kPassCols = kLanes * 8;
   const AttentionShape& s = p.shape;
   const AuxTile tile(chunks_per_head, kRowStep * kRows);
-  const int query0 = tile.row0 + static_cast<int>(threadIdx.x) / kLanes;  // the thread's first row
   const int sub = static_cast<int>(threadIdx.x) % kLanes;
   const void* dout_read = kRebalance ? p.dout_caller : p.dout;
   const TensorStrides& dout_read_strides = kRebalance ? p.dout_caller_strides : p.dout_strides;
-  const int64_t dq_rows = p.dq_accum_rows();
-  for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
-    const int64_t row = static_cast<int64_t>(batch) * s.heads_q + tile.head;
-    const T* out = static_cast<const T*>(p.out) + batch * p.out_strides.batch + query0 * p.out_strides.row +
+  for (int batch = tile.batch; batch < aux_batches(p); batch += gridDim.y) {
+    const AuxRows rows_of(p, batch, tile.head, tile.row0);
+    const int seqlen_q = rows_of.seqlen_q;
+    // The thread's first row, within its sequence (the batched call's own query0).
+    const int query0 = rows_of.first + static_cast<int>(threadIdx.x) / kLanes;
+    const int64_t dq_rows = p.varlen.enabled() ? rows_of.region_rows : p.dq_accum_rows();
+    const int64_t packed0 = static_cast<int64_t>(rows_of.q_row0) + query0;  // its row in q-shaped tensors
+    const T* out = static_cast<const T*>(p.out) + batch * p.out_strides.batch + packed0 * p.out_strides.row +
                    tile.head * p.out_strides.head;  // [D], row i at + i * kRowStep * row stride
     const T* dout = static_cast<const T*>(dout_read) + batch * dout_read_strides.batch +
-                    query0 * dout_read_strides.row + tile.head * dout_read_strides.head;  // [D], as out
+                    packed0 * dout_read_strides.row + tile.head * dout_read_strides.head;  // [D], as out
     // With kRebalance, p.dout is the workspace this kernel fills (see BwdParams::dout_caller).
     T* dout_written = kRebalance ? static_cast<T*>(const_cast<void*>(p.dout)) + batch * p.dout_strides.batch +
-                                       query0 * p.dout_strides.row + tile.head * p.dout_strides.head
+                                       packed0 * p.dout_strides.row + tile.head * p.dout_strides.head
                                  : nullptr;  // [D], as out
 
     float lse[kRows];  // -inf for the padding rows, which get lse_log2 +inf like a row that saw no key
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const int query = query0 + i * kRowStep;
-      lse[i] = query < s.seqlen_q ? p.lse[row * s.seqlen_q + query] : -INFINITY;
+      lse[i] = query < seqlen_q ? p.lse[rows_of.lse0 + query] : -INFINITY;
     }
 
     // One pass's 8 columns from col0 of each row, zeros past seqlen_q and head_dim (so they add 0).
@@ -96,7 +155,7 @@ __global__ void __launch_bounds__(kAuxThreads, kRebalance ? 2 : 3) bwd_preproces
     auto load_pass = [&](int col0) {
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
-        const bool live = query0 + i * kRowStep < s.seqlen_q && col0 < s.head_dim;
+        const bool live = query0 + i * kRowStep < seqlen_q && col0 < s.head_dim;
         o_vec[i] = live ? *reinterpret_cast<const uint4*>(out + i * kRowStep * p.out_strides.row + col0)
                         : make_uint4(0u, 0u, 0u, 0u);
         do_vec[i] = live ? *reinterpret_cast<const uint4*>(dout + i * kRowStep * dout_read_strides.row + col0)
@@ -108,9 +167,10 @@ __global__ void __launch_bounds__(kAuxThreads, kRebalance ? 2 : 3) bwd_preproces
     // This block's dq_accum rows [row0, row0 + rows) of (batch, head), flat: every element of the
     // workspace belongs to exactly one block's range.
     {
-      const int64_t left = dq_rows - tile.row0;
+      const int64_t left = dq_rows - rows_of.first;
       const int rows = left <= 0 ? 0 : left < kRowStep * kRows ? static_cast<int>(left) : kRowStep * kRows;
-      float4* accum = reinterpret_cast<float4*>(p.dq_accum + (row * dq_rows + tile.row0) * p.dq_accum_dim);  // [rows * dq_accum_dim / 4]
+      const int64_t accum0 = p.varlen.enabled() ? rows_of.stats0 : (static_cast<int64_t>(batch) * s.heads_q + tile.head) * dq_rows;
+      float4* accum = reinterpret_cast<float4*>(p.dq_accum + (accum0 + rows_of.first) * p.dq_accum_dim);  // [rows * dq_accum_dim / 4]
       const int count = rows * (p.dq_accum_dim / 4);
 #pragma unroll 4
       for (int i = static_cast<int>(threadIdx.x); i < count; i += kAuxThreads) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -125,7 +185,7 @@ __global__ void __launch_bounds__(kAuxThreads, kRebalance ? 2 : 3) bwd_preproces
       if constexpr (kRebalance) {
         const int query = query0 + i * kRowStep;
         const bool saturated =
-            query < s.seqlen_q && fabsf(lse_log2[i]) >= kSaturatedLseLog2 && isfinite(lse_log2[i]);
+            query < seqlen_q && fabsf(lse_log2[i]) >= kSaturatedLseLog2 && isfinite(lse_log2[i]);
         if (__any_sync(0xffffffff, saturated)) {
           rebalance_saturated_row<T, kLanes>(p, batch, tile.head, query, saturated, sub, &lse_log2[i], &rescale[i]);
         }
@@ -141,7 +201,7 @@ __global__ void __launch_bounds__(kAuxThreads, kRebalance ? 2 : 3) bwd_preproces
           if constexpr (kRebalance) {
 #pragma unroll
             for (int c = 0; c < 8; ++c) do8[c] = Ops::from_float(Ops::to_float(do8[c]) * rescale[i]);
-            if (query0 + i * kRowStep < s.seqlen_q && col0 < s.head_dim) {
+            if (query0 + i * kRowStep < seqlen_q && col0 < s.head_dim) {
               *reinterpret_cast<uint4*>(dout_written + i * kRowStep * p.dout_strides.row + col0) = do_vec[i];
             }
           }
@@ -157,7 +217,7 @@ __global__ void __launch_bounds__(kAuxThreads, kRebalance ? 2 : 3) bwd_preproces
       // by element in the same order: a fallback, not laid out for bandwidth.
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
-        if (query0 + i * kRowStep >= s.seqlen_q) continue;
+        if (query0 + i * kRowStep >= seqlen_q) continue;
         const T* o_row = out + i * kRowStep * p.out_strides.row;
         const T* do_row = dout + i * kRowStep * dout_read_strides.row;
 #pragma unroll 1
@@ -179,9 +239,9 @@ __global__ void __launch_bounds__(kAuxThreads, kRebalance ? 2 : 3) bwd_preproces
     for (int i = 0; i < kRows; ++i) {
       const int query = query0 + i * kRowStep;
       const float total = group_sum<kLanes>(sum[i]);
-      if (sub == 0 && query < p.stats_stride) {
-        p.delta[row * p.stats_stride + query] = query < s.seqlen_q ? total : 0.f;
-        p.lse_log2[row * p.stats_stride + query] = lse_log2[i];
+      if (sub == 0 && query < rows_of.region_rows) {
+        p.delta[rows_of.stats0 + query] = query < seqlen_q ? total : 0.f;
+        p.lse_log2[rows_of.stats0 + query] = lse_log2[i];
       }
     }
   }
@@ -233,11 +293,12 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_tiled_kernel(const
   const int width = p.dq_accum_dim;
   const int row_stride = width + kDqSlabPad;
   __shared__ __align__(16) float slab[kDqSlabRows * (kDqSlabMaxWidth + kDqSlabPad)];  // [16][width + pad]
-  const int block_row0 = tile.row0 / kDqTileRows * kDqTileRows;
   const int slab_index = tile.row0 % kDqTileRows / kDqSlabRows;  // 0..3 within the 64-query block
-  for (int batch = tile.batch; batch < s.batch; batch += gridDim.y) {
-    const float* block = p.dq_accum + ((static_cast<int64_t>(batch) * s.heads_q + tile.head) * p.stats_stride +
-                                       block_row0) * width;  // [64 * width]: this 64-query block
+  for (int batch = tile.batch; batch < aux_batches(p); batch += gridDim.y) {
+    const AuxRows rows_of(p, batch, tile.head, tile.row0);
+    if (rows_of.first >= rows_of.seqlen_q) continue;  // a sequence's padding rows (uniform over the block)
+    const int block_row0 = rows_of.first / kDqTileRows * kDqTileRows;
+    const float* block = p.dq_accum + (rows_of.stats0 + block_row0) * width;  // [64 * width]: this 64-query block
     // Fragment f of n8 block nb (counted over both consumers' head dims): consumer thread
     // slab_index * 32 + f (dq_tile_fragment_offset), rows f / 4 and f / 4 + 8 of the slab, columns
     // 8 nb + 2 (f % 4) and the next.
@@ -252,11 +313,11 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_tiled_kernel(const
     const int chunks = (s.head_dim + 7) / 8;  // of 8 columns
     for (int i = threadIdx.x; i < kDqSlabRows * chunks; i += blockDim.x) {
       const int row = i / chunks, col = i % chunks * 8;
-      const int query = tile.row0 + row;
-      if (query >= s.seqlen_q) break;  // i only grows
+      const int query = rows_of.first + row;
+      if (query >= rows_of.seqlen_q) break;  // i only grows
       const float* src = slab + row * row_stride + col;
-      T* dq = static_cast<T*>(p.dq) + batch * p.dq_strides.batch + query * p.dq_strides.row +
-              tile.head * p.dq_strides.head;  // [D]
+      T* dq = static_cast<T*>(p.dq) + batch * p.dq_strides.batch +
+              (static_cast<int64_t>(rows_of.q_row0) + query) * p.dq_strides.row + tile.head * p.dq_strides.head;  // [D]
       if (col + 8 <= s.head_dim && (reinterpret_cast<uintptr_t>(dq + col) & 15) == 0) {
         const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
         *reinterpret_cast<uint4*>(dq + col) =
@@ -272,14 +333,20 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_convert_dq_tiled_kernel(const
 
 // Grid of an auxiliary kernel covering `rows` rows per (batch, head) in chunks of rows_per_chunk; fails
 // past the grid's x limit.
-inline cudaError_t aux_grid(const AttentionShape& s, int64_t rows, int rows_per_chunk, int* chunks_per_head,
-                            dim3* grid) {
+// (A variable-length batch's grid covers the workspace rows of its sequences, batch 0 only.)
+inline cudaError_t aux_grid(const BwdParams& p, int64_t rows, int rows_per_chunk, int* chunks_per_head, dim3* grid) {
+  const AttentionShape& s = p.shape;
   const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
   if (chunks * s.heads_q > 0x7fffffff) return cudaErrorInvalidConfiguration;
   *chunks_per_head = static_cast<int>(chunks);
-  *grid = dim3(static_cast<unsigned>(chunks * s.heads_q), static_cast<unsigned>(std::min(s.batch, kAuxMaxGridY)));
+  const int batches = p.varlen.enabled() ? 1 : std::min(s.batch, kAuxMaxGridY);
+  *grid = dim3(static_cast<unsigned>(chunks * s.heads_q), static_cast<unsigned>(batches));
   return cudaSuccess;
 }
+
+// The rows of each (batch, head) the preprocess covers: the statistics rows (of every sequence in a
+// variable-length batch).
+inline int64_t aux_rows(const BwdParams& p) { return p.varlen.enabled() ? p.varlen.workspace_rows : p.stats_stride; }
 
 // The first launch of every backward (sm80 and sm90): delta and lse_log2, and dq_accum zeroed.
 template <typename T>
@@ -290,8 +357,7 @@ cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   // 8 threads per row load a row of up to 64 columns at once; 16 threads for wider rows.
   const bool narrow = p.shape.head_dim <= 64;
   const int lanes = narrow ? 8 : 16;
-  cudaError_t err =
-      aux_grid(p.shape, p.stats_stride, kAuxThreads / lanes * kPreprocessRowsPerThread, &chunks_per_head, &grid);
+  cudaError_t err = aux_grid(p, aux_rows(p), kAuxThreads / lanes * kPreprocessRowsPerThread, &chunks_per_head, &grid);
   if (err != cudaSuccess) return err;
   const bool rebalance = p.dout_caller != nullptr;
   if (narrow) {
@@ -311,12 +377,14 @@ cudaError_t launch_bwd_convert_dq(const BwdParams& p, cudaStream_t stream) {
   dim3 grid;
   if (p.dq_accum_tiled) {
     if (p.dq_accum_dim % 8 != 0 || p.dq_accum_dim > kDqSlabMaxWidth) return cudaErrorInvalidValue;
-    cudaError_t err = aux_grid(p.shape, p.shape.seqlen_q, kDqSlabRows, &chunks_per_head, &grid);
+    const int64_t rows = p.varlen.enabled() ? p.varlen.workspace_rows : p.shape.seqlen_q;
+    cudaError_t err = aux_grid(p, rows, kDqSlabRows, &chunks_per_head, &grid);
     if (err != cudaSuccess) return err;
     bwd_convert_dq_tiled_kernel<T><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
     return cudaGetLastError();
   }
-  cudaError_t err = aux_grid(p.shape, p.shape.seqlen_q, kAuxRows, &chunks_per_head, &grid);
+  if (p.varlen.enabled()) return cudaErrorInvalidValue;  // the tile layout only
+  cudaError_t err = aux_grid(p, p.shape.seqlen_q, kAuxRows, &chunks_per_head, &grid);
   if (err != cudaSuccess) return err;
   bwd_convert_dq_kernel<T><<<grid, kAuxThreads, 0, stream>>>(p, chunks_per_head);
   return cudaGetLastError();

@@ -53,5 +53,14 @@ TileShape bwd_tile_shape();
 // anything, when a TMA descriptor cannot be built.
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 
+// Variable-length batches in the kernels (params.h, VarlenParams; no mask, no dropout): whether the
+// sm90 kernels serve the shape in both directions (head dims 33..128, a positive finite scale, the
+// tensors TMA-describable), and the forward (on `grid` persistent CTAs, FwdParams::tile_counter set)
+// and backward launches. The schedule lists are built on the stream into params.varlen's buffers, of
+// varlen_list_capacity_bound items (cuda/varlen_schedule.h).
+bool varlen_supported(const AttentionShape& shape, bool tensors_tma);
+cudaError_t run_fwd_varlen(const FwdParams& params, int grid, cudaStream_t stream);
+cudaError_t run_bwd_varlen(const BwdParams& params, cudaStream_t stream);
+
 }  // namespace sm90
 }  // namespace flashattn

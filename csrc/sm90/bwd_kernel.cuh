@@ -42,6 +42,8 @@
 #include "cuda/dq_accum_layout.h"
 #include "cuda/element_ops.h"
 #include "cuda/gpu_scope.h"
+#include "cuda/varlen.h"
+#include "cuda/varlen_schedule.h"
 #include "cuda/mask_view.h"
 #include "sm90/bwd_config.h"
 #include "sm90/bwd_dropout.h"
@@ -91,6 +93,23 @@ __device__ __forceinline__ BwdKeyBlock bwd_key_block(const BwdParams& p) {
   b.batch = static_cast<int>(blockIdx.x / num_n_blocks / sh.heads_kv);
   b.n0 = b.n_block * kBlockN;
   return b;
+}
+
+// Where a CTA's rows live: the packed row of its sequence's first query and key and the TMA batch
+// coordinate (a variable-length batch: the sequence's rows in the packed tensors, batch 0; else batch
+// `batch` from row 0), and the statistics / dq workspace index of its query 0 for query head 0 and
+// per query head.
+struct BwdRows {
+  int q_row0, k_row0, tma_batch;
+  int64_t stats0, stats_head_stride;
+  __device__ __forceinline__ int64_t stats(int head) const { return stats0 + head * stats_head_stride; }
+};
+__device__ __forceinline__ BwdRows bwd_batched_rows(const BwdParams& p, int batch) {
+  return BwdRows{0, 0, batch, static_cast<int64_t>(batch) * p.shape.heads_q * p.stats_stride, p.stats_stride};
+}
+// Sequence b of p.varlen (span `seq`).
+__device__ __forceinline__ BwdRows bwd_varlen_rows(const BwdParams& p, int b, const SeqSpan& seq) {
+  return BwdRows{seq.q_begin, seq.k_begin, 0, varlen_workspace_row(seq.q_begin, b), p.varlen.workspace_rows};
 }
 
 // The steps of the key block starting at key n0: every query head of its GQA group times the
@@ -178,18 +197,20 @@ struct BwdStepWalk {
 };
 
 // Run by the 32 lanes of the producer warp; lane 0 issues the TMA loads.
-template <typename T, typename Cfg, bool kMasked>
+template <typename T, typename Cfg, bool kMasked, bool kVarlen>
 __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars, unsigned char* base,
-                            int n0, int kv_head, int batch, const BwdSteps& steps, BwdStepWalk<T, kMasked> walk) {
+                            int n0, int kv_head, int batch, const BwdSteps& steps, BwdStepWalk<T, kMasked> walk,
+                            const BwdRows& rows) {
   // A step's LSE and delta are kStatsVectors float4 per producer lane.
   constexpr int kStatsVectors = Cfg::kBlockM / 64;
   static_assert(Cfg::kBlockM % 64 == 0, "whole float4s per lane");
   const int lane = threadIdx.x % 32;
   if (lane == 0) {
     mbar_arrive_expect_tx(&bars.kv_full, 2 * Cfg::kKVBytes);
-    tma_load_tile<Cfg::kColBlocks>(base, &maps.k, &bars.kv_full, n0, kv_head, batch, Cfg::kKVColBlockBytes);
-    tma_load_tile<Cfg::kColBlocks>(base + Cfg::kVOffset, &maps.v, &bars.kv_full, n0, kv_head, batch,
+    tma_load_tile<Cfg::kColBlocks>(base, &maps.k, &bars.kv_full, rows.k_row0 + n0, kv_head, rows.tma_batch,
                                    Cfg::kKVColBlockBytes);
+    tma_load_tile<Cfg::kColBlocks>(base + Cfg::kVOffset, &maps.v, &bars.kv_full, rows.k_row0 + n0, kv_head,
+                                   rows.tma_batch, Cfg::kKVColBlockBytes);
   }
   // Lanes 0-15 carry the step's LSE (base 2), lanes 16-31 its delta (which starts kBlockM * 4 bytes
   // into the stage): entries 4 (lane % 16) + 64 v of vector v.
@@ -204,7 +225,8 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
     // The padded statistics rows (see BwdParams) make every step's kBlockM entries whole and 16-byte
     // aligned.
     // Loaded before the wait for the stage, so the wait hides the load's latency.
-    const int64_t stats_row = (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0;
+    const int64_t stats_row =
+        kVarlen ? rows.stats(head) + m0 : (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0;
     float4 stats[kStatsVectors];
 #pragma unroll
     for (int v = 0; v < kStatsVectors; ++v) {
@@ -214,9 +236,10 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
     if (lane == 0) {
       mbar_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes);
       tma_load_tile<Cfg::kColBlocks>(base + Cfg::kQOffset + stage * Cfg::kQBytes, &maps.q, &bars.qdo_full[stage],
-                                     m0, head, batch, Cfg::kQColBlockBytes);
+                                     rows.q_row0 + m0, head, rows.tma_batch, Cfg::kQColBlockBytes);
       tma_load_tile<Cfg::kColBlocks>(base + Cfg::kDoOffset + stage * Cfg::kQBytes, &maps.dout,
-                                     &bars.qdo_full[stage], m0, head, batch, Cfg::kQColBlockBytes);
+                                     &bars.qdo_full[stage], rows.q_row0 + m0, head, rows.tma_batch,
+                                     Cfg::kQColBlockBytes);
     }
 #pragma unroll
     for (int v = 0; v < kStatsVectors; ++v) st_shared_f32x4(stats_target + stage * Cfg::kStatsBytes + v * 256, stats[v]);
@@ -332,13 +355,17 @@ __device__ __forceinline__ void write_dmask(const BwdParams& p, const float (&ds
 
 // The CTA's dK = scale * dS^T Q and dV, straight from a consumer's accumulators (rows: keys from key0,
 // columns: head dims from col0), into params.dk and params.dv.
+// `sh` is the CTA's shape (a variable-length batch's sequence: its own seqlen_k), whose keys start at
+// packed row k_row0 (0 for a batched call).
 template <typename T, int kCount>
-__device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&dk)[kCount], const float (&dv)[kCount],
-                                            int batch, int kv_head, int key0, int col0, int warp_in_group, int lane) {
+__device__ __forceinline__ void store_dk_dv(const BwdParams& p, const AttentionShape& sh, int k_row0,
+                                            const float (&dk)[kCount], const float (&dv)[kCount], int batch,
+                                            int kv_head, int key0, int col0, int warp_in_group, int lane) {
   using Ops = ElementOps<T>;
-  const AttentionShape& sh = p.shape;
-  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_strides.batch + kv_head * p.dk_strides.head;  // [Lk, D]
-  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_strides.batch + kv_head * p.dv_strides.head;  // [Lk, D]
+  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_strides.batch + static_cast<int64_t>(k_row0) * p.dk_strides.row +
+              kv_head * p.dk_strides.head;  // [Lk, D]
+  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_strides.batch + static_cast<int64_t>(k_row0) * p.dv_strides.row +
+              kv_head * p.dv_strides.head;  // [Lk, D]
 #pragma unroll
   for (int i = 0; i < kCount; i += 2) {
     const int key = key0 + accumulator_row(i, warp_in_group, lane);
@@ -412,7 +439,16 @@ struct DqTurns {
   __device__ __forceinline__ static void take(const BwdParams& p, int batch, int head, int m0, int n_block) {
     const AttentionShape& sh = p.shape;
     const int blocks = (sh.seqlen_q + kDqTileRows - 1) / kDqTileRows;
-    int* counter = p.dq_keys_done + (static_cast<int64_t>(batch) * sh.heads_q + head) * blocks + m0 / kDqTileRows;
+    take_at(p.dq_keys_done + (static_cast<int64_t>(batch) * sh.heads_q + head) * blocks + m0 / kDqTileRows, sh, m0,
+            n_block);
+  }
+  // A variable-length batch's: one counter per 64 workspace rows, the query block's at stats_row (its
+  // workspace row), `sh` its sequence's shape.
+  __device__ __forceinline__ static void take_varlen(const BwdParams& p, const AttentionShape& sh, int64_t stats_row,
+                                                     int m0, int n_block) {
+    take_at(p.dq_keys_done + stats_row / kDqTileRows, sh, m0, n_block);
+  }
+  __device__ __forceinline__ static void take_at(int* counter, const AttentionShape& sh, int m0, int n_block) {
     int turn = n_block;
     if (sh.is_causal) {
       const int last_key = min(min(m0 + kDqTileRows, sh.seqlen_q) - 1 + sh.causal_offset, sh.seqlen_k - 1);
@@ -451,18 +487,24 @@ __device__ __forceinline__ void store_dq_tile(uint32_t stage, const float (&dq)[
 // Adds the staged dQ tiles of query blocks m0 / 64 .. (m0 + kRows) / 64 - 1 of (batch, head) into the
 // dq workspace (tile layout, the blocks adjacent: whole blocks, rows past seqlen_q included, which hold
 // zeros).
+// ... at workspace row `rows` (that of query m0).
 template <int kWidth, int kRows>
-__device__ __forceinline__ void reduce_dq_tile(const BwdParams& p, const float* stage, int batch, int head, int m0) {
+__device__ __forceinline__ void reduce_dq_rows(const BwdParams& p, const float* stage, int64_t rows) {
   static_assert(kRows % kDqTileRows == 0, "whole blocks of the tile layout");
-  const int64_t rows = (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0;
   bulk_reduce_add_f32(p.dq_accum + rows * kWidth, stage, kRows * kWidth * 4);
   bulk_commit();
+}
+template <int kWidth, int kRows>
+__device__ __forceinline__ void reduce_dq_tile(const BwdParams& p, const float* stage, int batch, int head, int m0) {
+  reduce_dq_rows<kWidth, kRows>(p, stage, (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0);
 }
 
 // kDropout (with kMasked only): the launch applies params.dropout. A form of its own, so that the
 // masked kernel without dropout keeps its registers (at D=128, one kernel for both spilled 88 bytes
 // against 24 without the Philox calls).
-template <typename T, typename Cfg, bool kMasked, bool kDropout, bool kKeyEnds = false>
+// kVarlen (the unmasked kernel only): the CTA runs item blockIdx.x of p.varlen's list, a key block of
+// one sequence, whose rows it addresses in the packed tensors and workspaces.
+template <typename T, typename Cfg, bool kMasked, bool kDropout, bool kKeyEnds = false, bool kVarlen = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_constant__ BwdTensorMaps maps,
                                                                const BwdParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -475,8 +517,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   auto& bars = *reinterpret_cast<BwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
 
-  const AttentionShape& sh = p.shape;
-  const BwdKeyBlock block = bwd_key_block<kBlockN>(p);
+  static_assert(!kVarlen || !(kMasked || kDropout || kKeyEnds), "variable lengths in the unmasked kernel");
+  BwdKeyBlock block;
+  SeqSpan seq{};  // kVarlen: the CTA's sequence, whose own lengths and diagonal `sh` then holds
+  BwdRows rows;
+  if constexpr (kVarlen) {
+    if (static_cast<int>(blockIdx.x) >= *p.varlen.tile_count) return;  // past the list (the grid is its capacity)
+    const int2 item = varlen_item(p.varlen, blockIdx.x);
+    block.batch = item.x;
+    block.n_block = item.y / p.shape.heads_kv;
+    block.kv_head = item.y - block.n_block * p.shape.heads_kv;
+    block.n0 = block.n_block * kBlockN;
+    seq = SeqSpan::of(p.varlen, block.batch);
+    rows = bwd_varlen_rows(p, block.batch, seq);
+  } else {
+    block = bwd_key_block<kBlockN>(p);
+    rows = bwd_batched_rows(p, block.batch);
+  }
+  const AttentionShape seq_shape = kVarlen ? seq.shape(p.shape) : AttentionShape{};
+  const AttentionShape& sh = kVarlen ? seq_shape : p.shape;
   const int n_block = block.n_block, kv_head = block.kv_head, batch = block.batch, n0 = block.n0;
   // Keys from row_keys_end on are masked: seqlen_k, or the group's BwdParams::key_end.
   int row_keys_end = sh.seqlen_k;
@@ -500,7 +559,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x < 32) produce_bwd<T, Cfg, kMasked>(p, maps, bars, base, n0, kv_head, batch, steps, walk);
+    if (threadIdx.x < 32) produce_bwd<T, Cfg, kMasked, kVarlen>(p, maps, bars, base, n0, kv_head, batch, steps, walk, rows);
     return;
   }
   registers_increase<Cfg::kConsumerRegisters>();
@@ -677,15 +736,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
     named_barrier_sync(kBwdConsumerBarrier, 256);
     if (reducer) {
-      if (kDeterministicTurns && p.deterministic) Turns::take(p, batch, head, m0, n_block);
-      reduce_dq_tile<Cfg::kHeadDim, kBlockM>(p, dq_stage, batch, head, m0);
+      if constexpr (kVarlen) {
+        if (kDeterministicTurns && p.deterministic) Turns::take_varlen(p, sh, rows.stats(head) + m0, m0, n_block);
+        reduce_dq_rows<Cfg::kHeadDim, kBlockM>(p, dq_stage, rows.stats(head) + m0);
+      } else {
+        if (kDeterministicTurns && p.deterministic) Turns::take(p, batch, head, m0, n_block);
+        reduce_dq_tile<Cfg::kHeadDim, kBlockM>(p, dq_stage, batch, head, m0);
+      }
     }
     step = next;
   }
   if (reducer) Turns::pass();
 
   // dK = scale * dS^T Q and dV, straight from the accumulators.
-  store_dk_dv<T>(p, dk, dv, batch, kv_head, key0, 0, warp_in_group, lane);
+  store_dk_dv<T>(p, sh, rows.k_row0, dk, dv, batch, kv_head, key0, 0, warp_in_group, lane);
 #endif
 }
 
@@ -728,6 +792,47 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
       err = launch_bwd_main<Cfg>(bwd_kernel<T, Cfg, false, false, true>, maps, key_rows, stream);
       if (err != cudaSuccess) return err;
     }
+  }
+  return launch_bwd_convert_dq<T>(p, stream);
+}
+
+// The variable-length backward in configuration Cfg (the unmasked kernel): the key-block list of
+// p.varlen (longest first; in deterministic mode in the order of the dq turns, BwdKeyBlock's), the
+// preprocess over every sequence's workspace rows, one CTA per list item (the grid is the list's
+// capacity; CTAs past its length exit), the dq conversion.
+template <typename T, typename Cfg>
+cudaError_t launch_bwd_varlen_with_config(const BwdParams& p, cudaStream_t stream) {
+  const AttentionShape& sh = p.shape;
+  if (p.dq_accum_dim != Cfg::kHeadDim || !p.dq_accum_tiled || !p.varlen.enabled()) return cudaErrorNotSupported;
+  VarlenListSpec spec;
+  spec.work = VarlenWork::kBackward;
+  spec.batch = sh.batch;
+  spec.heads = sh.heads_kv;
+  spec.block_rows = Cfg::kBlockN;
+  spec.cost_rows = Cfg::kBlockM;
+  spec.is_causal = sh.is_causal;
+  spec.by_cost = !p.deterministic;
+  cudaError_t err = build_varlen_list(p.varlen, spec, reinterpret_cast<int2*>(const_cast<int*>(p.varlen.tiles)),
+                                      const_cast<int*>(p.varlen.tile_count), stream);
+  if (err != cudaSuccess) return err;
+  AttentionShape packed = sh;  // the packed tensors as one batch entry of total rows
+  packed.batch = 1;
+  BwdTensorMaps maps;
+  err = make_tensor_map(&maps.q, p.q, packed, sh.seqlen_q, sh.heads_q, p.q_strides, Cfg::kBlockM);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.dout, p.dout, packed, sh.seqlen_q, sh.heads_q, p.dout_strides, Cfg::kBlockM);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.k, p.k, packed, sh.seqlen_k, sh.heads_kv, p.k_strides, Cfg::kBlockN);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.v, p.v, packed, sh.seqlen_k, sh.heads_kv, p.v_strides, Cfg::kBlockN);
+  if (err == cudaSuccess) err = launch_bwd_preprocess<T>(p, stream);
+  if (err != cudaSuccess) return err;
+  const int64_t grid = varlen_list_capacity(spec, sh.seqlen_k);
+  if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  if (grid > 0) {
+    constexpr auto kernel = bwd_kernel<T, Cfg, false, false, false, true>;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
   }
   return launch_bwd_convert_dq<T>(p, stream);
 }

@@ -25,6 +25,20 @@ cudaError_t launch_bwd_at_width(const BwdParams& p, cudaStream_t stream) {
   }
 }
 
+// The variable-length backward (p.varlen) at tile widths 64 and 128, in the steps the batched
+// unmasked kernel takes there.
+template <typename T, int kHeadDim>
+cudaError_t launch_bwd_varlen(const BwdParams& p, cudaStream_t stream) {
+  static_assert(kHeadDim <= 128, "the narrow kernel's widths");
+  if constexpr (kHeadDim == 64) {
+    if (p.sm90_block_m == 128) {
+      if (p.deterministic) return cudaErrorNotSupported;
+      return launch_bwd_varlen_with_config<T, BwdConfig<kHeadDim, 128>>(p, stream);
+    }
+  }
+  return launch_bwd_varlen_with_config<T, BwdConfig<kHeadDim>>(p, stream);
+}
+
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   return launch_bwd_at_width<T, kHeadDim, false>(p, stream);

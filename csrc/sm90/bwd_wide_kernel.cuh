@@ -147,7 +147,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
     if (threadIdx.x < 32) {
-      produce_bwd<T, Cfg, kMasked>(p, maps, bars, base, n0, kv_head, batch, steps, walk);
+      produce_bwd<T, Cfg, kMasked, false>(p, maps, bars, base, n0, kv_head, batch, steps, walk,
+                                          bwd_batched_rows(p, batch));
     }
     return;
   }
@@ -291,7 +292,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   if (reducer) Turns::pass();
 
   // dK = scale * dS^T Q and dV, straight from the accumulators: keys n0 + row, head dims dim0 + col.
-  store_dk_dv<T>(p, dk, dv, batch, kv_head, n0, dim0, warp_in_group, lane);
+  store_dk_dv<T>(p, p.shape, 0, dk, dv, batch, kv_head, n0, dim0, warp_in_group, lane);
 #endif
 }
 

@@ -143,5 +143,31 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   return cudaErrorInvalidValue;
 }
 
+bool varlen_supported(const AttentionShape& s, bool tensors_tma) {
+  return compiled() && s.head_dim > 32 && s.head_dim <= 128 && finite_positive(s.scale) && tensors_tma;
+}
+
+cudaError_t run_fwd_varlen(const FwdParams& p, int grid, cudaStream_t stream) {
+  const int width = fwd_tile_width(p.shape.head_dim);
+  const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
+#define FLASHATTN_LAUNCH(D)                                                                        \
+  if (width == D) {                                                                                \
+    return bf16 ? launch_fwd_varlen<__nv_bfloat16, D>(p, grid, stream) : launch_fwd_varlen<__half, D>(p, grid, stream); \
+  }
+  FLASHATTN_SM90_VARLEN_FWD_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
+#undef FLASHATTN_LAUNCH
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t run_bwd_varlen(const BwdParams& p, cudaStream_t stream) {
+  const int width = bwd_tile_width(p.shape.head_dim);
+  const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
+#define FLASHATTN_LAUNCH(D) \
+  if (width == D) return bf16 ? launch_bwd_varlen<__nv_bfloat16, D>(p, stream) : launch_bwd_varlen<__half, D>(p, stream);
+  FLASHATTN_SM90_VARLEN_BWD_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
+#undef FLASHATTN_LAUNCH
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace sm90
 }  // namespace flashattn

@@ -127,5 +127,17 @@ template <> struct MaskedFwdConfig<128> { using type = FwdConfig<128, 128, 3>; }
 template <> struct MaskedFwdConfig<192> { using type = FwdConfig<192, 96, 2>; };
 template <> struct MaskedFwdConfig<256> { using type = FwdConfig<256, 64, 2>; };
 
+// The variable-length forward's configurations (fwd_kernel.cuh's kVarlen): the unmasked kernel's tiles
+// with the output stored by the threads, since a TMA store of a 64-row box would write past a
+// sequence's last row into the next one's; at widths 64 and 128 the staging's shared memory goes to
+// K/V stages instead.
+template <int kHeadDim>
+struct VarlenFwdConfig;
+template <> struct VarlenFwdConfig<64> { using type = FwdConfig<64, 128, 4>; };
+template <> struct VarlenFwdConfig<96> { using type = FwdConfig<96, 128, 2>; };
+template <> struct VarlenFwdConfig<128> { using type = FwdConfig<128, 128, 3>; };
+template <> struct VarlenFwdConfig<192> { using type = FwdConfig<192, 96, 2>; };
+template <> struct VarlenFwdConfig<256> { using type = FwdConfig<256, 80, 2>; };
+
 }  // namespace sm90
 }  // namespace flashattn

@@ -115,15 +115,15 @@ __device__ __forceinline__ void store_rows_staged(const OutputStaging& staging, 
 // shared memory and TMA (store_rows_staged) where the configuration stages it and the tensor map could
 // be made; else straight from the registers, in 16-byte row segments where head_dim and the output's
 // alignment allow (store_rows_16b), else two elements per store.
+// `sh` is the row's shape (a variable-length batch's sequence: its own seqlen_q), `out` [Lq, D] and
+// `lse` [Lq] its output rows.
 template <typename T, int kHeadDim, int kBlockN>
-__device__ __forceinline__ void write_epilogue(const FwdParams& p, const float (&o)[kHeadDim / 2],
+__device__ __forceinline__ void write_epilogue(const FwdParams& p, const AttentionShape& sh, T* out, float* lse,
+                                               const float (&o)[kHeadDim / 2],
                                                const OnlineSoftmax<kBlockN>& softmax, int head, int batch,
                                                int row0, int first_row, int lane, float out_scale,
                                                const OutputStaging& staging) {
   using Ops = ElementOps<T>;
-  const AttentionShape& sh = p.shape;
-  T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head;  // [Lq, D]
-  float* lse = p.lse + (static_cast<int64_t>(batch) * sh.heads_q + head) * sh.seqlen_q;      // [Lq]
   float inv[2];
   bool valid[2];
 #pragma unroll

@@ -60,7 +60,7 @@
 namespace flashattn {
 namespace sm90 {
 
-template <typename T, typename Cfg, bool kMasked, bool kKeyEnds, bool kMulticast>
+template <typename T, typename Cfg, bool kMasked, bool kKeyEnds, bool kMulticast, bool kVarlen = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdTensorMaps maps,
                                                                const FwdParams p, const FwdSchedule sched,
                                                                bool staged_output) {
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   auto& bars = *reinterpret_cast<FwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
   static_assert(1024 + Cfg::kBarriersOffset + sizeof(FwdBarriers<Cfg>) <= Cfg::kSmemBytes, "FwdBarriers' space");
 
-  const AttentionShape& sh = p.shape;
+  static_assert(!kVarlen || !(kMasked || kKeyEnds || kMulticast), "variable lengths in the plain unmasked kernel");
   // Broadcast from lane 0: the compiler then knows the value is the same across the warp, so what
   // derives from it (each consumer's shared-memory tile addresses, its wgmma descriptors) lives in
   // uniform registers instead of being moved there before every wgmma.
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) produce<T, Cfg, kMasked, kKeyEnds, kMulticast>(maps, bars, q_smem, k_smem, v_smem, p, sched);
+    if (threadIdx.x == 0) produce<T, Cfg, kMasked, kKeyEnds, kMulticast, kVarlen>(maps, bars, q_smem, k_smem, v_smem, p, sched);
     if constexpr (kMulticast) cluster_sync();
     return;
   }
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   if (kStaggered && consumer > 0) named_barrier_sync(kStaggerBarrier + consumer - 1, 256);
   // The output staging of this warpgroup (named barrier 4 + consumer: after the stagger barriers).
   OutputStaging staging;
-  if (Cfg::kStagedOutput && staged_output) {
+  if (Cfg::kStagedOutput && staged_output && !kVarlen) {
     staging.map = &maps.out;
     staging.buffer = base + Cfg::kOutOffset + consumer * Cfg::kOutBytes;
     staging.barrier = 4 + consumer;
@@ -155,7 +155,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     mbar_wait(&bars.q_full[q_iter % Cfg::kQStages], (q_iter / Cfg::kQStages) & 1);
     const int tile = __shfl_sync(0xffffffffu, warp_leader ? bars.q_tile[q_iter % Cfg::kQStages] : 0, 0);
     if (tile < 0) break;
-    FwdTile t = FwdTile::at<kBlockM, kBlockN>(tile, sh, sched);
+    FwdTile t;
+    SeqSpan seq{};  // kVarlen: the tile's sequence, whose own lengths and diagonal `sh` then holds
+    if constexpr (kVarlen) {
+      FwdVarlenTile decoded{};
+      if (warp_leader) decoded = fwd_varlen_tiles<Cfg::kQStages>()[q_iter % Cfg::kQStages];
+      shfl_ints_from_lane0(decoded);
+      t = decoded.tile;
+      seq = decoded.seq;
+    } else {
+      t = FwdTile::at<kBlockM, kBlockN>(tile, p.shape, sched);
+    }
+    const AttentionShape seq_shape = kVarlen ? seq.shape(p.shape) : AttentionShape{};
+    const AttentionShape& sh = kVarlen ? seq_shape : p.shape;
     // Keys from row_key_end on are masked (seqlen_k, or the row's FwdParams::key_end).
     int row_key_end = sh.seqlen_k;
     if constexpr (kKeyEnds) {
@@ -401,8 +413,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       ++q_iter;
     }
     // Meanwhile the producer is already loading the next tile's Q and first key blocks.
-    write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, o, softmax, t.head, t.batch, row0, first_row, lane,
-                                              dropout ? p.dropout.keep_scale : 1.f, staging);
+    // This (batch, head)'s output rows [Lq, D] and LSE [Lq]: with kVarlen, from the sequence's first
+    // row of the packed out [total_q, Hq, D] and lse [Hq, total_q].
+    T* out_rows;
+    float* lse_rows;
+    if constexpr (kVarlen) {
+      out_rows = static_cast<T*>(p.out) + static_cast<int64_t>(seq.q_begin) * p.out_strides.row +
+                 t.head * p.out_strides.head;
+      lse_rows = p.lse + static_cast<int64_t>(t.head) * p.shape.seqlen_q + seq.q_begin;
+    } else {
+      out_rows = static_cast<T*>(p.out) + t.batch * p.out_strides.batch + t.head * p.out_strides.head;
+      lse_rows = p.lse + (static_cast<int64_t>(t.batch) * sh.heads_q + t.head) * sh.seqlen_q;
+    }
+    write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, sh, out_rows, lse_rows, o, softmax, t.head, t.batch, row0, first_row,
+                                              lane, dropout ? p.dropout.keep_scale : 1.f, staging);
     release_next_consumer();  // a first tile without visible keys
   }
   release_next_consumer();  // no tile at all

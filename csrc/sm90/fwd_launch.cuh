@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/varlen_schedule.h"
 #include "params.h"
 #include "sm90/fwd_config.h"
 #include "sm90/fwd_kernel.cuh"
@@ -71,6 +72,42 @@ cudaError_t launch_fwd_kernel(const FwdParams& p, const FwdLaunchPlan& plan, cud
     kernel<<<plan.grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p, sched, staged_output);
     return cudaGetLastError();
   }
+}
+
+// The variable-length forward at tile width kHeadDim (VarlenFwdConfig): builds the tile list of
+// p.varlen (its buffers sized by fwd_varlen_list_capacity) and launches `grid` persistent CTAs over it.
+// p.shape is the batch's: batch = sequences, seqlen_q / seqlen_k = the packed row counts.
+template <typename T, int kHeadDim>
+cudaError_t launch_fwd_varlen(const FwdParams& p, int grid, cudaStream_t stream) {
+  using Cfg = typename VarlenFwdConfig<kHeadDim>::type;
+  const AttentionShape& sh = p.shape;
+  if (!p.varlen.enabled() || p.tile_counter == nullptr || grid < 1) return cudaErrorInvalidValue;
+  VarlenListSpec spec;
+  spec.work = VarlenWork::kForward;
+  spec.batch = sh.batch;
+  spec.heads = sh.heads_q;
+  spec.block_rows = Cfg::kBlockM;
+  spec.cost_rows = Cfg::kBlockN;
+  spec.is_causal = sh.is_causal;
+  cudaError_t err = build_varlen_list(p.varlen, spec, reinterpret_cast<int2*>(const_cast<int*>(p.varlen.tiles)),
+                                      const_cast<int*>(p.varlen.tile_count), stream);
+  if (err != cudaSuccess) return err;
+  // The packed tensors as one batch entry of total rows.
+  AttentionShape packed = sh;
+  packed.batch = 1;
+  FwdTensorMaps maps;
+  err = make_tensor_map(&maps.q, p.q, packed, sh.seqlen_q, sh.heads_q, p.q_strides, Cfg::kBlockM);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.k, p.k, packed, sh.seqlen_k, sh.heads_kv, p.k_strides, Cfg::kBlockN);
+  if (err == cudaSuccess) err = make_tensor_map(&maps.v, p.v, packed, sh.seqlen_k, sh.heads_kv, p.v_strides, Cfg::kBlockN);
+  if (err != cudaSuccess) return err;
+  constexpr auto kernel = fwd_kernel<T, Cfg, false, false, false, true>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);
+  if (err != cudaSuccess) return err;
+  const FwdSchedule sched(sh, Cfg::kBlockM, 1, 0);  // its dividers only
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p, sched, false);
+  return cudaGetLastError();
 }
 
 // The unmasked kernels of a configuration that are compiled (a bit set): every row without multicast,

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "params.h"
 #include "sm90/fwd_config.h"
@@ -32,6 +33,29 @@ struct FwdBarriers {
   int q_tile[Cfg::kQStages];  // -1: no tile is left
   int q_key_end[Cfg::kQStages];  // the kKeyEnds variant: the tile's FwdParams::key_end
 };
+
+// The kVarlen variant: what the producer decoded of a Q stage's tile (written and read as
+// FwdBarriers::q_tile is), so that its consumers read no list or offsets of their own.
+struct FwdVarlenTile {
+  FwdTile tile;
+  SeqSpan seq;
+};
+// Broadcasts `value` (a struct of 4-byte fields) from lane 0 to the warp.
+template <typename S>
+__device__ __forceinline__ void shfl_ints_from_lane0(S& value) {
+  static_assert(sizeof(S) % 4 == 0, "whole 4-byte words");
+  int words[sizeof(S) / 4];
+  memcpy(words, &value, sizeof(S));
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(S) / 4); ++i) words[i] = __shfl_sync(0xffffffffu, words[i], 0);
+  memcpy(&value, words, sizeof(S));
+}
+// Its slots, one per Q stage, in static shared memory (only the kVarlen kernels instantiate it).
+template <int kQStages>
+__device__ __forceinline__ FwdVarlenTile* fwd_varlen_tiles() {
+  __shared__ FwdVarlenTile slots[kQStages];
+  return slots;
+}
 
 // Whether the variant ends its pairs in a dynamic tail (fwd_schedule.h). Not the masked one: its
 // producer, which also walks the mask's tile classes, has no registers to spare for the claim loop in
@@ -82,7 +106,11 @@ __device__ __forceinline__ void load_kv_block(unsigned char* stage, const CUtens
 // and V_n for every key block, each into its ring stage once the consumers have released the stage's
 // previous contents. The ring position runs on across tiles. A tile without visible keys, and the
 // final -1, complete their Q stage without bytes.
-template <typename T, typename Cfg, bool kMasked, bool kKeyEnds, bool kMulticast>
+//
+// kVarlen: the tiles are the items of p.varlen's list, the CTA's first item blockIdx.x, each next one
+// claimed from p.tile_counter (a greedy schedule over the list's longest-first order); rows are
+// addressed in the packed tensors from the sequence's first row.
+template <typename T, typename Cfg, bool kMasked, bool kKeyEnds, bool kMulticast, bool kVarlen>
 __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsigned char* q_smem,
                         unsigned char* k_smem, unsigned char* v_smem, const FwdParams& p, const FwdSchedule& sched) {
   const AttentionShape& sh = p.shape;
@@ -94,9 +122,16 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
     // The tile and its first key block (with a mask, an L2 round trip for the class window) before the
     // wait for the Q stage, so that Q's load starts as soon as the stage is free.
     FwdTile t{};
+    SeqSpan seq{};  // kVarlen: the tile's sequence
     int key_end = sh.seqlen_k;
     if (tile >= 0) {
-      t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(tile, sh, sched);
+      if constexpr (kVarlen) {
+        const int2 item = varlen_item(p.varlen, tile);
+        seq = SeqSpan::of(p.varlen, item.x);
+        t = FwdTile::of_item<Cfg::kBlockM, Cfg::kBlockN>(item, sh, sched, seq);
+      } else {
+        t = FwdTile::at<Cfg::kBlockM, Cfg::kBlockN>(tile, sh, sched);
+      }
       if constexpr (kKeyEnds) {
         key_end = p.key_end[t.batch * sh.heads_q + t.head];
         t.limit_keys<Cfg::kBlockN>(key_end);
@@ -109,13 +144,18 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
     ++q_iter;
     bars.q_tile[q_stage] = tile;
     if constexpr (kKeyEnds) bars.q_key_end[q_stage] = key_end;
+    if constexpr (kVarlen) fwd_varlen_tiles<Cfg::kQStages>()[q_stage] = FwdVarlenTile{t, seq};
+    // TMA coordinates: rows of the packed tensors (batch 0) with kVarlen.
+    const int q_row = kVarlen ? seq.q_begin + t.m0 : t.m0;
+    const int k_row0 = kVarlen ? seq.k_begin : 0;
+    const int tma_batch = kVarlen ? 0 : t.batch;
     if (!has_keys) {
       mbar_arrive(&bars.q_full[q_stage]);
       return;
     }
     mbar_arrive_expect_tx(&bars.q_full[q_stage], Cfg::kQBytes);
-    tma_load_tile<Cfg::kColBlocks>(q_smem + q_stage * Cfg::kQBytes, &maps.q, &bars.q_full[q_stage], t.m0, t.head,
-                                   t.batch, Cfg::kQColBlockBytes);
+    tma_load_tile<Cfg::kColBlocks>(q_smem + q_stage * Cfg::kQBytes, &maps.q, &bars.q_full[q_stage], q_row, t.head,
+                                   tma_batch, Cfg::kQColBlockBytes);
     // Not unrolled: the producer has 24 registers, and the unrolled copies inlined twice (static and
     // dynamic tiles) spilled. The loop's few extra instructions run in one thread, once per key block.
 #pragma unroll 1
@@ -124,14 +164,22 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
       const int use = kv_iter / Cfg::kStages;
       if (use > 0) mbar_wait(&bars.k_empty[stage], (use - 1) & 1);
       mbar_arrive_expect_tx(&bars.k_full[stage], Cfg::kKVBytes);
-      load_kv_block<Cfg, kMulticast>(k_smem + stage * Cfg::kKVBytes, &maps.k, &bars.k_full[stage], n * Cfg::kBlockN,
-                                     t.kv_head, t.batch);
+      load_kv_block<Cfg, kMulticast>(k_smem + stage * Cfg::kKVBytes, &maps.k, &bars.k_full[stage],
+                                     k_row0 + n * Cfg::kBlockN, t.kv_head, tma_batch);
       if (use > 0) mbar_wait(&bars.v_empty[stage], (use - 1) & 1);
       mbar_arrive_expect_tx(&bars.v_full[stage], Cfg::kKVBytes);
-      load_kv_block<Cfg, kMulticast>(v_smem + stage * Cfg::kKVBytes, &maps.v, &bars.v_full[stage], n * Cfg::kBlockN,
-                                     t.kv_head, t.batch);
+      load_kv_block<Cfg, kMulticast>(v_smem + stage * Cfg::kKVBytes, &maps.v, &bars.v_full[stage],
+                                     k_row0 + n * Cfg::kBlockN, t.kv_head, tma_batch);
     }
   };
+  if constexpr (kVarlen) {
+    const int items = *p.varlen.tile_count;
+    for (int item = blockIdx.x; item < items; item = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1)) {
+      run_tile(item);
+    }
+    run_tile(-1);
+    return;
+  }
   if constexpr (kMulticast) {  // one tile per unit (no causal pairs), two units per cluster unit
     const int rank = static_cast<int>(cluster_cta_rank());
     for (int u = blockIdx.x / 2; u < sched.static_units / 2; u += gridDim.x / 2) run_tile(2 * u + rank);

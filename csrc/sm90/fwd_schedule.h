@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "common/mask.h"
+#include "cuda/varlen.h"
 #include "params.h"
 #include "sm90/fast_divider.h"
 
@@ -104,6 +105,21 @@ struct FwdTile {
     t.head = head_batch - t.batch * sh.heads_q;
     t.kv_head = sched.by_group.div(t.head);
     const int key_end = visible_key_end(min(t.m0 + kBlockM, sh.seqlen_q), sh.seqlen_k, sh.is_causal, sh.causal_offset);
+    t.num_n_blocks = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
+    return t;
+  }
+  // Item `item` of a variable-length batch's list (cuda/varlen_schedule.h: x the sequence, y its query
+  // block * heads_q + head), in sequence s: m0 counts from the sequence's first query.
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ static FwdTile of_item(int2 item, const AttentionShape& sh, const FwdSchedule& sched,
+                                                    const SeqSpan& s) {
+    FwdTile t;
+    const int m_block = sched.by_heads_q.div(item.y);
+    t.head = item.y - m_block * sh.heads_q;
+    t.m0 = m_block * kBlockM;
+    t.batch = item.x;
+    t.kv_head = sched.by_group.div(t.head);
+    const int key_end = visible_key_end(min(t.m0 + kBlockM, s.len_q), s.len_k, sh.is_causal, s.causal_offset);
     t.num_n_blocks = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
     return t;
   }

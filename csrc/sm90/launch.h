@@ -27,5 +27,12 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd_masked(const BwdParams& p, cudaStream_t stream);
 
+// A variable-length batch (params.varlen, no mask or dropout): the forward on `grid` persistent CTAs,
+// the backward (its schedule lists built on the stream into params.varlen's buffers).
+template <typename T, int kHeadDim>
+cudaError_t launch_fwd_varlen(const FwdParams& p, int grid, cudaStream_t stream);
+template <typename T, int kHeadDim>
+cudaError_t launch_bwd_varlen(const BwdParams& p, cudaStream_t stream);
+
 }  // namespace sm90
 }  // namespace flashattn

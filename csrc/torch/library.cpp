@@ -5,6 +5,7 @@
 //   bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False,
 //       attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None) -> (dq, dk, dv)
 //   dropout_keep_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> keep [B, H, Lq, Lk] bool
+//   varlen_fwd / varlen_bwd: the same over a variable-length batch (varlen_ops.cpp)
 //
 // q [B, Lq, Hq, D], k/v [B, Lk, Hk, D] with any strides but a contiguous last dim; out [B, Lq, Hq, D]
 // and lse [B, Hq, Lq] (natural log, -inf for a row that sees no key); dq like q, dk/dv like k, all
@@ -28,6 +29,7 @@
 
 #include "cpu/attention_cpu.h"
 #include "torch/checks.h"
+#include "torch/varlen_ops.h"
 
 #ifdef FLASHATTN_WITH_CUDA
 #include "plan.h"
@@ -284,12 +286,21 @@ TORCH_LIBRARY(flashattn, m) {
         " float dropout_p=0.0, Tensor? rng_state=None) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("dropout_keep_mask(Tensor rng_state, int batch, int heads, int seqlen_q, int seqlen_k, float dropout_p)"
         " -> Tensor");
+  // Variable-length batches (varlen_ops.cpp): q (total_q, Hq, D), k/v (total_k, Hk, D), int32 offsets;
+  // out like q, lse (Hq, total_q).
+  m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q,"
+        " Tensor? seqused_k, float scale, bool is_causal, bool causal_bottom_right, bool deterministic=False)"
+        " -> (Tensor out, Tensor lse)");
+  m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,"
+        " Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, float scale, bool is_causal,"
+        " bool causal_bottom_right, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
 }
 
 TORCH_LIBRARY_IMPL(flashattn, CPU, m) {
   m.impl("fwd", &flashattn::fwd_cpu);
   m.impl("bwd", &flashattn::bwd_cpu);
   m.impl("dropout_keep_mask", &flashattn::dropout_keep_mask_cpu);
+  flashattn::register_varlen_cpu(m);
 }
 
 #ifdef FLASHATTN_WITH_CUDA
@@ -297,6 +308,7 @@ TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
   m.impl("fwd", &flashattn::cuda_ops::fwd);
   m.impl("bwd", &flashattn::cuda_ops::bwd);
   m.impl("dropout_keep_mask", &flashattn::cuda_ops::dropout_keep_mask);
+  flashattn::register_varlen_cuda(m);
 }
 #endif
 

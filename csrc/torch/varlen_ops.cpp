@@ -1,0 +1,329 @@
+// The variable-length ops (schemas in library.cpp): sequences of different lengths packed along dim 0,
+// sequence b at rows cu_seqlens[b] .. cu_seqlens[b + 1] of q (total_q, Hq, D) and of k, v (total_k,
+// Hk, D), each attending only within itself. The CPU implementation runs the batched CPU kernels on
+// each sequence's rows in place; the CUDA one runs the sm90 kernels over the packed rows (params.h,
+// VarlenParams), whose schedule is built on the device from the offsets: the host never reads them.
+#include <torch/extension.h>
+
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "cpu/attention_cpu.h"
+#include "cuda/varlen.h"
+#include "torch/checks.h"
+#include "torch/varlen_ops.h"
+
+#ifdef FLASHATTN_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "cuda/varlen_schedule.h"
+#include "plan.h"
+#include "sm90/api.h"
+#include "torch/cuda_ops.h"
+#endif
+
+namespace flashattn {
+namespace {
+
+void check_offsets(const char* op, const char* name, const at::Tensor& t, int64_t numel, const at::Tensor& q) {
+  TORCH_CHECK(t.dim() == 1 && t.numel() == numel, op, ": ", name, " must be a 1-dim tensor of ", to_text(numel),
+              " int32 values, got shape ", to_text(t.sizes()));
+  TORCH_CHECK(t.scalar_type() == at::kInt, op, ": ", name, " must be int32, got ", t.scalar_type());
+  TORCH_CHECK(t.device() == q.device(), op, ": ", name, " must be on q's device ", q.device().str(), ", got ",
+              t.device().str());
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
+}
+
+}  // namespace
+
+VarlenShape check_varlen_args(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                              const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k) {
+  TORCH_CHECK(q.dim() == 3, op, ": q must be (total_q, heads_q, head_dim), got shape ", to_text(q.sizes()));
+  TORCH_CHECK(k.dim() == 3, op, ": k must be (total_k, heads_kv, head_dim), got shape ", to_text(k.sizes()));
+  TORCH_CHECK(v.dim() == 3, op, ": v must be (total_k, heads_kv, head_dim), got shape ", to_text(v.sizes()));
+  VarlenShape s;
+  s.packed = check_qkv(op, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), false);
+  TORCH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.numel() >= 1, op,
+              ": cu_seqlens_q must be a 1-dim tensor of batch + 1 offsets, got shape ", to_text(cu_seqlens_q.sizes()));
+  s.batch = cu_seqlens_q.numel() - 1;
+  check_offsets(op, "cu_seqlens_q", cu_seqlens_q, s.batch + 1, q);
+  check_offsets(op, "cu_seqlens_k", cu_seqlens_k, s.batch + 1, q);
+  if (seqused_q.has_value()) check_offsets(op, "seqused_q", *seqused_q, s.batch, q);
+  if (seqused_k.has_value()) check_offsets(op, "seqused_k", *seqused_k, s.batch, q);
+  TORCH_CHECK(s.batch < (int64_t{1} << 24), op, ": at most 2^24 sequences, got ", to_text(s.batch));
+  return s;
+}
+
+namespace {
+
+// ---- CPU: the batched kernels over each sequence's rows (the offsets are host memory here) ----
+
+struct CpuSpan {
+  int64_t q_begin, k_begin, len_q, len_k;
+};
+
+CpuSpan cpu_span(const at::Tensor& cu_q, const at::Tensor& cu_k, const std::optional<at::Tensor>& used_q,
+                 const std::optional<at::Tensor>& used_k, int64_t b, int64_t total_q, int64_t total_k,
+                 const char* op) {
+  const int* cq = cu_q.data_ptr<int>();
+  const int* ck = cu_k.data_ptr<int>();
+  CpuSpan s{cq[b], ck[b], cq[b + 1] - cq[b], ck[b + 1] - ck[b]};
+  if (used_q.has_value()) s.len_q = used_q->data_ptr<int>()[b];
+  if (used_k.has_value()) s.len_k = used_k->data_ptr<int>()[b];
+  TORCH_CHECK(s.q_begin >= 0 && s.len_q >= 0 && s.q_begin + s.len_q <= total_q, op, ": sequence ", to_text(b),
+              " of cu_seqlens_q / seqused_q covers rows outside q's ", to_text(total_q));
+  TORCH_CHECK(s.k_begin >= 0 && s.len_k >= 0 && s.k_begin + s.len_k <= total_k, op, ": sequence ", to_text(b),
+              " of cu_seqlens_k / seqused_k covers rows outside k's ", to_text(total_k));
+  return s;
+}
+
+std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                                  const std::optional<at::Tensor>& seqused_q,
+                                                  const std::optional<at::Tensor>& seqused_k, double scale,
+                                                  bool is_causal, bool causal_bottom_right,
+                                                  bool /*deterministic: the backward's*/) {
+  const char* op = "flashattn.varlen_fwd";
+  const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
+  const at::ScalarType lse_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor out = at::zeros(q.sizes(), q.options());
+  at::Tensor lse = at::full({s.packed.heads_q, s.packed.seqlen_q}, -std::numeric_limits<double>::infinity(),
+                            q.options().dtype(lse_type));
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const CpuSpan span = cpu_span(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, b, s.packed.seqlen_q,
+                                  s.packed.seqlen_k, op);
+    if (span.len_q == 0 || span.len_k == 0) continue;  // out 0, lse -inf: no key to attend to
+    const int64_t offset = causal_bottom_right ? span.len_k - span.len_q : 0;
+    auto [o, l] = cpu::fwd(q.narrow(0, span.q_begin, span.len_q).unsqueeze(0),
+                           k.narrow(0, span.k_begin, span.len_k).unsqueeze(0),
+                           v.narrow(0, span.k_begin, span.len_k).unsqueeze(0), scale, is_causal, offset);
+    out.narrow(0, span.q_begin, span.len_q).copy_(o[0]);
+    lse.narrow(1, span.q_begin, span.len_q).copy_(l[0]);
+  }
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+    const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k, double scale,
+    bool is_causal, bool causal_bottom_right, bool /*deterministic: the CPU backward always is*/) {
+  const char* op = "flashattn.varlen_bwd";
+  const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
+  check_varlen_bwd_inputs(op, dout, q, out, lse, s);
+  at::Tensor dq = at::zeros(q.sizes(), q.options());
+  at::Tensor dk = at::zeros(k.sizes(), k.options());
+  at::Tensor dv = at::zeros(v.sizes(), v.options());
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const CpuSpan span = cpu_span(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, b, s.packed.seqlen_q,
+                                  s.packed.seqlen_k, op);
+    if (span.len_q == 0 || span.len_k == 0) continue;
+    const int64_t offset = causal_bottom_right ? span.len_k - span.len_q : 0;
+    auto rows_q = [&](const at::Tensor& t) { return t.narrow(0, span.q_begin, span.len_q).unsqueeze(0); };
+    auto rows_k = [&](const at::Tensor& t) { return t.narrow(0, span.k_begin, span.len_k).unsqueeze(0); };
+    auto [g_q, g_k, g_v] = cpu::bwd(rows_q(dout), rows_q(q), rows_k(k), rows_k(v), rows_q(out),
+                                    lse.narrow(1, span.q_begin, span.len_q).unsqueeze(0), scale, is_causal, offset);
+    dq.narrow(0, span.q_begin, span.len_q).copy_(g_q[0]);
+    dk.narrow(0, span.k_begin, span.len_k).copy_(g_k[0]);
+    dv.narrow(0, span.k_begin, span.len_k).copy_(g_v[0]);
+  }
+  return {dq, dk, dv};
+}
+
+#ifdef FLASHATTN_WITH_CUDA
+// ---- CUDA: the sm90 kernels over the packed rows ----
+
+using cuda_ops::strides_of;
+
+// The packed tensor t (total, H, D) as the kernels' [1, total, H, D].
+at::Tensor as_batch_of_one(const at::Tensor& t) { return t.unsqueeze(0); }
+
+void check_varlen_gpu(const char* op, const at::Tensor& q, const AttentionShape& shape, bool tensors_tma) {
+  cuda_ops::check_cuda_device(op, q);
+  const DeviceInfo device = cuda_ops::device_info(q);
+  TORCH_CHECK(device.major == 9 && device.minor == 0 && !plan_options().force_sm80 &&
+                  sm90::varlen_supported(shape, tensors_tma),
+              op, ": variable-length batches run in the kernels on sm_90 GPUs at head dims 33..128 with 16-byte "
+              "aligned rows (flashattn.flash_attn_varlen_func pads the batch elsewhere); got head dim ",
+              to_text(shape.head_dim), " on compute capability ", to_text(device.major), ".", to_text(device.minor));
+}
+
+// The VarlenParams of a call, its schedule list in `list` (allocated here: capacity items and a count).
+VarlenParams make_varlen(const at::Tensor& cu_q, const at::Tensor& cu_k, const std::optional<at::Tensor>& used_q,
+                         const std::optional<at::Tensor>& used_k, bool causal_bottom_right, int64_t capacity,
+                         at::Tensor& list) {
+  list = at::empty({2 * capacity + 1}, cu_q.options());
+  VarlenParams v;
+  v.cu_seqlens_q = cu_q.data_ptr<int>();
+  v.cu_seqlens_k = cu_k.data_ptr<int>();
+  v.seqused_q = used_q.has_value() ? used_q->data_ptr<int>() : nullptr;
+  v.seqused_k = used_k.has_value() ? used_k->data_ptr<int>() : nullptr;
+  v.causal_bottom_right = causal_bottom_right;
+  v.tiles = list.data_ptr<int>();
+  v.tile_count = list.data_ptr<int>() + 2 * capacity;
+  return v;
+}
+
+AttentionShape varlen_shape(const VarlenShape& s, const at::Tensor& q, double scale, bool is_causal) {
+  CheckedShape packed = s.packed;
+  packed.batch = s.batch;  // sequences; seqlen_q / seqlen_k stay the packed row counts
+  return cuda_ops::make_shape(packed, q, scale, is_causal);
+}
+
+std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                   const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                                   const std::optional<at::Tensor>& seqused_q,
+                                                   const std::optional<at::Tensor>& seqused_k, double scale,
+                                                   bool is_causal, bool causal_bottom_right,
+                                                   bool /*deterministic: the backward's*/) {
+  const char* op = "flashattn.varlen_fwd";
+  const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  const at::Tensor q4 = as_batch_of_one(q), k4 = as_batch_of_one(k), v4 = as_batch_of_one(v);
+  FwdParams p;
+  p.shape = varlen_shape(s, q, scale, is_causal);
+  p.shape.rows_aligned_16 = cuda_ops::rows_aligned_16(q4) && cuda_ops::rows_aligned_16(k4) && cuda_ops::rows_aligned_16(v4);
+  const bool tma = cuda_ops::tma_describable(q4) && cuda_ops::tma_describable(k4) && cuda_ops::tma_describable(v4);
+  check_varlen_gpu(op, q, p.shape, tma && p.shape.rows_aligned_16);
+
+  // Rows outside every sequence's used rows (seqused_q) are never written by the kernels.
+  const bool partial = seqused_q.has_value();
+  at::Tensor out = partial ? at::zeros(q.sizes(), q.options()) : at::empty(q.sizes(), q.options());
+  at::Tensor lse = partial ? at::full({s.packed.heads_q, s.packed.seqlen_q}, -std::numeric_limits<float>::infinity(),
+                                      q.options().dtype(at::kFloat))
+                           : at::empty({s.packed.heads_q, s.packed.seqlen_q}, q.options().dtype(at::kFloat));
+  if (s.batch == 0 || s.packed.seqlen_q == 0 || s.packed.heads_q == 0) return {out, lse};
+  if (s.packed.seqlen_k == 0) {  // no keys at all: every row attends to nothing
+    out.zero_();
+    lse.fill_(-std::numeric_limits<float>::infinity());
+    return {out, lse};
+  }
+  at::Tensor list;
+  const int64_t capacity = varlen_list_capacity_bound(p.shape.heads_q, p.shape.batch, s.packed.seqlen_q);
+  p.varlen = make_varlen(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, causal_bottom_right, capacity, list);
+  at::Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));
+  p.tile_counter = tile_counter.data_ptr<int>();
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.out = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.q_strides = strides_of(q4);
+  p.k_strides = strides_of(k4);
+  p.v_strides = strides_of(v4);
+  p.out_strides = strides_of(as_batch_of_one(out));
+  const int grid = static_cast<int>(std::min<int64_t>(cuda_ops::device_info(q).num_sms, capacity));
+  cuda_ops::check_sm90_launch(sm90::run_fwd_varlen(p, grid, at::cuda::getCurrentCUDAStream()), op);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse_in, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+    const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k, double scale,
+    bool is_causal, bool causal_bottom_right, bool deterministic) {
+  const char* op = "flashattn.varlen_bwd";
+  const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
+  check_varlen_bwd_inputs(op, dout, q, out, lse_in, s);
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  const at::Tensor q4 = as_batch_of_one(q), k4 = as_batch_of_one(k), v4 = as_batch_of_one(v);
+  const at::Tensor out4 = as_batch_of_one(out), dout4 = as_batch_of_one(dout);
+  BwdParams p;
+  p.shape = varlen_shape(s, q, scale, is_causal);
+  p.shape.rows_aligned_16 = cuda_ops::rows_aligned_16(q4) && cuda_ops::rows_aligned_16(k4) &&
+                            cuda_ops::rows_aligned_16(v4) && cuda_ops::rows_aligned_16(out4) &&
+                            cuda_ops::rows_aligned_16(dout4);
+  const bool tma = cuda_ops::tma_describable(q4) && cuda_ops::tma_describable(k4) &&
+                   cuda_ops::tma_describable(v4) && cuda_ops::tma_describable(dout4);
+  check_varlen_gpu(op, q, p.shape, tma && p.shape.rows_aligned_16);
+
+  // Rows outside every sequence's used rows get no gradient from the kernels: zeros.
+  const bool partial = seqused_q.has_value() || seqused_k.has_value();
+  auto alloc = [&](const at::Tensor& like) { return partial ? at::zeros(like.sizes(), like.options()) : at::empty(like.sizes(), like.options()); };
+  at::Tensor dq = alloc(q), dk = alloc(k), dv = alloc(v);
+  if (s.batch == 0 || s.packed.heads_q == 0 || s.packed.seqlen_k == 0) {
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+  const at::Tensor lse = lse_in.to(at::kFloat).contiguous();
+  const int width = sm90::bwd_tile_width(p.shape.head_dim);
+  const int64_t workspace_rows = varlen_workspace_row(s.packed.seqlen_q, s.batch);
+  const auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor dq_accum = at::empty({s.packed.heads_q, workspace_rows, width}, f32);
+  at::Tensor delta = at::empty({s.packed.heads_q, workspace_rows}, f32);
+  at::Tensor lse_log2 = at::empty_like(delta);
+  at::Tensor dq_keys_done;  // deterministic mode: a zeroed counter per 64 workspace rows
+  if (deterministic) dq_keys_done = at::zeros({s.packed.heads_q * workspace_rows / 64}, q.options().dtype(at::kInt));
+
+  at::Tensor list;
+  const int64_t capacity = varlen_list_capacity_bound(p.shape.heads_kv, p.shape.batch, s.packed.seqlen_k);
+  p.varlen = make_varlen(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, causal_bottom_right, capacity, list);
+  p.varlen.workspace_rows = workspace_rows;
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.out = out.data_ptr();
+  p.dout = dout.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.dq_accum = dq_accum.data_ptr<float>();
+  p.delta = delta.data_ptr<float>();
+  p.lse_log2 = lse_log2.data_ptr<float>();
+  p.stats_stride = workspace_rows;
+  p.dq_accum_dim = width;
+  p.dq_accum_tiled = true;
+  p.deterministic = deterministic;
+  p.dq_keys_done = deterministic ? dq_keys_done.data_ptr<int>() : nullptr;
+  p.sm90_block_m = width == 64 && !deterministic && plan_options().sm90_bwd_wide_steps ? 128 : 64;
+  p.q_strides = strides_of(q4);
+  p.k_strides = strides_of(k4);
+  p.v_strides = strides_of(v4);
+  p.out_strides = strides_of(out4);
+  p.dout_strides = strides_of(dout4);
+  p.dq_strides = strides_of(as_batch_of_one(dq));
+  p.dk_strides = strides_of(as_batch_of_one(dk));
+  p.dv_strides = strides_of(as_batch_of_one(dv));
+  cuda_ops::check_sm90_launch(sm90::run_bwd_varlen(p, at::cuda::getCurrentCUDAStream()), op);
+  return {dq, dk, dv};
+}
+#endif  // FLASHATTN_WITH_CUDA
+
+}  // namespace
+
+void check_varlen_bwd_inputs(const char* op, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
+                             const at::Tensor& lse, const VarlenShape& s) {
+  TORCH_CHECK(dout.sizes() == q.sizes(), op, ": dout must have q's shape ", to_text(q.sizes()), ", got ",
+              to_text(dout.sizes()));
+  TORCH_CHECK(out.sizes() == q.sizes(), op, ": out must have q's shape ", to_text(q.sizes()), ", got ",
+              to_text(out.sizes()));
+  TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(), op,
+              ": dout and out must have q's dtype ", q.scalar_type(), ", got ", dout.scalar_type(), " and ",
+              out.scalar_type());
+  TORCH_CHECK(dout.device() == q.device() && out.device() == q.device() && lse.device() == q.device(), op,
+              ": dout, out and lse must be on q's device ", q.device().str());
+  TORCH_CHECK(dout.stride(2) == 1 && out.stride(2) == 1, op, ": dout and out must have a contiguous last dim");
+  const std::vector<int64_t> lse_shape = {s.packed.heads_q, s.packed.seqlen_q};
+  TORCH_CHECK(lse.sizes() == at::IntArrayRef(lse_shape), op, ": lse must be (heads_q, total_q) ", to_text(lse_shape),
+              ", got ", to_text(lse.sizes()));
+}
+
+void register_varlen_cpu(torch::Library& m) {
+  m.impl("varlen_fwd", &varlen_fwd_cpu);
+  m.impl("varlen_bwd", &varlen_bwd_cpu);
+}
+
+#ifdef FLASHATTN_WITH_CUDA
+void register_varlen_cuda(torch::Library& m) {
+  m.impl("varlen_fwd", &varlen_fwd_cuda);
+  m.impl("varlen_bwd", &varlen_bwd_cuda);
+}
+#endif
+
+}  // namespace flashattn
