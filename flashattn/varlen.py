@@ -61,9 +61,6 @@ def _check_seqused(name: str, seqused, batch: int, device: torch.device) -> None
         raise ValueError(f"flashattn: {name} must have one entry per sequence ({batch}), got {seqused.numel()}")
 
 
-_SM90_VARLEN_KERNELS_ENABLED = False
-
-
 def _rows_aligned(t: torch.Tensor) -> bool:
     # 16-byte aligned rows from metadata alone (no data pointer: this also runs on fake tensors while
     # torch.compile traces); torch's allocations are 16-byte aligned.
@@ -76,10 +73,6 @@ def _in_kernels(q, k, v, dropout_p, block_table) -> bool:
         return False
     if q.device.type == "cpu":
         return True
-    # The sm90 variable-length kernels are built but not yet called: on the H200 they faulted with an
-    # illegal memory access in their first GPU test run, so CUDA calls keep the padded path for now.
-    if not _SM90_VARLEN_KERNELS_ENABLED:
-        return False
     if q.device.type != "cuda" or not ops.cuda_kernels_built() or not _C.compiled_with_sm90():
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0) or _C.plan_options()["force_sm80"]:

@@ -95,12 +95,13 @@ __device__ __forceinline__ BwdKeyBlock bwd_key_block(const BwdParams& p) {
   return b;
 }
 
-// Where a CTA's rows live: the packed row of its sequence's first query and key and the TMA batch
-// coordinate (a variable-length batch: the sequence's rows in the packed tensors, batch 0; else batch
+// Where a CTA's rows live: the packed row of its sequence's first query and key and the batch index
+// of the q- and k-shaped tensors, both as a TMA coordinate and in pointer arithmetic (a variable-length
+// batch: the sequence's rows in the packed tensors, batch 0, not the sequence's index; else batch
 // `batch` from row 0), and the statistics / dq workspace index of its query 0 for query head 0 and
 // per query head.
 struct BwdRows {
-  int q_row0, k_row0, tma_batch;
+  int q_row0, k_row0, tensor_batch;
   int64_t stats0, stats_head_stride;
   __device__ __forceinline__ int64_t stats(int head) const { return stats0 + head * stats_head_stride; }
 };
@@ -207,10 +208,10 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
   const int lane = threadIdx.x % 32;
   if (lane == 0) {
     mbar_arrive_expect_tx(&bars.kv_full, 2 * Cfg::kKVBytes);
-    tma_load_tile<Cfg::kColBlocks>(base, &maps.k, &bars.kv_full, rows.k_row0 + n0, kv_head, rows.tma_batch,
+    tma_load_tile<Cfg::kColBlocks>(base, &maps.k, &bars.kv_full, rows.k_row0 + n0, kv_head, rows.tensor_batch,
                                    Cfg::kKVColBlockBytes);
     tma_load_tile<Cfg::kColBlocks>(base + Cfg::kVOffset, &maps.v, &bars.kv_full, rows.k_row0 + n0, kv_head,
-                                   rows.tma_batch, Cfg::kKVColBlockBytes);
+                                   rows.tensor_batch, Cfg::kKVColBlockBytes);
   }
   // Lanes 0-15 carry the step's LSE (base 2), lanes 16-31 its delta (which starts kBlockM * 4 bytes
   // into the stage): entries 4 (lane % 16) + 64 v of vector v.
@@ -236,9 +237,9 @@ __device__ void produce_bwd(const BwdParams& p, const BwdTensorMaps& maps, BwdBa
     if (lane == 0) {
       mbar_expect_tx(&bars.qdo_full[stage], 2 * Cfg::kQBytes);
       tma_load_tile<Cfg::kColBlocks>(base + Cfg::kQOffset + stage * Cfg::kQBytes, &maps.q, &bars.qdo_full[stage],
-                                     rows.q_row0 + m0, head, rows.tma_batch, Cfg::kQColBlockBytes);
+                                     rows.q_row0 + m0, head, rows.tensor_batch, Cfg::kQColBlockBytes);
       tma_load_tile<Cfg::kColBlocks>(base + Cfg::kDoOffset + stage * Cfg::kQBytes, &maps.dout,
-                                     &bars.qdo_full[stage], rows.q_row0 + m0, head, rows.tma_batch,
+                                     &bars.qdo_full[stage], rows.q_row0 + m0, head, rows.tensor_batch,
                                      Cfg::kQColBlockBytes);
     }
 #pragma unroll
@@ -749,7 +750,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   if (reducer) Turns::pass();
 
   // dK = scale * dS^T Q and dV, straight from the accumulators.
-  store_dk_dv<T>(p, sh, rows.k_row0, dk, dv, batch, kv_head, key0, 0, warp_in_group, lane);
+  store_dk_dv<T>(p, sh, rows.k_row0, dk, dv, rows.tensor_batch, kv_head, key0, 0, warp_in_group, lane);
 #endif
 }
 
