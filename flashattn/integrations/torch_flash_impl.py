@@ -139,7 +139,8 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
                                           _causal(is_causal, window_size_right), False, True, None)
     else:
         rng = ops.draw_rng_state(query.device) if dropout_p > 0.0 else None
-        out, lse = ops.fwd(query, key, value, sc, _causal(is_causal, window_size_right), True, None, dropout_p, rng, False)
+        causal = _causal(is_causal, window_size_right)
+        out, lse = ops.fwd(query, key, value, sc, causal, True, None, dropout_p, rng, False)
         if rng is not None:
             seed = rng.view(torch.uint64)
     debug = torch.empty(0, dtype=query.dtype, device=query.device)
@@ -189,8 +190,9 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
         return _varlen_mod.varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                                            max_q, max_k, sc, _causal(is_causal, window_size_right), deterministic)
     rng = _rng_from_aux(op, rng_state, dropout_p)
-    return ops.bwd(grad_out, query, key, value, out, logsumexp, sc, _causal(is_causal, window_size_right), True, deterministic, None,
-                   None, dropout_p, rng)
+    causal = _causal(is_causal, window_size_right)
+    return ops.bwd(grad_out, query, key, value, out, logsumexp, sc, causal, True, deterministic, None, None,
+                   dropout_p, rng)
 
 
 def sdpa_flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
