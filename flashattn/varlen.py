@@ -189,6 +189,43 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     return out, softmax_lse, keep_mask
 
 
+def varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                    softmax_scale, causal, deterministic=False):
+    """(dq, dk, dv) of the forward :func:`_varlen` computes without dropout (bottom-right causal mask,
+    ``softmax_lse`` ``(nheads, total_q)``), outside autograd: ``varlen_bwd`` where the variable-length
+    kernels serve the call, else over the padded batch as the forward pads it."""
+    if softmax_scale is None:
+        softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0
+    if _in_kernels(q, k, v, 0.0, None):
+        return ops.varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, None, None,
+                              float(softmax_scale), bool(causal), True, bool(deterministic))
+    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    total_q, nheads = q.size(0), q.size(1)
+    lengths_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    lengths_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    pad_at_end = not causal
+    offset_q, valid_q = _padding(cu_seqlens_q, lengths_q, max_seqlen_q, pad_at_end)
+    offset_k, valid_k = _padding(cu_seqlens_k, lengths_k, max_seqlen_k, pad_at_end)
+    batch = offset_q.size(0)
+    q_pad, dout_pad, out_pad = (_gather_padded(x, cu_seqlens_q, offset_q) for x in (q, dout, out))
+    k_pad, v_pad = (_gather_padded(x, cu_seqlens_k, offset_k) for x in (k, v))
+    # Padded query rows: zero dout and out, and an lse of +inf (their probabilities are 0), so that
+    # they add nothing to dk and dv.
+    dout_pad = dout_pad * valid_q[:, :, None, None]
+    out_pad = out_pad * valid_q[:, :, None, None]
+    positions_q = _packed_positions(cu_seqlens_q, lengths_q, max_seqlen_q, total_q, pad_at_end)
+    lse_pad = softmax_lse.new_full((nheads, batch * max_seqlen_q), float("inf"))
+    lse_pad = lse_pad.index_copy(1, positions_q, softmax_lse).view(nheads, batch, max_seqlen_q).transpose(0, 1)
+    key_mask = valid_k[:, None, None, :].expand(batch, nheads, max_seqlen_q, max_seqlen_k)
+    dq_pad, dk_pad, dv_pad = ops.bwd(dout_pad, q_pad, k_pad, v_pad, out_pad, lse_pad.contiguous(),
+                                     float(softmax_scale), bool(causal), True, bool(deterministic), key_mask)
+    positions_k = _packed_positions(cu_seqlens_k, lengths_k, max_seqlen_k, k.size(0), pad_at_end)
+    dq = dq_pad.reshape((batch * max_seqlen_q,) + tuple(q.shape[1:])).index_select(0, positions_q)
+    dk = dk_pad.reshape((batch * max_seqlen_k,) + tuple(k.shape[1:])).index_select(0, positions_k)
+    dv = dv_pad.reshape((batch * max_seqlen_k,) + tuple(v.shape[1:])).index_select(0, positions_k)
+    return dq, dk, dv
+
+
 _VARLEN_DOC = """
     cu_seqlens_q, cu_seqlens_k: int32 ``(batch + 1,)`` tensors on q's device, the offsets of the
         sequences in the packed rows (0 first, the packed row count last, never decreasing).
