@@ -159,7 +159,11 @@ def test_packed_rows_without_boundaries_attend_across_documents():
     torch.testing.assert_close(crossing[:LENGTHS[0]], expected[:LENGTHS[0]], **F32_TOL)  # the first doc alone agrees
 
 
-def test_packed_position_ids_match_separate_documents(monkeypatch):
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
+def test_packed_position_ids_match_separate_documents(monkeypatch, use_cache):
+    """Without a cache transformers detects the packing and builds a packed mask function (which the
+    "fattn" mask function turns into None); with one it does not look, and the attention function alone
+    reads position_ids."""
     ref, ours = _model_pair()
     docs = _docs()
     expected = _separate(ref, docs)
@@ -172,7 +176,7 @@ def test_packed_position_ids_match_separate_documents(monkeypatch):
     calls = []
     derive = packing._derive
     monkeypatch.setattr(packing, "_derive", lambda p: calls.append(1) or derive(p))
-    got = _packed_run(ours, docs, position_ids=_position_ids(docs))
+    got = _packed_run(ours, docs, position_ids=_position_ids(docs), use_cache=use_cache)
     assert dict(fa_hf.path_counts) == {fa_hf.VARLEN_PACKED: LAYERS}
     assert len(calls) == 1  # one host read per forward, not one per layer
     _assert_same(got, expected)

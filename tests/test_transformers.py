@@ -2,7 +2,7 @@
 
 A tiny Llama-style model (random weights, built from a LlamaConfig, nothing downloaded) runs with
 attn_implementation="fattn" and with "sdpa" from the same weights: logits, gradients, padding masks
-(run on the kernels as masks), attention dropout in training, generation with a KV cache. Skipped
+(unpadded to the varlen kernels; 4-dim masks on the masked kernel), attention dropout in training, generation with a KV cache. Skipped
 where transformers is not installed.
 """
 import copy

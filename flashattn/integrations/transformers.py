@@ -30,11 +30,28 @@ What runs where. The model's attention module hands over query ``(B, Hq, S, D)``
 * attention dropout in training (transformers passes ``module.attention_dropout`` while the module is
   training, 0 otherwise) runs on the same kernels, with a keep-mask drawn from torch's default
   generator of the query's device;
+* packed documents, batch 1: the ``cu_seq_lens_q/k`` and ``max_length_q/k`` keyword arguments (what
+  ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` produces; offsets converted to int32,
+  max lengths ints or 0-dim tensors), or else ``position_ids`` that start a new document (a position that
+  is not the previous one plus one) inside the row, with no mask or a merely causal one:
+  :func:`flashattn.flash_attn_varlen_func` over the ``(S, H, D)`` rows, each document causal on its own
+  (non-causal where the module is). Deriving the offsets from position_ids reads two numbers on the host
+  (one synchronization), cached across layers for the same position_ids tensor
+  (:func:`flashattn.integrations.packing.cu_seqlens_from_position_ids`);
+* a 2-dim ``(B, S)`` padding mask (what the "fattn" mask function passes for padded batches): the real
+  tokens are gathered, run through ``flash_attn_varlen_func`` and scattered back with zeros at the pads
+  (one host synchronization per layer: the token count);
 * everything else goes to transformers' own ``sdpa`` implementation, with a warning naming the reason,
   once per reason: a dropout probability outside [0, 1), inputs flashattn's kernels do not serve (float32
   CUDA tensors, head dims above 256, GPUs older than sm_80, a build without CUDA kernels, ...), a mask
   of another dtype than bool, float32 or the query's, ``position_bias``.
 * ``softcap`` and attention sinks (``s_aux``) raise ``ValueError``: neither flashattn nor SDPA has them.
+
+The mask function registered for "fattn" (:func:`flashattn_mask`, transformers with
+``AttentionMaskInterface``) returns None or the 2-dim padding mask for plain causal attention without a
+cache offset and None for causal documents packed by position_ids, so no S x S mask is built for them;
+for anything else it returns sdpa's boolean 4-dim mask. Where a packed or padded call falls back to
+sdpa, it gets the equivalent dense mask.
 
 Checking whether a mask is a causal pattern reads it once (one host synchronization), cached for as
 long as the same mask tensor is passed to the next layers.
@@ -363,8 +380,8 @@ def _closure(fn) -> dict:
 
 
 def _is_packed_causal(mask_function) -> bool:
-    """Whether transformers' mask function is its causal one remapped to packed documents (what
-    ``create_causal_mask`` builds for packed position_ids): then flashattn_attention_forward derives the
+    """Whether transformers' mask function is its causal one and'ed with packed documents (what
+    ``create_causal_mask`` builds for packed position_ids; 5.x also remaps the positions): then flashattn_attention_forward derives the
     documents from position_ids itself. Recognized by structure; anything else is not."""
     from transformers import masking_utils as mu
 
@@ -373,14 +390,15 @@ def _is_packed_causal(mask_function) -> bool:
     parts = _closure(mask_function).get("mask_functions")
     if not isinstance(parts, tuple) or len(parts) != 2:
         return False
-    remapped, same_document = parts
-    return (getattr(remapped, "__qualname__", "").startswith("remap_positions_for_packed_sequence.")
-            and _closure(remapped).get("mask_function") is mu.causal_mask_function
+    causal, same_document = parts
+    if getattr(causal, "__qualname__", "").startswith("remap_positions_for_packed_sequence."):  # 5.x
+        causal = _closure(causal).get("mask_function")
+    # 4.53-4.57 put the causal function itself first: causal over the row's indices.
+    return (causal is mu.causal_mask_function
             and getattr(same_document, "__qualname__", "").startswith("packed_sequence_mask_function."))
 
 
-def flashattn_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
-                   attention_mask=None, **kwargs):
+def flashattn_mask(*args, **kwargs):
     """transformers mask function for "fattn" (``AttentionMaskInterface``): no S x S mask where the varlen
     paths serve the call, else sdpa's boolean mask.
 
@@ -389,22 +407,32 @@ def flashattn_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
     * causal attention over documents packed by position_ids (no padding mask): None, the attention
       function derives the documents from the ``position_ids`` it is passed;
     * anything else (sliding windows, chunks, bidirectional or custom overlays, KV-cache offsets): sdpa's.
+
+    Takes the keyword arguments transformers passes (5.x: ``q_length``/``q_offset``; 4.53-4.57:
+    ``cache_position``); positional calls go to sdpa's mask function unread.
     """
     from transformers import masking_utils as mu
 
-    plain = mask_function is None or mask_function is mu.causal_mask_function
-    no_offset = isinstance(q_offset, int) and isinstance(kv_offset, int) and q_offset == 0 and kv_offset == 0
-    if no_offset and q_length == kv_length:
+    if args:
+        return mu.sdpa_mask(*args, **kwargs)
+    mask_function = kwargs.get("mask_function", mu.causal_mask_function)
+    attention_mask = kwargs.get("attention_mask")
+    kv_length, kv_offset = kwargs.get("kv_length"), kwargs.get("kv_offset", 0)
+    q_length, q_offset = kwargs.get("q_length"), kwargs.get("q_offset", 0)
+    if q_length is None and isinstance(kwargs.get("cache_position"), torch.Tensor):
+        # Older signature: the queries' positions. With as many keys as queries and no key offset, the
+        # keys are the queries themselves (nothing cached before them).
+        q_length = kwargs["cache_position"].shape[0]
+    no_offset = (isinstance(q_offset, int) and q_offset == 0 and isinstance(kv_offset, int) and kv_offset == 0)
+    if no_offset and q_length is not None and q_length == kv_length:
+        plain = mask_function is mu.causal_mask_function
         if plain and (attention_mask is None or (attention_mask.dim() == 2 and attention_mask.size(-1) == kv_length)):
             if attention_mask is None or bool(attention_mask.all()):
                 return None
             return attention_mask.bool()
-        if attention_mask is None and mask_function is not None and _is_packed_causal(mask_function):
+        if attention_mask is None and _is_packed_causal(mask_function):
             return None
-    if mask_function is None:
-        mask_function = mu.causal_mask_function
-    return mu.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                        kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask, **kwargs)
+    return mu.sdpa_mask(**kwargs)
 
 
 def _mask_interface():
@@ -427,8 +455,9 @@ def register(name: str = ATTN_IMPLEMENTATION) -> str:
     """Registers flashattn under ``name`` (default "fattn") with transformers; returns the name.
 
     The attention function goes to ``transformers.AttentionInterface``; where transformers has an
-    ``AttentionMaskInterface``, the name gets the same mask function as "sdpa" (boolean masks, left out
-    where causal masking alone is right), which :func:`flashattn_attention_forward` reads. Calling it
+    ``AttentionMaskInterface``, the name gets :func:`flashattn_mask` (None / the 2-dim padding mask where
+    the varlen paths serve the call, else sdpa's boolean masks), which :func:`flashattn_attention_forward`
+    reads. Calling it
     again is harmless. Raises ValueError for a name the installed transformers would treat as one of
     its FlashAttention implementations (in 5.x, any name containing "flash").
     """
