@@ -36,8 +36,10 @@ def _model_pair():
 @pytest.fixture(autouse=True)
 def _fresh_state():
     fa_hf.path_counts.clear()
+    fa_hf._warned_reasons.clear()
     packing._position_cache.clear()
     yield
+    fa_hf._warned_reasons.clear()
 
 
 def _docs(lengths=LENGTHS):
@@ -253,3 +255,25 @@ def test_attention_function_pads_with_zeros_and_rejects_bad_arguments():
                                           cu_seq_lens_k=torch.tensor([0, 6]), max_length_q=6)
     with pytest.raises(ValueError, match="2-dim padding mask"):
         fa_hf.flashattn_attention_forward(module, q, k, v, mask[:, :5])
+
+
+@pytest.mark.parametrize("kind", ["position_ids", "padding"])
+def test_a_fallback_keeps_the_documents_apart(monkeypatch, kind):
+    """Where the kernels cannot serve a call (faked here), sdpa gets the equivalent dense mask."""
+    ref, ours = _model_pair()
+    monkeypatch.setattr(fa_hf, "fallback_reason", lambda *args: "a reason made up for the test")
+    if kind == "position_ids":
+        docs = _docs()
+        expected, _ = _separate(ref, docs)
+        with pytest.warns(UserWarning, match="made up"), torch.no_grad():
+            got = ours(torch.cat(docs)[None], position_ids=_position_ids(docs)).logits[0]
+        torch.testing.assert_close(got, expected, **F32_TOL)
+    else:
+        ids = torch.randint(1, 128, (2, 8))
+        mask = torch.ones_like(ids)
+        mask[0, :3] = 0
+        with pytest.warns(UserWarning, match="made up"), torch.no_grad():
+            got = ours(ids, attention_mask=mask).logits
+            expected = ref(ids, attention_mask=mask).logits
+        torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], **F32_TOL)
+    assert fa_hf.path_counts[fa_hf.FALLBACK] == LAYERS
