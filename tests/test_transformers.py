@@ -2,7 +2,7 @@
 
 A tiny Llama-style model (random weights, built from a LlamaConfig, nothing downloaded) runs with
 attn_implementation="fattn" and with "sdpa" from the same weights: logits, gradients, padding masks
-(run on the kernels as masks), attention dropout in training, generation with a KV cache. Skipped
+(unpadded to the varlen kernels; 4-dim masks on the masked kernel), attention dropout in training, generation with a KV cache. Skipped
 where transformers is not installed.
 """
 import copy
@@ -93,7 +93,7 @@ def test_registered_with_attention_and_mask_interfaces():
     masking_utils = pytest.importorskip("transformers.masking_utils")
     if hasattr(masking_utils, "AttentionMaskInterface"):
         interface = masking_utils.AttentionMaskInterface()
-        assert interface[NAME] is interface["sdpa"]
+        assert interface[NAME] is fa_hf.flashattn_mask
     assert fa_hf.register() == NAME  # idempotent
 
 
@@ -127,7 +127,20 @@ def test_all_ones_attention_mask_still_uses_the_kernel():
     torch.testing.assert_close(logits, ref(input_ids, attention_mask=mask).logits, **F32_TOL)
 
 
-def test_padding_mask_runs_on_the_masked_kernel():
+def test_a_4d_padding_mask_runs_on_the_masked_kernel():
+    module = torch.nn.Module()
+    module.is_causal = True
+    q, k, v = torch.randn(2, 4, 7, 16), torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16)
+    mask = causal_visibility(7, 7, False)[None, None].repeat(2, 1, 1, 1)
+    mask[0, :, :, :2] = False
+    mask[0, :, :2, 0] = True  # the padded queries see one key (not a causal pattern either way)
+    out, _ = fa_hf.flashattn_attention_forward(module, q, k, v, mask)
+    assert dict(fa_hf.path_counts) == {fa_hf.MASKED: 1}
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(out, expected.transpose(1, 2), **F32_TOL)
+
+
+def test_padding_mask_is_unpadded_to_the_varlen_kernels():
     ref, ours = _model_pair()
     input_ids = torch.randint(1, 128, (2, 21))
     mask = torch.ones_like(input_ids)
@@ -136,7 +149,8 @@ def test_padding_mask_runs_on_the_masked_kernel():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback warning
         logits, grads = _loss_and_grads(ours, input_ids, mask)
-    assert dict(fa_hf.path_counts) == {fa_hf.MASKED: LAYERS}
+    # The mask function hands over the (B, S) padding mask; no S x S mask is built.
+    assert dict(fa_hf.path_counts) == {fa_hf.VARLEN_UNPADDED: LAYERS}
     ref_logits, ref_grads = _loss_and_grads(ref, input_ids, mask)
     # Compare the real (unpadded) positions: padded queries see no key at all.
     torch.testing.assert_close(logits[0, 6:], ref_logits[0, 6:], **F32_TOL)

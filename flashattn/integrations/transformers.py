@@ -30,11 +30,28 @@ What runs where. The model's attention module hands over query ``(B, Hq, S, D)``
 * attention dropout in training (transformers passes ``module.attention_dropout`` while the module is
   training, 0 otherwise) runs on the same kernels, with a keep-mask drawn from torch's default
   generator of the query's device;
+* packed documents, batch 1: the ``cu_seq_lens_q/k`` and ``max_length_q/k`` keyword arguments (what
+  ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` produces; offsets converted to int32,
+  max lengths ints or 0-dim tensors), or else ``position_ids`` that start a new document (a position that
+  is not the previous one plus one) inside the row, with no mask or a merely causal one:
+  :func:`flashattn.flash_attn_varlen_func` over the ``(S, H, D)`` rows, each document causal on its own
+  (non-causal where the module is). Deriving the offsets from position_ids reads two numbers on the host
+  (one synchronization), cached across layers for the same position_ids tensor
+  (:func:`flashattn.integrations.packing.cu_seqlens_from_position_ids`);
+* a 2-dim ``(B, S)`` padding mask (what the "fattn" mask function passes for padded batches): the real
+  tokens are gathered, run through ``flash_attn_varlen_func`` and scattered back with zeros at the pads
+  (one host synchronization per layer: the token count);
 * everything else goes to transformers' own ``sdpa`` implementation, with a warning naming the reason,
   once per reason: a dropout probability outside [0, 1), inputs flashattn's kernels do not serve (float32
   CUDA tensors, head dims above 256, GPUs older than sm_80, a build without CUDA kernels, ...), a mask
   of another dtype than bool, float32 or the query's, ``position_bias``.
 * ``softcap`` and attention sinks (``s_aux``) raise ``ValueError``: neither flashattn nor SDPA has them.
+
+The mask function registered for "fattn" (:func:`flashattn_mask`, transformers with
+``AttentionMaskInterface``) returns None or the 2-dim padding mask for plain causal attention without a
+cache offset and None for causal documents packed by position_ids, so no S x S mask is built for them;
+for anything else it returns sdpa's boolean 4-dim mask. Where a packed or padded call falls back to
+sdpa, it gets the equivalent dense mask.
 
 Checking whether a mask is a causal pattern reads it once (one host synchronization), cached for as
 long as the same mask tensor is passed to the next layers.
@@ -62,11 +79,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without transfor
 from .. import ops
 from ..reference import causal_visibility
 from ..sdpa import fallback_reason
+from ..varlen import flash_attn_varlen_func
+from . import packing
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
     "classify_mask",
     "flashattn_attention_forward",
+    "flashattn_mask",
     "path_counts",
     "register",
 ]
@@ -78,8 +98,12 @@ CAUSAL_TOP_LEFT = "causal_top_left"
 CAUSAL_BOTTOM_RIGHT = "causal_bottom_right"
 MASKED = "masked"
 FALLBACK = "fallback"
+# flash_attn_varlen_func over documents packed into one row (cu_seq_lens_q/k kwargs, or packed position_ids)
+VARLEN_PACKED = "varlen_packed"
+# flash_attn_varlen_func over the real tokens of a (B, S) padding mask, scattered back with zeros at the pads
+VARLEN_UNPADDED = "varlen_unpadded"
 
-# How many attention calls took each path (FULL, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT, FALLBACK): for
+# How many attention calls took each path (FULL, CAUSAL_TOP_LEFT, ..., VARLEN_UNPADDED, FALLBACK): for
 # diagnostics and tests. Not updated inside torch.compile.
 path_counts: Counter = Counter()
 
@@ -172,6 +196,66 @@ def classify_mask(mask: torch.Tensor, q_len: int, kv_len: int) -> Optional[str]:
 # --------------------------------------------------------------------------------------------------
 
 
+def _packed_offsets(query, key, attention_mask, kwargs):
+    """(cu_seqlens_q, cu_seqlens_k, max_q, max_k) for documents packed into the one row of a batch-1 call,
+    from the cu_seq_lens_q/k and max_length_q/k keyword arguments or else from packed position_ids; None
+    when the call is not packed. Only looked at where the mask allows: None, or a 4-dim mask that is just
+    causal / all-visible (older transformers build one; it says nothing about the documents)."""
+    names = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+    given = {name: kwargs.get(name) for name in names}
+    q_len, kv_len = query.size(2), key.size(2)
+    if any(value is not None for value in given.values()):
+        missing = [name for name, value in given.items() if value is None]
+        if missing:
+            raise ValueError(f"flashattn ({ATTN_IMPLEMENTATION}): packed sequences need all of {', '.join(names)}; "
+                             f"missing {', '.join(missing)}")
+        if query.size(0) != 1:
+            raise ValueError(f"flashattn ({ATTN_IMPLEMENTATION}): cu_seq_lens_q/k describe documents packed into one "
+                             f"row, so the batch must be 1; got query of shape {tuple(query.shape)}")
+        if attention_mask is not None and attention_mask.dim() == 2:
+            raise ValueError(f"flashattn ({ATTN_IMPLEMENTATION}): cu_seq_lens_q/k and a 2-dim padding mask together "
+                             "are ambiguous; pass one of them")
+        if attention_mask is not None and classify_mask(attention_mask, q_len, kv_len) not in (FULL, CAUSAL_TOP_LEFT):
+            return None  # a mask of its own (it encodes the documents): the masked kernel
+        device = query.device
+        return (packing.check_cu_seqlens("cu_seq_lens_q", given["cu_seq_lens_q"], device),
+                packing.check_cu_seqlens("cu_seq_lens_k", given["cu_seq_lens_k"], device),
+                packing.check_max_length("max_length_q", given["max_length_q"]),
+                packing.check_max_length("max_length_k", given["max_length_k"]))
+    position_ids = kwargs.get("position_ids")
+    if (not isinstance(position_ids, torch.Tensor) or query.size(0) != 1 or q_len != kv_len or q_len <= 1
+            or position_ids.dim() != 2 or position_ids.shape != (1, q_len)):
+        return None
+    if attention_mask is not None and (attention_mask.dim() != 4
+                                       or classify_mask(attention_mask, q_len, kv_len) not in (FULL, CAUSAL_TOP_LEFT)):
+        return None
+    derived = packing.cu_seqlens_from_position_ids(position_ids)
+    if derived is None:
+        return None
+    cu_seqlens, longest = derived
+    return cu_seqlens, cu_seqlens, longest, longest
+
+
+def _dense_fallback_mask(query, key, attention_mask, packed, causal):
+    """The 4-dim boolean mask that makes transformers' sdpa compute what the varlen paths do (for a
+    fallback only: it is (B, 1, q_len, kv_len))."""
+    q_len, kv_len = query.size(2), key.size(2)
+    device = query.device
+    if packed is not None:  # batch 1, q_len == kv_len: same document (and causal)
+        cu = packed[0].long()
+        doc = torch.searchsorted(cu[1:], torch.arange(q_len, device=device), right=True)
+        mask = doc[:, None] == doc[None, :]
+    else:  # (B, kv_len) padding mask; padded queries see themselves only (their rows are zeroed after)
+        keys = attention_mask.bool()[:, None, :]  # (B, 1, kv_len)
+        mask = keys.expand(-1, q_len, -1).clone()
+        diag = torch.arange(q_len, device=device) + (kv_len - q_len)
+        mask[:, torch.arange(q_len, device=device), diag] = True
+        mask = mask[:, None]
+    if causal:
+        mask = mask & causal_visibility(q_len, kv_len, True, device=device)
+    return mask if mask.dim() == 4 else mask[None, None]
+
+
 def _plan(module, query, key, value, attention_mask, dropout, is_causal, kwargs) -> Tuple[Optional[str], str]:
     """(fallback reason or None, path) for one call."""
     if kwargs.get("softcap") is not None:
@@ -199,6 +283,11 @@ def _plan(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
         return None, CAUSAL_TOP_LEFT if causal else FULL
     if not isinstance(attention_mask, torch.Tensor):
         return f"a {type(attention_mask).__name__} attention mask is not supported by flashattn", ""
+    if attention_mask.dim() == 2:
+        if attention_mask.size(0) != query.size(0) or attention_mask.size(1) != kv_len or q_len > kv_len:
+            raise ValueError(f"flashattn ({ATTN_IMPLEMENTATION}): a 2-dim padding mask must be (batch, kv_len) = "
+                             f"{(query.size(0), kv_len)}, got {tuple(attention_mask.shape)}")
+        return None, VARLEN_UNPADDED
     if attention_mask.dim() != 4 or attention_mask.shape[-2] != q_len or attention_mask.shape[-1] < kv_len:
         return f"an attention mask of shape {tuple(attention_mask.shape)} is not supported by flashattn", ""
     if attention_mask.dtype not in (torch.bool, torch.float32, query.dtype):
@@ -221,10 +310,26 @@ def flashattn_attention_forward(
     """transformers attention function: query ``(B, Hq, S, D)``, key/value ``(B, Hkv, S_kv, D)`` ->
     ``((B, S, Hq, D), None)``. See the module docstring for what runs on flashattn's kernels."""
     causal_module = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    packed = None
+    if query.dim() == 4 and key.dim() == 4 and (attention_mask is None or isinstance(attention_mask, torch.Tensor)):
+        packed = _packed_offsets(query, key, attention_mask, kwargs)
     reason, path = _plan(module, query, key, value, attention_mask, dropout, causal_module, kwargs)
+    if path and packed is not None:
+        path = VARLEN_PACKED
+    varlen_causal = bool(causal_module) and query.size(2) > 1
     if reason is not None:
         _warn_fallback_once(reason)
         _count(FALLBACK)
+        if packed is not None or (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2):
+            # What the varlen paths compute, as a dense mask sdpa reads (S x S memory: a fallback only).
+            dense = _dense_fallback_mask(query, key, attention_mask, packed, varlen_causal)
+            kwargs = {name: value for name, value in kwargs.items()
+                      if name not in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")}
+            out, weights = sdpa_attention_forward(module, query, key, value, dense, dropout=dropout, scaling=scaling,
+                                                  is_causal=False, **kwargs)
+            if packed is None:
+                out = out * attention_mask[:, -query.size(2):, None, None].to(out.dtype)  # zeros at padded queries
+            return out, weights
         # is_causal goes on as given: transformers' sdpa derives its own flag from the mask when it is None.
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -234,6 +339,21 @@ def flashattn_attention_forward(
     # (B, H, S, D) -> (B, S, H, D) views; the kernels take any strides but a contiguous last dim.
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     q, k, v = (t if t.size(-1) <= 1 or t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    if path == VARLEN_PACKED:
+        # One row of packed documents: (1, S, H, D) -> (S, H, D) views, each document attends within itself.
+        cu_q, cu_k, max_q, max_k = packed
+        out = flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, dropout_p=float(dropout or 0.0),
+                                     softmax_scale=float(scaling), causal=varlen_causal)
+        return out.unsqueeze(0), None  # (1, S, Hq, D)
+    if path == VARLEN_UNPADDED:
+        # (B, kv_len) padding mask: the real tokens (T, H, D), per row; queries are the mask's last q_len columns.
+        layout_k = packing.unpad(attention_mask)
+        layout_q = layout_k if q.size(1) == k.size(1) else packing.unpad(attention_mask[:, -q.size(1):])
+        out = flash_attn_varlen_func(packing.gather(q, layout_q), packing.gather(k, layout_k),
+                                     packing.gather(v, layout_k), layout_q.cu_seqlens, layout_k.cu_seqlens,
+                                     layout_q.max_seqlen, layout_k.max_seqlen, dropout_p=float(dropout or 0.0),
+                                     softmax_scale=float(scaling), causal=varlen_causal)
+        return packing.pad(out, layout_q), None  # (B, q_len, Hq, D), zeros at the pads
     causal = path in (CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT)
     mask = None
     if path == MASKED:
@@ -247,6 +367,72 @@ def flashattn_attention_forward(
 # --------------------------------------------------------------------------------------------------
 # Registration
 # --------------------------------------------------------------------------------------------------
+
+
+def _closure(fn) -> dict:
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+    if code is None:
+        return {}
+    try:
+        return {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells)}
+    except ValueError:  # an empty cell
+        return {}
+
+
+def _is_packed_causal(mask_function) -> bool:
+    """Whether transformers' mask function is its causal one and'ed with packed documents (what
+    ``create_causal_mask`` builds for packed position_ids; 5.x also remaps the positions): then flashattn_attention_forward derives the
+    documents from position_ids itself. Recognized by structure; anything else is not."""
+    from transformers import masking_utils as mu
+
+    if not getattr(mask_function, "__qualname__", "").startswith("and_masks."):
+        return False
+    parts = _closure(mask_function).get("mask_functions")
+    if not isinstance(parts, tuple) or len(parts) != 2:
+        return False
+    causal, same_document = parts
+    if getattr(causal, "__qualname__", "").startswith("remap_positions_for_packed_sequence."):  # 5.x
+        causal = _closure(causal).get("mask_function")
+    # 4.53-4.57 put the causal function itself first: causal over the row's indices.
+    return (causal is mu.causal_mask_function
+            and getattr(same_document, "__qualname__", "").startswith("packed_sequence_mask_function."))
+
+
+def flashattn_mask(*args, **kwargs):
+    """transformers mask function for "fattn" (``AttentionMaskInterface``): no S x S mask where the varlen
+    paths serve the call, else sdpa's boolean mask.
+
+    * plain causal attention without a cache offset (``q_length == kv_length``): None without padding,
+      the ``(B, S)`` padding mask (boolean) with it, unpadded by :func:`flashattn_attention_forward`;
+    * causal attention over documents packed by position_ids (no padding mask): None, the attention
+      function derives the documents from the ``position_ids`` it is passed;
+    * anything else (sliding windows, chunks, bidirectional or custom overlays, KV-cache offsets): sdpa's.
+
+    Takes the keyword arguments transformers passes (5.x: ``q_length``/``q_offset``; 4.53-4.57:
+    ``cache_position``); positional calls go to sdpa's mask function unread.
+    """
+    from transformers import masking_utils as mu
+
+    if args:
+        return mu.sdpa_mask(*args, **kwargs)
+    mask_function = kwargs.get("mask_function", mu.causal_mask_function)
+    attention_mask = kwargs.get("attention_mask")
+    kv_length, kv_offset = kwargs.get("kv_length"), kwargs.get("kv_offset", 0)
+    q_length, q_offset = kwargs.get("q_length"), kwargs.get("q_offset", 0)
+    if q_length is None and isinstance(kwargs.get("cache_position"), torch.Tensor):
+        # Older signature: the queries' positions. With as many keys as queries and no key offset, the
+        # keys are the queries themselves (nothing cached before them).
+        q_length = kwargs["cache_position"].shape[0]
+    no_offset = (isinstance(q_offset, int) and q_offset == 0 and isinstance(kv_offset, int) and kv_offset == 0)
+    if no_offset and q_length is not None and q_length == kv_length:
+        plain = mask_function is mu.causal_mask_function
+        if plain and (attention_mask is None or (attention_mask.dim() == 2 and attention_mask.size(-1) == kv_length)):
+            if attention_mask is None or bool(attention_mask.all()):
+                return None
+            return attention_mask.bool()
+        if attention_mask is None and _is_packed_causal(mask_function):
+            return None
+    return mu.sdpa_mask(**kwargs)
 
 
 def _mask_interface():
@@ -269,8 +455,9 @@ def register(name: str = ATTN_IMPLEMENTATION) -> str:
     """Registers flashattn under ``name`` (default "fattn") with transformers; returns the name.
 
     The attention function goes to ``transformers.AttentionInterface``; where transformers has an
-    ``AttentionMaskInterface``, the name gets the same mask function as "sdpa" (boolean masks, left out
-    where causal masking alone is right), which :func:`flashattn_attention_forward` reads. Calling it
+    ``AttentionMaskInterface``, the name gets :func:`flashattn_mask` (None / the 2-dim padding mask where
+    the varlen paths serve the call, else sdpa's boolean masks), which :func:`flashattn_attention_forward`
+    reads. Calling it
     again is harmless. Raises ValueError for a name the installed transformers would treat as one of
     its FlashAttention implementations (in 5.x, any name containing "flash").
     """
@@ -283,7 +470,7 @@ def register(name: str = ATTN_IMPLEMENTATION) -> str:
     AttentionInterface.register(name, flashattn_attention_forward)
     mask_interface = _mask_interface()
     if mask_interface is not None:
-        mask_interface.register(name, mask_interface._global_mapping["sdpa"])
+        mask_interface.register(name, flashattn_mask)
     return name
 
 
