@@ -18,6 +18,9 @@ def _load():
     return module
 
 
+@pytest.mark.skipif(importlib.util.find_spec("transformers.masking_utils") is None,
+                    reason="the sdpa reference's block mask needs transformers with masking_utils (4.53+); on 4.51.3 "
+                           "its losses differ from fattn's, whose packed logits match per-document runs there")
 def test_three_packed_steps_on_the_cpu_match_sdpa(capsys):
     script = _load()
     ours, ref, paths = script.main(["--device", "cpu", "--steps", "3", "--tokens", "96", "--max-doc", "24"])
