@@ -13,9 +13,11 @@ of documents. Everything stays on the input's device; the one host read is named
 from __future__ import annotations
 
 import weakref
-from typing import Dict, NamedTuple, Optional, Tuple, Union
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
+
+from ..varlen import _check_max_seqlen
 
 __all__ = ["Unpadded", "check_cu_seqlens", "check_max_length", "cu_seqlens_from_position_ids", "document_starts",
            "gather", "pad", "unpad"]
@@ -102,16 +104,9 @@ def check_cu_seqlens(name: str, cu_seqlens, device: torch.device) -> torch.Tenso
     return cu_seqlens.to(torch.int32)
 
 
-def check_max_length(name: str, max_length) -> Union[int, torch.Tensor]:
-    """An int >= 0 or a 0-dim integer tensor (left on the device), else ValueError naming ``name``."""
-    if isinstance(max_length, torch.Tensor):
-        if max_length.dim() != 0 or max_length.dtype.is_floating_point or max_length.dtype == torch.bool:
-            raise ValueError(f"flashattn: {name} must be an int or a 0-dim integer tensor, got a {max_length.dtype} "
-                             f"tensor of shape {tuple(max_length.shape)}")
-        return max_length
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
-        raise ValueError(f"flashattn: {name} must be an int >= 0 or a 0-dim integer tensor, got {max_length!r}")
-    return max_length
+# An int >= 0 or a 0-dim integer tensor (left on the device), else ValueError naming the argument: the
+# varlen functions' own check of max_seqlen.
+check_max_length = _check_max_seqlen
 
 
 class Unpadded(NamedTuple):
