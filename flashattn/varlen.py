@@ -19,7 +19,7 @@ len_k - len_q``).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -133,6 +133,30 @@ def _packed_positions(cu_seqlens: torch.Tensor, lengths: torch.Tensor, max_seqle
     return batch * max_seqlen + t
 
 
+class _Padded(NamedTuple):
+    """A variable-length batch's padded layout (batch, max_seqlen, ...): where each sequence's rows go."""
+    offset_q: torch.Tensor  # from _padding, per sequence
+    valid_q: torch.Tensor  # (batch, max_seqlen_q) bool: a real query row
+    offset_k: torch.Tensor
+    positions_q: torch.Tensor  # (total_q,): each packed query row's flat padded row
+    positions_k: torch.Tensor  # (total_k,)
+    key_mask: torch.Tensor  # (batch, nheads, max_seqlen_q, max_seqlen_k) bool, True = the key takes part
+
+
+def _padded_layout(cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k, max_seqlen_q: int, max_seqlen_k: int,
+                   total_q: int, total_k: int, nheads: int, causal: bool) -> _Padded:
+    # Padding after each sequence without causal masking (the key mask is then a key prefix), before it
+    # with causal masking (the kernels' bottom-right alignment is then each sequence's own).
+    pad_at_end = not causal
+    offset_q, valid_q = _padding(cu_seqlens_q, lengths_q, max_seqlen_q, pad_at_end)
+    offset_k, valid_k = _padding(cu_seqlens_k, lengths_k, max_seqlen_k, pad_at_end)
+    batch = offset_q.size(0)
+    return _Padded(offset_q, valid_q, offset_k,
+                   _packed_positions(cu_seqlens_q, lengths_q, max_seqlen_q, total_q, pad_at_end),
+                   _packed_positions(cu_seqlens_k, lengths_k, max_seqlen_k, total_k, pad_at_end),
+                   valid_k[:, None, None, :].expand(batch, nheads, max_seqlen_q, max_seqlen_k))
+
+
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
             deterministic, return_attn_probs, block_table, seqused_q=None, seqused_k=None):
     if block_table is not None:
@@ -168,19 +192,15 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
             "head dims 33..128 without dropout); this call takes the padded path")
     # The padded batch's sizes: a tensor max_seqlen is read here (a host synchronization).
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
-    # Padding after each sequence without causal masking (the key mask is then a key prefix), before it
-    # with causal masking (the kernels' bottom-right alignment is then each sequence's own).
-    pad_at_end = not causal
-    offset_q, _ = _padding(cu_seqlens_q, lengths_q, max_seqlen_q, pad_at_end)
-    offset_k, valid_k = _padding(cu_seqlens_k, lengths_k, max_seqlen_k, pad_at_end)
-    q_pad = _gather_padded(q, cu_seqlens_q, offset_q)  # (batch, max_seqlen_q, nheads, headdim)
-    k_pad = _gather_padded(k, cu_seqlens_k, offset_k)  # (batch, max_seqlen_k, nheads_k, headdim)
-    v_pad = _gather_padded(v, cu_seqlens_k, offset_k)
-    batch = offset_q.size(0)
-    key_mask = valid_k[:, None, None, :].expand(batch, nheads, max_seqlen_q, max_seqlen_k)  # True = the key takes part
+    lay = _padded_layout(cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k, max_seqlen_q, max_seqlen_k, total_q,
+                         k.size(0), nheads, causal)
+    q_pad = _gather_padded(q, cu_seqlens_q, lay.offset_q)  # (batch, max_seqlen_q, nheads, headdim)
+    k_pad = _gather_padded(k, cu_seqlens_k, lay.offset_k)  # (batch, max_seqlen_k, nheads_k, headdim)
+    v_pad = _gather_padded(v, cu_seqlens_k, lay.offset_k)
+    batch = lay.offset_q.size(0)
     out_pad, lse_pad, keep_mask = fa2_attention(q_pad, k_pad, v_pad, dropout_p, softmax_scale, causal, deterministic,
-                                                return_attn_probs, key_mask)
-    positions = _packed_positions(cu_seqlens_q, lengths_q, max_seqlen_q, total_q, pad_at_end)
+                                                return_attn_probs, lay.key_mask)
+    positions = lay.positions_q
     out = out_pad.reshape((batch * max_seqlen_q,) + tuple(q.shape[1:])).index_select(0, positions)
     if not return_attn_probs:
         return out
@@ -201,28 +221,23 @@ def varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
                               float(softmax_scale), bool(causal), True, bool(deterministic))
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     total_q, nheads = q.size(0), q.size(1)
-    lengths_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
-    lengths_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
-    pad_at_end = not causal
-    offset_q, valid_q = _padding(cu_seqlens_q, lengths_q, max_seqlen_q, pad_at_end)
-    offset_k, valid_k = _padding(cu_seqlens_k, lengths_k, max_seqlen_k, pad_at_end)
-    batch = offset_q.size(0)
-    q_pad, dout_pad, out_pad = (_gather_padded(x, cu_seqlens_q, offset_q) for x in (q, dout, out))
-    k_pad, v_pad = (_gather_padded(x, cu_seqlens_k, offset_k) for x in (k, v))
+    lay = _padded_layout(cu_seqlens_q, cu_seqlens_k, cu_seqlens_q[1:] - cu_seqlens_q[:-1],
+                         cu_seqlens_k[1:] - cu_seqlens_k[:-1], max_seqlen_q, max_seqlen_k, total_q, k.size(0), nheads,
+                         causal)
+    batch = lay.offset_q.size(0)
+    q_pad, dout_pad, out_pad = (_gather_padded(x, cu_seqlens_q, lay.offset_q) for x in (q, dout, out))
+    k_pad, v_pad = (_gather_padded(x, cu_seqlens_k, lay.offset_k) for x in (k, v))
     # Padded query rows: zero dout and out, and an lse of +inf (their probabilities are 0), so that
     # they add nothing to dk and dv.
-    dout_pad = dout_pad * valid_q[:, :, None, None]
-    out_pad = out_pad * valid_q[:, :, None, None]
-    positions_q = _packed_positions(cu_seqlens_q, lengths_q, max_seqlen_q, total_q, pad_at_end)
+    dout_pad = dout_pad * lay.valid_q[:, :, None, None]
+    out_pad = out_pad * lay.valid_q[:, :, None, None]
     lse_pad = softmax_lse.new_full((nheads, batch * max_seqlen_q), float("inf"))
-    lse_pad = lse_pad.index_copy(1, positions_q, softmax_lse).view(nheads, batch, max_seqlen_q).transpose(0, 1)
-    key_mask = valid_k[:, None, None, :].expand(batch, nheads, max_seqlen_q, max_seqlen_k)
+    lse_pad = lse_pad.index_copy(1, lay.positions_q, softmax_lse).view(nheads, batch, max_seqlen_q).transpose(0, 1)
     dq_pad, dk_pad, dv_pad = ops.bwd(dout_pad, q_pad, k_pad, v_pad, out_pad, lse_pad.contiguous(),
-                                     float(softmax_scale), bool(causal), True, bool(deterministic), key_mask)
-    positions_k = _packed_positions(cu_seqlens_k, lengths_k, max_seqlen_k, k.size(0), pad_at_end)
-    dq = dq_pad.reshape((batch * max_seqlen_q,) + tuple(q.shape[1:])).index_select(0, positions_q)
-    dk = dk_pad.reshape((batch * max_seqlen_k,) + tuple(k.shape[1:])).index_select(0, positions_k)
-    dv = dv_pad.reshape((batch * max_seqlen_k,) + tuple(v.shape[1:])).index_select(0, positions_k)
+                                     float(softmax_scale), bool(causal), True, bool(deterministic), lay.key_mask)
+    dq = dq_pad.reshape((batch * max_seqlen_q,) + tuple(q.shape[1:])).index_select(0, lay.positions_q)
+    dk = dk_pad.reshape((batch * max_seqlen_k,) + tuple(k.shape[1:])).index_select(0, lay.positions_k)
+    dv = dv_pad.reshape((batch * max_seqlen_k,) + tuple(v.shape[1:])).index_select(0, lay.positions_k)
     return dq, dk, dv
 
 
