@@ -58,13 +58,19 @@ def check_devices(q, k, v) -> None:
         )
 
 
+def scale_or_default(softmax_scale, head_dim: int) -> float:
+    """softmax_scale as given, else the FlashAttention-2 API's 1 / sqrt(head_dim). (A head dim of 0 gets
+    any scale: the ops reject it with a message naming the head dim.)"""
+    if softmax_scale is not None:
+        return float(softmax_scale)
+    return head_dim ** -0.5 if head_dim > 0 else 1.0
+
+
 def fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic, with_keep_mask, attn_mask=None):
     """ops.attention with the FlashAttention-2 API's defaults (scale, bottom-right causal mask):
     (out, softmax_lse, keep_mask), keep_mask the dropout keep-mask (batch, nheads, seqlen_q, seqlen_k)
     bool, True = kept, when with_keep_mask and dropout_p > 0, else None."""
-    if softmax_scale is None:
-        # (A head dim of 0 gets any scale: the op rejects it with a message naming the head dim.)
-        softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0
+    softmax_scale = scale_or_default(softmax_scale, q.size(-1))
     dropout_p = float(dropout_p)
     # Drawn here rather than inside ops.attention so that the keep-mask can be shown for the same state.
     rng_state = ops.draw_rng_state(q.device) if dropout_p > 0.0 else None

@@ -24,7 +24,8 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from . import _C, ops
-from ._fa2_common import check_devices, check_tensor, fa2_attention, reject_unimplemented, unpack
+from ._fa2_common import (check_devices, check_tensor, fa2_attention, reject_unimplemented, scale_or_default,
+                          unpack)
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
 
@@ -181,10 +182,9 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     _assert_seqused("seqused_k", seqused_k, lengths_k)
     dropout_p = float(dropout_p)
     if _in_kernels(q, k, v, dropout_p, block_table):
-        if softmax_scale is None:
-            softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0
-        out, softmax_lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
-                                          float(softmax_scale), bool(causal), True, bool(deterministic))
+        scale = scale_or_default(softmax_scale, q.size(-1))
+        out, softmax_lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale,
+                                          bool(causal), True, bool(deterministic))
         return (out, softmax_lse, None) if return_attn_probs else out
     if seqused_q is not None or seqused_k is not None:
         raise NotImplementedError(
@@ -214,8 +214,7 @@ def varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
     """(dq, dk, dv) of the forward :func:`_varlen` computes without dropout (bottom-right causal mask,
     ``softmax_lse`` ``(nheads, total_q)``), outside autograd: ``varlen_bwd`` where the variable-length
     kernels serve the call, else over the padded batch as the forward pads it."""
-    if softmax_scale is None:
-        softmax_scale = q.size(-1) ** -0.5 if q.size(-1) > 0 else 1.0
+    softmax_scale = scale_or_default(softmax_scale, q.size(-1))
     if _in_kernels(q, k, v, 0.0, None):
         return ops.varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, None, None,
                               float(softmax_scale), bool(causal), True, bool(deterministic))

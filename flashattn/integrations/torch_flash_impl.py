@@ -27,7 +27,6 @@ query and key lengths differ, as aten's flash ops align it.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -35,6 +34,7 @@ import torch
 
 from .. import ops
 from .. import varlen as _varlen_mod
+from .._fa2_common import scale_or_default
 
 __all__ = ["NAME", "register", "activate", "is_supported"]
 
@@ -88,10 +88,6 @@ def _causal(is_causal, window_size_right) -> bool:
     return bool(is_causal) or window_size_right == 0
 
 
-def _scale(scale: Optional[float], head_dim: int) -> float:
-    return float(scale) if scale is not None else (1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0)
-
-
 def _aux(device):
     # rng_state [2] uint64 and the unused scalar, as aten's flash ops return them (zeros: no dropout).
     return torch.zeros((2,), dtype=torch.uint64, device=device), torch.zeros((), dtype=torch.uint64, device=device)
@@ -130,7 +126,7 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
     _check_varlen_args(op, cum_seq_q, cum_seq_k)
     dropout_p = float(dropout_p)
     _check_dropout(op, dropout_p)
-    sc = _scale(scale, query.size(-1))
+    sc = scale_or_default(scale, query.size(-1))
     seed, unused = _aux(query.device)
     if cum_seq_q is not None:
         if dropout_p > 0.0:
@@ -176,7 +172,7 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
     _check_common(op, window_size_left=window_size_left, window_size_right=window_size_right)
     dropout_p = float(dropout_p)
     _check_dropout(op, dropout_p)
-    sc = _scale(scale, query.size(-1))
+    sc = scale_or_default(scale, query.size(-1))
     deterministic = torch.are_deterministic_algorithms_enabled()
     # aten passes undefined tensors for the batched case; they reach Python as None.
     if cum_seq_q is not None and cum_seq_q.numel() == 0:
