@@ -58,6 +58,19 @@ def check_devices(q, k, v) -> None:
         )
 
 
+def check_max_seqlen(name: str, max_seqlen):
+    """max_seqlen as given: an int >= 0, or a 0-dim integer tensor (as transformers passes it; only
+    compared on the device, never read on the host)."""
+    if isinstance(max_seqlen, torch.Tensor):
+        if max_seqlen.dim() != 0 or max_seqlen.dtype.is_floating_point or max_seqlen.dtype == torch.bool:
+            raise ValueError(f"flashattn: {name} must be an int or a 0-dim integer tensor, got a tensor of "
+                             f"shape {tuple(max_seqlen.shape)} and dtype {max_seqlen.dtype}")
+        return max_seqlen
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+        raise ValueError(f"flashattn: {name} must be an int >= 0, got {max_seqlen!r}")
+    return max_seqlen
+
+
 def scale_or_default(softmax_scale, head_dim: int) -> float:
     """softmax_scale as given, else the FlashAttention-2 API's 1 / sqrt(head_dim). (A head dim of 0 gets
     any scale: the ops reject it with a message naming the head dim.)"""

@@ -24,8 +24,8 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from . import _C, ops
-from ._fa2_common import (check_devices, check_tensor, fa2_attention, reject_unimplemented, scale_or_default,
-                          unpack)
+from ._fa2_common import (check_devices, check_max_seqlen, check_tensor, fa2_attention, reject_unimplemented,
+                          scale_or_default, unpack)
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
 
@@ -39,19 +39,6 @@ def _check_cu_seqlens(name: str, cu_seqlens, device: torch.device) -> None:
         raise ValueError(f"flashattn: {name} must be int32, got {cu_seqlens.dtype}")
     if cu_seqlens.device != device:
         raise ValueError(f"flashattn: {name} must be on q's device {device}, got {cu_seqlens.device}")
-
-
-def _check_max_seqlen(name: str, max_seqlen):
-    """max_seqlen as given: an int >= 0, or a 0-dim integer tensor (as transformers passes it; only
-    compared on the device, never read on the host)."""
-    if isinstance(max_seqlen, torch.Tensor):
-        if max_seqlen.dim() != 0 or max_seqlen.dtype.is_floating_point or max_seqlen.dtype == torch.bool:
-            raise ValueError(f"flashattn: {name} must be an int or a 0-dim integer tensor, got a tensor of "
-                             f"shape {tuple(max_seqlen.shape)} and dtype {max_seqlen.dtype}")
-        return max_seqlen
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
-        raise ValueError(f"flashattn: {name} must be an int >= 0, got {max_seqlen!r}")
-    return max_seqlen
 
 
 def _check_seqused(name: str, seqused, batch: int, device: torch.device) -> None:
@@ -173,8 +160,8 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     batch = cu_seqlens_q.numel() - 1
     _check_seqused("seqused_q", seqused_q, batch, q.device)
     _check_seqused("seqused_k", seqused_k, batch, q.device)
-    max_seqlen_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
-    max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     total_q, nheads = q.size(0), q.size(1)
     lengths_q = _assert_offsets("cu_seqlens_q", "max_seqlen_q", cu_seqlens_q, max_seqlen_q, total_q)
     lengths_k = _assert_offsets("cu_seqlens_k", "max_seqlen_k", cu_seqlens_k, max_seqlen_k, k.size(0))

@@ -17,7 +17,7 @@ from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
-from ..varlen import _check_max_seqlen
+from .._fa2_common import check_max_seqlen
 
 __all__ = ["Unpadded", "check_cu_seqlens", "check_max_length", "cu_seqlens_from_position_ids", "document_starts",
            "gather", "pad", "unpad"]
@@ -106,7 +106,7 @@ def check_cu_seqlens(name: str, cu_seqlens, device: torch.device) -> torch.Tenso
 
 # An int >= 0 or a 0-dim integer tensor (left on the device), else ValueError naming the argument: the
 # varlen functions' own check of max_seqlen.
-check_max_length = _check_max_seqlen
+check_max_length = check_max_seqlen
 
 
 class Unpadded(NamedTuple):
