@@ -2,10 +2,17 @@
 // list: few items per sequence (a block of 64-128 rows each), so the build is a small fraction of the
 // attention it schedules.
 //
-// By cost: a counting sort on the item's cost (key blocks a forward tile sees, query rows a backward
-// key block sees), descending: a histogram of the costs, its prefix sums from the highest bucket down,
-// then every item placed at its bucket's next slot. Items within a bucket land in any order (the
-// kernels' results do not depend on which CTA runs an item). Costs above the last bucket share it.
+// By cost: the sequences in decreasing order of their heaviest item's cost (key blocks a forward tile
+// sees, query rows a backward key block sees), by a counting sort: a histogram of the sequences' item
+// counts by cost, its prefix sums from the highest bucket down, then each sequence's items placed at
+// its bucket's next range (sequences within a bucket land in any order: the kernels' results do not
+// depend on which CTA runs an item). Within a sequence the heads go in sections of as many heads as
+// keep the other side's rows (the keys and values a forward tile reads, the queries, output gradients
+// and dq rows a backward key block reads) within about half of the L2, and within a section item
+// level by level, heaviest first, each level's heads together. So the CTAs running at once read the
+// rows of one section's heads (L2 hits), not one head each of many sequences, while the heaviest
+// items still come first and the list ends on the lightest ones of the shortest sequences. Costs above
+// the last bucket share it.
 #include "cuda/varlen_schedule.h"
 
 #include "common/mask.h"
@@ -16,6 +23,9 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kBuckets = 1024;
+// The other side's bytes a section may read: half of the H200's L2, the share the batched forward's
+// dynamic tail also keeps (sm90/fwd_schedule.h).
+constexpr int64_t kSectionBytes = int64_t{24} << 20;
 
 // Blocks of sequence b's enumerated side, and the span.
 __device__ __forceinline__ int blocks_of(const SeqSpan& s, const VarlenListSpec& spec) {
@@ -34,17 +44,36 @@ __device__ __forceinline__ int cost_of(const SeqSpan& s, const VarlenListSpec& s
   return first < s.len_q ? (s.len_q - first + spec.cost_rows - 1) / spec.cost_rows : 0;
 }
 
+// The block at level `level` of a sequence of `blocks` (level 0 the heaviest): a forward tile's cost
+// grows with its query block under causal masking, a backward key block's falls with it; without
+// causal masking all cost the same.
+__device__ __forceinline__ int block_at_level(const VarlenListSpec& spec, int blocks, int level) {
+  return spec.is_causal && spec.work == VarlenWork::kForward ? blocks - 1 - level : level;
+}
+
 __device__ __forceinline__ int bucket_of(int cost) { return kBuckets - 1 - min(cost, kBuckets - 1); }
+
+// Heads per section of sequence s: whole head groups whose other-side rows fit kSectionBytes, at least one.
+__device__ __forceinline__ int section_heads(const SeqSpan& s, const VarlenListSpec& spec) {
+  const int64_t rows = spec.work == VarlenWork::kForward ? s.len_k : s.len_q;
+  const int64_t bytes = rows * spec.other_row_bytes;
+  const int64_t groups = bytes > 0 ? max(kSectionBytes / bytes, int64_t{1}) : spec.heads;
+  const int64_t heads = groups * spec.head_group;
+  return heads < spec.heads ? static_cast<int>(heads) : spec.heads;
+}
 
 __global__ void __launch_bounds__(kThreads) build_by_cost_kernel(const VarlenParams v, const VarlenListSpec spec,
                                                                  int2* items, int* count) {
-  __shared__ int slots[kBuckets];  // counts, then the next free slot of each bucket (highest cost first)
+  __shared__ int slots[kBuckets];  // item counts, then the next free item of each bucket (highest cost first)
   for (int i = threadIdx.x; i < kBuckets; i += kThreads) slots[i] = 0;
   __syncthreads();
   for (int b = threadIdx.x; b < spec.batch; b += kThreads) {
     const SeqSpan s = SeqSpan::of(v, b);
     const int blocks = blocks_of(s, spec);
-    for (int block = 0; block < blocks; ++block) atomicAdd(&slots[bucket_of(cost_of(s, spec, block))], spec.heads);
+    if (blocks > 0) {
+      const int heaviest = cost_of(s, spec, block_at_level(spec, blocks, 0));
+      atomicAdd(&slots[bucket_of(heaviest)], blocks * spec.heads);
+    }
   }
   __syncthreads();
   // Exclusive prefix sums over the buckets (kThreads == kBuckets: one per thread), Hillis-Steele.
@@ -62,12 +91,26 @@ __global__ void __launch_bounds__(kThreads) build_by_cost_kernel(const VarlenPar
   slots[threadIdx.x] = sum - own;
   if (threadIdx.x == kThreads - 1) *count = sum;
   __syncthreads();
-  for (int b = threadIdx.x; b < spec.batch; b += kThreads) {
+  // A warp per sequence: its first lane takes the sequence's range, the lanes write its items.
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  for (int b = warp; b < spec.batch; b += kThreads / 32) {
     const SeqSpan s = SeqSpan::of(v, b);
     const int blocks = blocks_of(s, spec);
-    for (int block = 0; block < blocks; ++block) {
-      const int at = atomicAdd(&slots[bucket_of(cost_of(s, spec, block))], spec.heads);
-      for (int h = 0; h < spec.heads; ++h) items[at + h] = make_int2(b, block * spec.heads + h);
+    if (blocks == 0) continue;
+    const int n = blocks * spec.heads;
+    int first = 0;
+    if (lane == 0) first = atomicAdd(&slots[bucket_of(cost_of(s, spec, block_at_level(spec, blocks, 0)))], n);
+    first = __shfl_sync(0xffffffffu, first, 0);
+    const int per_section = section_heads(s, spec);
+    for (int i = lane; i < n; i += 32) {
+      // Item i: section i / (per_section * blocks), then level, then head within the section (the
+      // last section may have fewer heads).
+      const int section = i / (per_section * blocks);
+      const int in_section = i - section * per_section * blocks;
+      const int heads_here = min(per_section, spec.heads - section * per_section);
+      const int level = in_section / heads_here;
+      const int head = section * per_section + (in_section - level * heads_here);
+      items[first + i] = make_int2(b, block_at_level(spec, blocks, level) * spec.heads + head);
     }
   }
 }

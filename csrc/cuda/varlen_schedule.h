@@ -22,10 +22,16 @@ struct VarlenListSpec {
   int block_rows = 0;  // rows of an item's block (queries forward, keys backward)
   int cost_rows = 0;   // rows of the other side counted per unit of cost (keys forward, queries backward)
   bool is_causal = false;
-  // Longest items first (the order a greedy schedule balances best); false: sequence by sequence,
-  // head by head, the blocks in the order the backward's deterministic turns need (decreasing under
-  // causal masking, as BwdKeyBlock numbers them).
+  // Heaviest first, in sections that share the other side's rows in the L2 (varlen_schedule.cu): the
+  // order a greedy schedule balances best without reading every head's rows at once. false: sequence
+  // by sequence, head by head, the blocks in the order the backward's deterministic turns need
+  // (decreasing under causal masking, as BwdKeyBlock numbers them).
   bool by_cost = true;
+  // The bytes one row of the other side (keys forward, queries backward) has a CTA read, for
+  // head_group consecutive heads of the list together (GQA: the query heads of one kv head read the
+  // same keys): what sizes the sections.
+  int64_t other_row_bytes = 0;
+  int head_group = 1;
 };
 
 // An item of a list: x = b, y = block * heads + head.

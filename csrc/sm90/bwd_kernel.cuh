@@ -33,6 +33,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -813,6 +814,10 @@ cudaError_t launch_bwd_varlen_with_config(const BwdParams& p, cudaStream_t strea
   spec.cost_rows = Cfg::kBlockM;
   spec.is_causal = sh.is_causal;
   spec.by_cost = !p.deterministic;
+  // Per kv head, its group's query rows: q and dout, the fp32 dq accumulator row, the LSE and delta.
+  const int64_t group = std::max(sh.heads_q / std::max(sh.heads_kv, 1), 1);
+  spec.other_row_bytes = group * (int64_t{2} * sh.head_dim * static_cast<int64_t>(sizeof(T)) +
+                                  int64_t{4} * p.dq_accum_dim + 2 * static_cast<int64_t>(sizeof(float)));
   cudaError_t err = build_varlen_list(p.varlen, spec, reinterpret_cast<int2*>(const_cast<int*>(p.varlen.tiles)),
                                       const_cast<int*>(p.varlen.tile_count), stream);
   if (err != cudaSuccess) return err;

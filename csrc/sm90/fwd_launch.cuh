@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/varlen_schedule.h"
@@ -89,6 +90,8 @@ cudaError_t launch_fwd_varlen(const FwdParams& p, int grid, cudaStream_t stream)
   spec.block_rows = Cfg::kBlockM;
   spec.cost_rows = Cfg::kBlockN;
   spec.is_causal = sh.is_causal;
+  spec.other_row_bytes = int64_t{2} * sh.head_dim * static_cast<int64_t>(sizeof(T));  // a key row and a value row
+  spec.head_group = std::max(sh.heads_q / std::max(sh.heads_kv, 1), 1);
   cudaError_t err = build_varlen_list(p.varlen, spec, reinterpret_cast<int2*>(const_cast<int*>(p.varlen.tiles)),
                                       const_cast<int*>(p.varlen.tile_count), stream);
   if (err != cudaSuccess) return err;
