@@ -107,6 +107,10 @@ struct VarlenParams {
   const int* seqused_q = nullptr;     // [batch] or nullptr
   const int* seqused_k = nullptr;     // [batch] or nullptr
   bool causal_bottom_right = true;
+  // What the offsets must agree with, checked on the device by the list build (cuda/varlen_schedule.cu):
+  // the packed row counts, and the longest sequence allowed (-1: not checked).
+  int total_q = 0, total_k = 0;
+  int max_seqlen_q = -1, max_seqlen_k = -1;
   const int* tiles = nullptr;       // the schedule list: item i is (tiles[2i], tiles[2i + 1])
   const int* tile_count = nullptr;  // its length, on the device
   // The backward's statistics and dq workspaces: sequence b's rows start at workspace row

@@ -37,11 +37,15 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     The CPU implementation is always deterministic; it accepts the flag and ignores it. ``fwd`` is
     bitwise reproducible on both.
 
-``torch.ops.flashattn.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False) -> (out, lse)``
+``torch.ops.flashattn.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1) -> (out, lse)``
 ``torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False) -> (dq, dk, dv)``
     A variable-length batch (:mod:`flashattn.varlen`): q ``(total_q, Hq, D)``, k/v ``(total_k, Hk, D)``,
     int32 offsets ``(batch + 1,)`` and optional used lengths ``(batch,)`` on q's device; out like q,
     lse ``(Hq, total_q)``. On CUDA, sm_90 GPUs at head dims 33..128 only. varlen_fwd has autograd.
+    The offsets must start at 0, never decrease and end at the packed row count, seqused within each
+    sequence, and no sequence longer than ``max_seqlen_q`` / ``max_seqlen_k`` where given (-1: any):
+    checked where the op reads them, at once on the CPU, on CUDA by the kernel that builds the
+    schedule (a device-side assertion with the argument's name, no host synchronization).
 
 ``torch.ops.flashattn.dropout_keep_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> keep``
     The keep-mask ``fwd`` and ``bwd`` apply for that ``rng_state`` and ``dropout_p``, as a bool
@@ -253,7 +257,7 @@ def _check_varlen_meta(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, sequs
 
 @torch.library.register_fake("flashattn::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right,
-                     deterministic=False):
+                     deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1):
     _check_varlen_meta("flashattn.varlen_fwd", q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=_lse_dtype(q.dtype))
 
@@ -271,7 +275,7 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sequse
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic = inputs[:11]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ctx.args = (scale, is_causal, causal_bottom_right, deterministic)
@@ -284,7 +288,7 @@ def _varlen_backward(ctx, dout, _dlse):
         dout = dout.contiguous()  # the kernels read 16-byte aligned rows
     dq, dk, dv = torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
                                                 seqused_k, scale, is_causal, causal_bottom_right, deterministic)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("flashattn::varlen_fwd", _varlen_backward, setup_context=_varlen_setup_context)

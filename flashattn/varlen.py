@@ -8,7 +8,9 @@ How it runs. In the kernels (``torch.ops.flashattn.varlen_fwd`` / ``varlen_bwd``
 sm_90 GPUs at head dims 33..128 without dropout: the packed rows are read in place and each
 sequence's own tiles are scheduled, longest first, from a work list the GPU builds from the offsets
 (no host synchronization, no padded copy, work and memory linear in the packed rows; ``max_seqlen``
-sizes nothing, so a new batch of lengths is not a new graph for ``torch.compile``). Elsewhere (the
+sizes nothing: it is only checked against the lengths, with the offsets, by the op that reads them, and
+under ``torch.compile`` an int one becomes a symbolic int at its first change, so new batches of
+lengths do not recompile after that). Elsewhere (the
 sm80 path, dropout, other head dims) the rows are gathered into a padded ``(batch, max_seqlen,
 nheads, headdim)`` batch on the device, the batched op runs over it with a key-padding mask and the
 output rows are gathered back: exact, still no host round trip, but the work and memory of ``batch *
@@ -78,9 +80,15 @@ def _assert_offsets(name: str, max_name: str, cu_seqlens: torch.Tensor, max_seql
     torch._assert_async(cu_seqlens[-1] == total, f"flashattn: {name}[-1] must be the packed row count {total}")
     if lengths.numel() > 0:
         torch._assert_async((lengths >= 0).all(), f"flashattn: {name} must not decrease")
+        _assert_no_longer(name, max_name, lengths, max_seqlen)
+    return lengths
+
+
+def _assert_no_longer(name: str, max_name: str, lengths: torch.Tensor, max_seqlen) -> None:
+    """No sequence longer than max_seqlen (an int or a 0-dim tensor), checked on the lengths' device."""
+    if lengths.numel() > 0:
         limit = f"{max_name}={max_seqlen}" if isinstance(max_seqlen, int) else max_name
         torch._assert_async((lengths <= max_seqlen).all(), f"flashattn: a sequence of {name} is longer than {limit}")
-    return lengths
 
 
 def _assert_seqused(name: str, seqused, lengths: torch.Tensor) -> None:
@@ -163,16 +171,25 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     total_q, nheads = q.size(0), q.size(1)
+    dropout_p = float(dropout_p)
+    if _in_kernels(q, k, v, dropout_p, block_table):
+        # The op checks the offsets where it reads them (on CUDA in the kernel that builds its schedule),
+        # and an int max_seqlen with them; a tensor one is compared here, on its device.
+        limits = []
+        for name, max_name, cu, max_seqlen in (("cu_seqlens_q", "max_seqlen_q", cu_seqlens_q, max_seqlen_q),
+                                               ("cu_seqlens_k", "max_seqlen_k", cu_seqlens_k, max_seqlen_k)):
+            if isinstance(max_seqlen, torch.Tensor):
+                _assert_no_longer(name, max_name, cu[1:] - cu[:-1], max_seqlen)
+                max_seqlen = -1
+            limits.append(max_seqlen)
+        scale = scale_or_default(softmax_scale, q.size(-1))
+        out, softmax_lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale,
+                                          bool(causal), True, bool(deterministic), *limits)
+        return (out, softmax_lse, None) if return_attn_probs else out
     lengths_q = _assert_offsets("cu_seqlens_q", "max_seqlen_q", cu_seqlens_q, max_seqlen_q, total_q)
     lengths_k = _assert_offsets("cu_seqlens_k", "max_seqlen_k", cu_seqlens_k, max_seqlen_k, k.size(0))
     _assert_seqused("seqused_q", seqused_q, lengths_q)
     _assert_seqused("seqused_k", seqused_k, lengths_k)
-    dropout_p = float(dropout_p)
-    if _in_kernels(q, k, v, dropout_p, block_table):
-        scale = scale_or_default(softmax_scale, q.size(-1))
-        out, softmax_lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale,
-                                          bool(causal), True, bool(deterministic))
-        return (out, softmax_lse, None) if return_attn_probs else out
     if seqused_q is not None or seqused_k is not None:
         raise NotImplementedError(
             "flashattn: seqused_q / seqused_k run only in the variable-length kernels (the CPU, and sm_90 GPUs at "

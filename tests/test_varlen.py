@@ -1,5 +1,8 @@
 """The variable-length FlashAttention-2 functions (flashattn.varlen) against the oracle, sequence by
 sequence: out, lse and the gradients of q, k and v, on the CPU and on CUDA."""
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -139,6 +142,46 @@ def test_varlen_compiles_without_graph_breaks():
     assert all(g.shape == t.shape for g, t in zip(grads, (q, k, v)))
 
 
+def test_varlen_compiles_once_for_new_lengths():
+    # New offsets and max_seqlen for every batch: at most one recompile (the first new int becomes a
+    # symbolic one), not one graph per batch of lengths.
+    compiles = []
+
+    def backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, cu, m: flashattn.flash_attn_varlen_func(q, q, q, cu, cu, m, m, causal=True),
+                             backend=backend, fullgraph=True)
+    for lengths in ([5, 17, 3], [9, 4, 13], [2, 2, 20], [1, 6, 7]):
+        cu = _cu(lengths, "cpu")
+        q = _packed(lengths, 2, 16, torch.float32, "cpu")
+        torch.testing.assert_close(compiled(q, cu, max(lengths)),
+                                   flashattn.flash_attn_varlen_func(q, q, q, cu, cu, max(lengths), max(lengths),
+                                                                    causal=True))
+    assert len(compiles) <= 2
+
+
+def test_varlen_op_checks_offsets_on_cpu():
+    # The op itself checks the offsets' values where it reads them (CPU here; on CUDA the list build).
+    q = torch.randn(10, 2, 16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    op = flashattn.ops.varlen_fwd
+    with pytest.raises(RuntimeError, match=r"cu_seqlens_k\[0\] must be 0"):
+        op(q, q, q, cu, torch.tensor([1, 4, 10], dtype=torch.int32), None, None, 0.25, False, True)
+    with pytest.raises(RuntimeError, match="cu_seqlens_q must not decrease"):
+        op(q, q, q, torch.tensor([0, 11, 10], dtype=torch.int32), cu, None, None, 0.25, False, True)
+    with pytest.raises(RuntimeError, match=r"cu_seqlens_q\[-1\] must be the packed row count 10"):
+        op(q, q, q, torch.tensor([0, 4, 9], dtype=torch.int32), cu, None, None, 0.25, False, True)
+    with pytest.raises(RuntimeError, match="longer than max_seqlen_k=5"):
+        op(q, q, q, cu, cu, None, None, 0.25, False, True, False, 6, 5)
+    with pytest.raises(RuntimeError, match="seqused_q must be in"):
+        op(q, q, q, cu, cu, torch.tensor([4, 7], dtype=torch.int32), None, 0.25, False, True)
+    out, _ = op(q, q, q, cu, cu, None, None, 0.25, False, True, False, 6, 6)  # max_seqlen exactly the longest
+    assert out.shape == q.shape
+
+
 def _in_kernels_on(device):
     """Whether flash_attn_varlen_func runs the variable-length kernels on `device` at head dim 64 (the
     CPU always; CUDA on sm_90 with the sm90 kernels built)."""
@@ -249,6 +292,36 @@ def test_varlen_kernels_deterministic(head_dim, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(first, grads(True)))
     for a, b in zip(first, grads(False)):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+_BAD_OFFSETS = {
+    # name: (cu_seqlens_q over 10 rows, max_seqlen_q, the message the device prints)
+    "last entry": ("[0, 4, 9]", 6, "cu_seqlens_q[-1] must be the packed row count"),
+    "decreasing": ("[0, 7, 5, 10]", 10, "cu_seqlens_q must not decrease"),
+    "max_seqlen": ("[0, 4, 10]", 5, "longer than max_seqlen_q"),
+}
+
+
+@requires_cuda
+@pytest.mark.parametrize("case", sorted(_BAD_OFFSETS))
+def test_varlen_bad_offsets_stop_on_the_device(case):
+    # On CUDA the offsets are checked by the kernel that builds the schedule: a device-side assertion
+    # naming the argument, before any attention kernel reads a row. It leaves the CUDA context unusable,
+    # so each case runs in a process of its own.
+    if not _in_kernels_on("cuda"):
+        pytest.skip("no variable-length kernels on this GPU")
+    cu_q, max_q, message = _BAD_OFFSETS[case]
+    code = (
+        "import torch, flashattn\n"
+        "q = torch.randn(10, 2, 64, device='cuda', dtype=torch.bfloat16)\n"
+        f"cu_q = torch.tensor({cu_q}, dtype=torch.int32, device='cuda')\n"
+        "cu_k = torch.tensor([0] + [10] * (cu_q.numel() - 1), dtype=torch.int32, device='cuda')\n"
+        f"flashattn.flash_attn_varlen_func(q, q, q, cu_q, cu_k, {max_q}, 10)\n"
+        "torch.cuda.synchronize()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0, run.stdout + run.stderr
+    assert message in run.stdout + run.stderr, run.stdout + run.stderr
 
 
 @requires_cuda

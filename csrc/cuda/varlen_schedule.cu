@@ -15,8 +15,15 @@
 // the last bucket share it.
 #include "cuda/varlen_schedule.h"
 
+#include <cstdio>
+
 #include "common/mask.h"
 #include "cuda/varlen.h"
+
+// The C library's assertion failure, which CUDA provides in device code too; declared here because
+// <assert.h> leaves it out under NDEBUG.
+extern "C" __host__ __device__ void __assert_fail(const char*, const char*, unsigned int, const char*) __THROW
+    __attribute__((__noreturn__));
 
 namespace flashattn {
 namespace {
@@ -51,6 +58,40 @@ __device__ __forceinline__ int block_at_level(const VarlenListSpec& spec, int bl
   return spec.is_causal && spec.work == VarlenWork::kForward ? blocks - 1 - level : level;
 }
 
+// A violated promise about the offsets: the message, then a device-side assertion (called directly,
+// so that builds with NDEBUG keep it), which stops this launch and the kernels queued after it before
+// they read or write a row the offsets would place outside the tensors.
+__device__ __noinline__ void offsets_violated(const char* message, int b, int value, int limit) {
+  printf("flashattn: %s (sequence %d: %d, limit %d)\n", message, b, value, limit);
+  __assert_fail(message, __FILE__, __LINE__, "build_varlen_list");
+}
+
+// Checks sequence b's offsets (run once per sequence, by the thread that first reads them): they start
+// at 0, never decrease, end at the packed row count, no sequence is longer than the max_seqlen given,
+// and seqused_* stays within the sequence.
+__device__ __forceinline__ void check_offsets(const VarlenParams& v, int b, int batch) {
+  const int q0 = v.cu_seqlens_q[b], q1 = v.cu_seqlens_q[b + 1];
+  const int k0 = v.cu_seqlens_k[b], k1 = v.cu_seqlens_k[b + 1];
+  if (b == 0 && q0 != 0) offsets_violated("cu_seqlens_q[0] must be 0", b, q0, 0);
+  if (b == 0 && k0 != 0) offsets_violated("cu_seqlens_k[0] must be 0", b, k0, 0);
+  if (q1 < q0) offsets_violated("cu_seqlens_q must not decrease", b, q1, q0);
+  if (k1 < k0) offsets_violated("cu_seqlens_k must not decrease", b, k1, k0);
+  if (b == batch - 1 && q1 != v.total_q) offsets_violated("cu_seqlens_q[-1] must be the packed row count", b, q1, v.total_q);
+  if (b == batch - 1 && k1 != v.total_k) offsets_violated("cu_seqlens_k[-1] must be the packed row count", b, k1, v.total_k);
+  if (v.max_seqlen_q >= 0 && q1 - q0 > v.max_seqlen_q) {
+    offsets_violated("a sequence of cu_seqlens_q is longer than max_seqlen_q", b, q1 - q0, v.max_seqlen_q);
+  }
+  if (v.max_seqlen_k >= 0 && k1 - k0 > v.max_seqlen_k) {
+    offsets_violated("a sequence of cu_seqlens_k is longer than max_seqlen_k", b, k1 - k0, v.max_seqlen_k);
+  }
+  if (v.seqused_q != nullptr && (v.seqused_q[b] < 0 || v.seqused_q[b] > q1 - q0)) {
+    offsets_violated("seqused_q must be in [0, the sequence's length]", b, v.seqused_q[b], q1 - q0);
+  }
+  if (v.seqused_k != nullptr && (v.seqused_k[b] < 0 || v.seqused_k[b] > k1 - k0)) {
+    offsets_violated("seqused_k must be in [0, the sequence's length]", b, v.seqused_k[b], k1 - k0);
+  }
+}
+
 __device__ __forceinline__ int bucket_of(int cost) { return kBuckets - 1 - min(cost, kBuckets - 1); }
 
 // Heads per section of sequence s: whole head groups whose other-side rows fit kSectionBytes, at least one.
@@ -68,6 +109,7 @@ __global__ void __launch_bounds__(kThreads) build_by_cost_kernel(const VarlenPar
   for (int i = threadIdx.x; i < kBuckets; i += kThreads) slots[i] = 0;
   __syncthreads();
   for (int b = threadIdx.x; b < spec.batch; b += kThreads) {
+    check_offsets(v, b, spec.batch);
     const SeqSpan s = SeqSpan::of(v, b);
     const int blocks = blocks_of(s, spec);
     if (blocks > 0) {
@@ -126,6 +168,7 @@ __global__ void __launch_bounds__(kThreads) build_in_order_kernel(const VarlenPa
     SeqSpan s{};
     int blocks = 0;
     if (b < spec.batch) {
+      check_offsets(v, b, spec.batch);
       s = SeqSpan::of(v, b);
       blocks = blocks_of(s, spec);
     }

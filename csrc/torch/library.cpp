@@ -287,10 +287,11 @@ TORCH_LIBRARY(flashattn, m) {
   m.def("dropout_keep_mask(Tensor rng_state, int batch, int heads, int seqlen_q, int seqlen_k, float dropout_p)"
         " -> Tensor");
   // Variable-length batches (varlen_ops.cpp): q (total_q, Hq, D), k/v (total_k, Hk, D), int32 offsets;
-  // out like q, lse (Hq, total_q).
+  // out like q, lse (Hq, total_q). The offsets' values are checked where the op reads them (on CUDA by
+  // the device, a device-side assertion), max_seqlen_q / _k as the longest sequence allowed (-1: none).
   m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q,"
-        " Tensor? seqused_k, float scale, bool is_causal, bool causal_bottom_right, bool deterministic=False)"
-        " -> (Tensor out, Tensor lse)");
+        " Tensor? seqused_k, float scale, bool is_causal, bool causal_bottom_right, bool deterministic=False,"
+        " SymInt max_seqlen_q=-1, SymInt max_seqlen_k=-1) -> (Tensor out, Tensor lse)");
   m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,"
         " Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, float scale, bool is_causal,"
         " bool causal_bottom_right, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");

@@ -5,6 +5,7 @@
 // VarlenParams), whose schedule is built on the device from the offsets: the host never reads them.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 #include <tuple>
@@ -65,6 +66,28 @@ struct CpuSpan {
   int64_t q_begin, k_begin, len_q, len_k;
 };
 
+// The offsets' values, read here (host memory): what the CUDA ops have the list build check on the
+// device (cuda/varlen_schedule.cu), with the same messages. max_seqlen_*: -1 leaves it unchecked.
+void check_offset_values(const char* op, const at::Tensor& cu, const std::optional<at::Tensor>& used, int64_t total,
+                         int64_t max_seqlen, const char* cu_name, const char* used_name, const char* max_name) {
+  const int* c = cu.data_ptr<int>();
+  const int64_t batch = cu.numel() - 1;
+  TORCH_CHECK(c[0] == 0, op, ": ", cu_name, "[0] must be 0, got ", to_text(c[0]));
+  TORCH_CHECK(c[batch] == total, op, ": ", cu_name, "[-1] must be the packed row count ", to_text(total), ", got ",
+              to_text(c[batch]));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = c[b + 1] - c[b];
+    TORCH_CHECK(len >= 0, op, ": ", cu_name, " must not decrease (entry ", to_text(b + 1), ")");
+    TORCH_CHECK(max_seqlen < 0 || len <= max_seqlen, op, ": a sequence of ", cu_name, " is longer than ", max_name,
+                "=", to_text(max_seqlen), " (sequence ", to_text(b), ": ", to_text(len), ")");
+    if (used.has_value()) {
+      const int u = used->data_ptr<int>()[b];
+      TORCH_CHECK(u >= 0 && u <= len, op, ": ", used_name, " must be in [0, the sequence's length] for every sequence (",
+                  "sequence ", to_text(b), ": ", to_text(u), " of ", to_text(len), ")");
+    }
+  }
+}
+
 CpuSpan cpu_span(const at::Tensor& cu_q, const at::Tensor& cu_k, const std::optional<at::Tensor>& used_q,
                  const std::optional<at::Tensor>& used_k, int64_t b, int64_t total_q, int64_t total_k,
                  const char* op) {
@@ -85,9 +108,14 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at:
                                                   const std::optional<at::Tensor>& seqused_q,
                                                   const std::optional<at::Tensor>& seqused_k, double scale,
                                                   bool is_causal, bool causal_bottom_right,
-                                                  bool /*deterministic: the backward's*/) {
+                                                  bool /*deterministic: the backward's*/, int64_t max_seqlen_q,
+                                                  int64_t max_seqlen_k) {
   const char* op = "flashattn.varlen_fwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
+  check_offset_values(op, cu_seqlens_q, seqused_q, s.packed.seqlen_q, max_seqlen_q, "cu_seqlens_q", "seqused_q",
+                      "max_seqlen_q");
+  check_offset_values(op, cu_seqlens_k, seqused_k, s.packed.seqlen_k, max_seqlen_k, "cu_seqlens_k", "seqused_k",
+                      "max_seqlen_k");
   const at::ScalarType lse_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor out = at::zeros(q.sizes(), q.options());
   at::Tensor lse = at::full({s.packed.heads_q, s.packed.seqlen_q}, -std::numeric_limits<double>::infinity(),
@@ -114,6 +142,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
   const char* op = "flashattn.varlen_bwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_varlen_bwd_inputs(op, dout, q, out, lse, s);
+  check_offset_values(op, cu_seqlens_q, seqused_q, s.packed.seqlen_q, -1, "cu_seqlens_q", "seqused_q", "max_seqlen_q");
+  check_offset_values(op, cu_seqlens_k, seqused_k, s.packed.seqlen_k, -1, "cu_seqlens_k", "seqused_k", "max_seqlen_k");
   at::Tensor dq = at::zeros(q.sizes(), q.options());
   at::Tensor dk = at::zeros(k.sizes(), k.options());
   at::Tensor dv = at::zeros(v.sizes(), v.options());
@@ -152,13 +182,19 @@ void check_varlen_gpu(const char* op, const at::Tensor& q, const AttentionShape&
 }
 
 // The VarlenParams of a call, its schedule list in `list` (allocated here: capacity items and a count).
+// The limits the list build checks the offsets against: the packed row counts of `s`, max_seqlen_q / _k
+// (-1: unchecked).
 VarlenParams make_varlen(const at::Tensor& cu_q, const at::Tensor& cu_k, const std::optional<at::Tensor>& used_q,
-                         const std::optional<at::Tensor>& used_k, bool causal_bottom_right, int64_t capacity,
-                         at::Tensor& list) {
+                         const std::optional<at::Tensor>& used_k, bool causal_bottom_right, const VarlenShape& s,
+                         int64_t max_seqlen_q, int64_t max_seqlen_k, int64_t capacity, at::Tensor& list) {
   list = at::empty({2 * capacity + 1}, cu_q.options());
   VarlenParams v;
   v.cu_seqlens_q = cu_q.data_ptr<int>();
   v.cu_seqlens_k = cu_k.data_ptr<int>();
+  v.total_q = static_cast<int>(s.packed.seqlen_q);
+  v.total_k = static_cast<int>(s.packed.seqlen_k);
+  v.max_seqlen_q = static_cast<int>(std::min<int64_t>(max_seqlen_q, std::numeric_limits<int>::max()));
+  v.max_seqlen_k = static_cast<int>(std::min<int64_t>(max_seqlen_k, std::numeric_limits<int>::max()));
   v.seqused_q = used_q.has_value() ? used_q->data_ptr<int>() : nullptr;
   v.seqused_k = used_k.has_value() ? used_k->data_ptr<int>() : nullptr;
   v.causal_bottom_right = causal_bottom_right;
@@ -178,7 +214,8 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
                                                    const std::optional<at::Tensor>& seqused_q,
                                                    const std::optional<at::Tensor>& seqused_k, double scale,
                                                    bool is_causal, bool causal_bottom_right,
-                                                   bool /*deterministic: the backward's*/) {
+                                                   bool /*deterministic: the backward's*/, int64_t max_seqlen_q,
+                                                   int64_t max_seqlen_k) {
   const char* op = "flashattn.varlen_fwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   const c10::cuda::CUDAGuard device_guard(q.device());
@@ -203,7 +240,8 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
   }
   at::Tensor list;
   const int64_t capacity = varlen_list_capacity_bound(p.shape.heads_q, p.shape.batch, s.packed.seqlen_q);
-  p.varlen = make_varlen(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, causal_bottom_right, capacity, list);
+  p.varlen = make_varlen(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, causal_bottom_right, s, max_seqlen_q,
+                         max_seqlen_k, capacity, list);
   at::Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));
   p.tile_counter = tile_counter.data_ptr<int>();
   p.q = q.data_ptr();
@@ -262,7 +300,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
 
   at::Tensor list;
   const int64_t capacity = varlen_list_capacity_bound(p.shape.heads_kv, p.shape.batch, s.packed.seqlen_k);
-  p.varlen = make_varlen(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, causal_bottom_right, capacity, list);
+  p.varlen = make_varlen(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, causal_bottom_right, s, -1, -1, capacity,
+                         list);
   p.varlen.workspace_rows = workspace_rows;
   p.q = q.data_ptr();
   p.k = k.data_ptr();
