@@ -296,16 +296,17 @@ def _fa4_interface():
 
 
 def _fa4_package_version() -> str:
-    """The version of the flash_attn.cute that imported: its __version__, else the flash-attn-4 package's."""
+    """The version of the flash_attn.cute that imported: the flash-attn-4 package's, else its __version__
+    (the released wheels' module says 0.0.0, so the package metadata comes first)."""
     import flash_attn.cute
 
-    version = getattr(flash_attn.cute, "__version__", None)
-    if version:
-        return str(version)
     try:
         return importlib.metadata.version("flash-attn-4")
     except importlib.metadata.PackageNotFoundError:
-        return "unknown"  # it imports from a copy without package metadata (a source tree on sys.path)
+        pass
+    version = getattr(flash_attn.cute, "__version__", None)
+    # Else it imports from a copy without package metadata (a source tree on sys.path).
+    return str(version) if version else "unknown"
 
 
 def fa4_status() -> Dict[str, str]:
