@@ -41,7 +41,7 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
 ``torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False) -> (dq, dk, dv)``
     A variable-length batch (:mod:`flashattn.varlen`): q ``(total_q, Hq, D)``, k/v ``(total_k, Hk, D)``,
     int32 offsets ``(batch + 1,)`` and optional used lengths ``(batch,)`` on q's device; out like q,
-    lse ``(Hq, total_q)``. On CUDA, sm_90 GPUs at head dims 33..128 only. varlen_fwd has autograd.
+    lse ``(Hq, total_q)``. On CUDA, sm_90 GPUs at head dims 33..128 only. varlen_fwd has autograd (csrc/torch/varlen_autograd.cpp).
     The offsets must start at 0, never decrease and end at the packed row count, seqused within each
     sequence, and no sequence longer than ``max_seqlen_q`` / ``max_seqlen_k`` where given (-1: any):
     checked where the op reads them, at once on the CPU, on CUDA by the kernel that builds the
@@ -272,26 +272,6 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sequse
     torch._check(tuple(lse.shape) == (q.size(1), q.size(0)),
                  lambda: f"{op}: lse must be (heads_q, total_q), got {tuple(lse.shape)}")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def _varlen_setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic = inputs[:11]
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-    ctx.args = (scale, is_causal, causal_bottom_right, deterministic)
-
-
-def _varlen_backward(ctx, dout, _dlse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k = ctx.saved_tensors
-    scale, is_causal, causal_bottom_right, deterministic = ctx.args
-    if dout.stride(-1) != 1 or dout.storage_offset() % 8 != 0 or any(st % 8 for st in dout.stride()[:-1]):
-        dout = dout.contiguous()  # the kernels read 16-byte aligned rows
-    dq, dk, dv = torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
-                                                seqused_k, scale, is_causal, causal_bottom_right, deterministic)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
-
-
-torch.library.register_autograd("flashattn::varlen_fwd", _varlen_backward, setup_context=_varlen_setup_context)
 
 
 def draw_rng_state(device, generator=None) -> torch.Tensor:

@@ -9,7 +9,7 @@ import re
 import pytest
 
 CSRC_TORCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc", "torch")
-TEXT_VARIABLES = {"op", "name", "expected", "text", "key"}  # const char* / std::string in those files
+TEXT_VARIABLES = {"op", "name", "expected", "text", "key", "cu_name", "used_name", "max_name"}  # const char* / std::string in those files
 TEXT_CALLS = ("to_text(", "std::to_string(")
 TEXT_SUFFIXES = (".str()", ".c_str()", ".scalar_type()", "->scalar_type()", ".cast<std::string>()")
 

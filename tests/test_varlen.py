@@ -143,23 +143,27 @@ def test_varlen_compiles_without_graph_breaks():
 
 
 def test_varlen_compiles_once_for_new_lengths():
-    # New offsets and max_seqlen for every batch: at most one recompile (the first new int becomes a
-    # symbolic one), not one graph per batch of lengths.
+    # New offsets and max_seqlen for every batch, forward and backward traced (aot_eager): at most one
+    # recompile (the first new int becomes a symbolic one, also through the autograd kernel), not one
+    # graph per batch of lengths.
     compiles = []
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
 
     def backend(gm, example_inputs):
         compiles.append(gm)
-        return gm
+        return aot_eager(gm, example_inputs)
 
     torch._dynamo.reset()
     compiled = torch.compile(lambda q, cu, m: flashattn.flash_attn_varlen_func(q, q, q, cu, cu, m, m, causal=True),
                              backend=backend, fullgraph=True)
     for lengths in ([5, 17, 3], [9, 4, 13], [2, 2, 20], [1, 6, 7]):
         cu = _cu(lengths, "cpu")
-        q = _packed(lengths, 2, 16, torch.float32, "cpu")
-        torch.testing.assert_close(compiled(q, cu, max(lengths)),
-                                   flashattn.flash_attn_varlen_func(q, q, q, cu, cu, max(lengths), max(lengths),
-                                                                    causal=True))
+        q = _packed(lengths, 2, 16, torch.float32, "cpu").requires_grad_()
+        out = compiled(q, cu, max(lengths))
+        (grad,) = torch.autograd.grad(out.sum(), q)
+        want = flashattn.flash_attn_varlen_func(q, q, q, cu, cu, max(lengths), max(lengths), causal=True)
+        torch.testing.assert_close(out, want)
+        torch.testing.assert_close(grad, torch.autograd.grad(want.sum(), q)[0])
     assert len(compiles) <= 2
 
 

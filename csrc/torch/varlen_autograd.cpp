@@ -1,0 +1,110 @@
+// The autograd kernel of flashattn::varlen_fwd: the forward below the autograd key (the device's kernel,
+// or a tracing mode's fake one), and a backward that calls flashattn::varlen_bwd with the forward's
+// inputs, out and lse.
+//
+// In C++ for the reason torch/autograd.cpp gives: a training step calls it once per attention layer,
+// and a Python autograd registration (torch.library.register_autograd) costs more host time per call
+// than the kernels' own launch code.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <tuple>
+
+namespace flashattn {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// max_seqlen_q / _k are SymInts here, so that tracing (torch.compile) keeps them symbolic.
+using VarlenFwdSignature = std::tuple<at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool, bool, bool, c10::SymInt,
+    c10::SymInt);
+using VarlenBwdSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&, double, bool, bool, bool);
+
+std::optional<at::Tensor> present(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
+// A symbolic condition decided (a guard while tracing; the value itself otherwise).
+bool holds(const c10::SymBool& b) { return b.guard_bool(__FILE__, __LINE__); }
+
+// Whether the kernels can read t's rows as they are: a contiguous last dim and 16-byte aligned rows
+// (flashattn/varlen.py's _rows_aligned, from metadata alone; symbolic while torch.compile traces).
+bool rows_aligned(const at::Tensor& t) {
+  if (holds(t.sym_stride(-1) != 1) || holds(t.sym_storage_offset() % 8 != 0)) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    if (holds(t.sym_stride(d) % 8 != 0)) return false;
+  }
+  return true;
+}
+
+class VarlenFwdFunction : public torch::autograd::Function<VarlenFwdFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                               const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k,
+                               double scale, bool is_causal, bool causal_bottom_right, bool deterministic,
+                               c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("flashattn::varlen_fwd", "")
+                               .typed<VarlenFwdSignature>();
+    at::Tensor out, lse;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      std::tie(out, lse) = op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal,
+                                   causal_bottom_right, deterministic, std::move(max_seqlen_q),
+                                   std::move(max_seqlen_k));
+    }
+    ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q.value_or(at::Tensor()),
+                            seqused_k.value_or(at::Tensor())});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["is_causal"] = is_causal;
+    ctx->saved_data["causal_bottom_right"] = causal_bottom_right;
+    ctx->saved_data["deterministic"] = deterministic;
+    ctx->mark_non_differentiable({lse});
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("flashattn::varlen_bwd", "")
+                               .typed<VarlenBwdSignature>();
+    const variable_list saved = ctx->get_saved_variables();
+    at::Tensor dout = grads[0];  // grads[1], lse's, is not differentiable
+    // Not .contiguous(): it returns an empty tensor unchanged, strides and all.
+    if (holds(dout.sym_numel() > 0) && !rows_aligned(dout)) dout = dout.clone(at::MemoryFormat::Contiguous);
+    auto [dq, dk, dv] = op.call(dout, saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
+                                present(saved[7]), present(saved[8]), ctx->saved_data["scale"].toDouble(),
+                                ctx->saved_data["is_causal"].toBool(),
+                                ctx->saved_data["causal_bottom_right"].toBool(),
+                                ctx->saved_data["deterministic"].toBool());
+    // One gradient per forward argument: q, k, v, then the ten arguments that take none.
+    variable_list out = {dq, dk, dv};
+    out.resize(13);
+    return out;
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> varlen_fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                                       const std::optional<at::Tensor>& seqused_q,
+                                                       const std::optional<at::Tensor>& seqused_k, double scale,
+                                                       bool is_causal, bool causal_bottom_right, bool deterministic,
+                                                       c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k) {
+  const variable_list outputs =
+      VarlenFwdFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal,
+                               causal_bottom_right, deterministic, std::move(max_seqlen_q), std::move(max_seqlen_k));
+  return {outputs[0], outputs[1]};
+}
+
+}  // namespace
+}  // namespace flashattn
+
+TORCH_LIBRARY_IMPL(flashattn, Autograd, m) { m.impl("varlen_fwd", &flashattn::varlen_fwd_autograd); }
