@@ -146,9 +146,9 @@ support matrix
                   CPU: float16, bfloat16, float32, float64
   GPUs            compute capability 8.0+ (A100, H100/H200, RTX 30xx/40xx, ...): sm80 kernels (mma.sync)
                   on all of them; on compute capability 9.0 (H100/H200) the sm90 path (TMA, wgmma, warp
-                  specialisation) runs the forward for head dims 33..256 and the backward for 33..64
-                  and 97..128, given 16-byte-aligned strides; sm80 otherwise (FLASHATTN_FORCE_SM80=1,
-                  or flashattn.plan's force_sm80 option, forces sm80)
+                  specialisation) runs the forward and the backward for head dims 33..256, given
+                  16-byte-aligned strides; sm80 otherwise (FLASHATTN_FORCE_SM80=1, or flashattn.plan's
+                  force_sm80 option, forces sm80)
   head dims       any of 1..256 (CUDA: padded inside the kernels to the next compiled tile width);
                   q, k and v must share the head dim
   heads           grouped-query / multi-query attention: heads_q a multiple of heads_kv
@@ -166,7 +166,13 @@ support matrix
   dropout         dropout_p in [0, 1) after the softmax, kept probabilities scaled by 1 / (1 - p); the
                   keep-mask is a Philox function of (seed, offset, b, h, i, j), the same on CPU and CUDA,
                   seeded from torch's generator (torch.manual_seed reproduces it)
-  not supported   sliding windows, softcap, ALiBi, variable-length (varlen) and KV-cache entry points
+  varlen          flash_attn_varlen_* (cu_seqlens, max_seqlen, seqused_q/k): packed rows in place on
+                  the CPU and on sm_90 at head dims 33..128 without dropout; elsewhere over a padded
+                  copy of the batch (exact, the work and memory of batch * max_seqlen rows)
+  KV cache        flash_attn_with_kvcache: in-place appends at cache_seqlens, causal per sequence;
+                  no rotary embedding, cache_batch_idx, cache_leftpad or paged caches (block_table)
+  not supported   sliding windows, softcap, ALiBi, attention sinks, a value head dim different from
+                  the query's (scaled_dot_product_attention falls back for it)
   fallbacks       scaled_dot_product_attention passes to torch SDPA (one warning per reason): dropout_p
                   outside [0, 1), an attn_mask of another dtype or device, float32/float64 CUDA tensors,
                   head dim > 256, a value head dim different from the query's, GPUs older than sm_80, a
