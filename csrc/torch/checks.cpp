@@ -76,9 +76,8 @@ CheckedShape check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k,
   return s;
 }
 
-void check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
-                      const at::Tensor& lse, const CheckedShape& s) {
-  const char* op = "flashattn.bwd";
+void check_dout_and_out(const char* op, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
+                        const at::Tensor& lse) {
   TORCH_CHECK(dout.sizes() == q.sizes(), op, ": dout must have q's shape ", to_text(q.sizes()), ", got ",
               to_text(dout.sizes()));
   TORCH_CHECK(out.sizes() == q.sizes(), op, ": out must have q's shape ", to_text(q.sizes()), ", got ",
@@ -88,10 +87,16 @@ void check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Ten
               out.scalar_type());
   TORCH_CHECK(dout.device() == q.device() && out.device() == q.device() && lse.device() == q.device(), op,
               ": dout, out and lse must be on q's device ", q.device().str());
-  TORCH_CHECK(dout.size(3) <= 1 || dout.stride(3) == 1, op, ": dout must have a contiguous last dim, got strides ",
+  TORCH_CHECK(dout.size(-1) <= 1 || dout.stride(-1) == 1, op, ": dout must have a contiguous last dim, got strides ",
               to_text(dout.strides()));
-  TORCH_CHECK(out.size(3) <= 1 || out.stride(3) == 1, op, ": out must have a contiguous last dim, got strides ",
+  TORCH_CHECK(out.size(-1) <= 1 || out.stride(-1) == 1, op, ": out must have a contiguous last dim, got strides ",
               to_text(out.strides()));
+}
+
+void check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
+                      const at::Tensor& lse, const CheckedShape& s) {
+  const char* op = "flashattn.bwd";
+  check_dout_and_out(op, dout, q, out, lse);
   TORCH_CHECK(lse.dim() == 3 && lse.size(0) == s.batch && lse.size(1) == s.heads_q && lse.size(2) == s.seqlen_q,
               op, ": lse must have shape [batch, heads_q, seqlen_q] = [", to_text(s.batch), ", ",
               to_text(s.heads_q), ", ", to_text(s.seqlen_q), "], got ", to_text(lse.sizes()));

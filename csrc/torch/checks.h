@@ -28,6 +28,11 @@ CheckedShape check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k,
 std::string to_text(int64_t value);
 std::string to_text(at::IntArrayRef values);
 
+// Checks dout and out against q (shape, dtype, device, a contiguous last dim) and lse's device: what
+// every backward op needs of them.
+void check_dout_and_out(const char* op, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
+                        const at::Tensor& lse);
+
 // Checks the extra backward inputs against the forward's shapes.
 void check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
                       const at::Tensor& lse, const CheckedShape& shape);

@@ -338,16 +338,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
 
 void check_varlen_bwd_inputs(const char* op, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
                              const at::Tensor& lse, const VarlenShape& s) {
-  TORCH_CHECK(dout.sizes() == q.sizes(), op, ": dout must have q's shape ", to_text(q.sizes()), ", got ",
-              to_text(dout.sizes()));
-  TORCH_CHECK(out.sizes() == q.sizes(), op, ": out must have q's shape ", to_text(q.sizes()), ", got ",
-              to_text(out.sizes()));
-  TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(), op,
-              ": dout and out must have q's dtype ", q.scalar_type(), ", got ", dout.scalar_type(), " and ",
-              out.scalar_type());
-  TORCH_CHECK(dout.device() == q.device() && out.device() == q.device() && lse.device() == q.device(), op,
-              ": dout, out and lse must be on q's device ", q.device().str());
-  TORCH_CHECK(dout.stride(2) == 1 && out.stride(2) == 1, op, ": dout and out must have a contiguous last dim");
+  check_dout_and_out(op, dout, q, out, lse);
   const std::vector<int64_t> lse_shape = {s.packed.heads_q, s.packed.seqlen_q};
   TORCH_CHECK(lse.sizes() == at::IntArrayRef(lse_shape), op, ": lse must be (heads_q, total_q) ", to_text(lse_shape),
               ", got ", to_text(lse.sizes()));
