@@ -8,13 +8,17 @@ included), and the kernels one call launches with their GPU times (torch.profile
     python scripts/dev/varlen_timing.py [--docs 8] [--length 2048] [--heads 16] [--head-dim 128]
 """
 import argparse
-import statistics
+import os
+import sys
 import time
 
 import torch
 
-import flashattn
-from flashattn import ops
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [REPO, os.path.join(REPO, "benchmarks")]
+import flashattn  # noqa: E402
+from bench_varlen import median_ms  # noqa: E402  (its timer: L2 flushed, then one call between events)
+from flashattn import ops  # noqa: E402
 
 
 def host_us(fn, calls=50):
@@ -39,20 +43,6 @@ def gpu_ms(fn, calls=20):
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / calls
-
-
-def flushed_ms(fn, calls=10):
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    times = []
-    for _ in range(calls):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def kernels(fn):
@@ -91,7 +81,7 @@ def main():
     for name, fn in calls.items():
         gpu = gpu_ms(fn)
         print(f"{name}: host {host_us(fn):.0f} us/call, GPU {gpu * 1e3:.0f} us/call ({flops / gpu / 1e9:.0f} TFLOP/s),"
-              f" flushed + host {flushed_ms(fn) * 1e3:.0f} us")
+              f" flushed + host {median_ms(fn, 10, 3000, 'cuda') * 1e3:.0f} us")
         print("\n".join(kernels(fn)))
 
 
