@@ -118,6 +118,16 @@ def _binary_runs_on(archs: Optional[Dict[str, List[int]]], capability: Tuple[int
     return ""
 
 
+def _build_record_line() -> str:
+    """What flashattn/build_record.py (written by setup.py) says the extension was built against."""
+    try:
+        from flashattn import build_record as r
+    except ImportError:
+        return "not recorded (a build older than the record); the extension imports only with a torch of the same ABI"
+    cuda = f", kernels by nvcc {r.NVCC} for archs {r.CUDA_ARCHS}" if r.CUDA_KERNELS else ", no CUDA kernels"
+    return f"torch {r.TORCH} (its CUDA {r.TORCH_CUDA or 'none'}){cuda}"
+
+
 def _package_version(name: str) -> Optional[str]:
     try:
         from importlib.metadata import PackageNotFoundError, version
@@ -197,7 +207,7 @@ def info() -> None:
     print(f"  CUDA kernels       {'yes' if built_cuda else 'no (CPU-only build: FLASHATTN_BUILD_CUDA=0 or no CUDA toolkit when it was built)'}")
     if built_cuda:
         print(f"  kernel archs       {_format_archs(archs)} (FLASHATTN_CUDA_ARCHS at build time, default 80;90)")
-    print("  torch built with   not recorded by the build; the extension imports only with a torch of the same ABI")
+    print(f"  built against      {_build_record_line()}")
     if torch.version.cuda:
         print(f"  torch's own archs  {' '.join(torch.cuda.get_arch_list()) or 'none'} (torch.cuda.get_arch_list(), not flashattn's)")
 

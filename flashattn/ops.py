@@ -62,7 +62,29 @@ from __future__ import annotations
 
 import torch
 
-from . import _C  # noqa: F401  (loading the library registers torch.ops.flashattn.*)
+
+def _built_for_another_torch(error: ImportError):
+    """An ImportError that says, in one line, that flashattn._C was built against another torch than
+    this one (flashattn/build_record.py, written by setup.py), or None when that is not the cause."""
+    try:
+        from . import build_record
+    except ImportError:
+        return None  # a build from before the record existed: nothing to compare
+    if build_record.TORCH == torch.__version__:
+        return None
+    said = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return ImportError(f"flashattn: its compiled extension was built against torch {build_record.TORCH} but this is "
+                       f"torch {torch.__version__}; rebuild flashattn with this torch (pip install "
+                       f"--no-build-isolation -e . in its checkout) (loading it said: {said})")
+
+
+try:
+    from . import _C  # noqa: F401  (loading the library registers torch.ops.flashattn.*)
+except ImportError as _error:
+    _mismatch = _built_for_another_torch(_error)
+    if _mismatch is None:
+        raise
+    raise _mismatch from _error
 
 __all__ = ["MAX_HEAD_DIM", "fwd", "fwd_heads_first", "bwd", "attention", "cuda_kernels_built", "draw_rng_state",
            "dropout_keep_mask"]
