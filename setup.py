@@ -14,6 +14,8 @@ extension was built with.
 Environment knobs:
   FLASHATTN_BUILD_CUDA   auto (default: CUDA kernels when a CUDA toolkit is found) | 1 | 0
   FLASHATTN_CUDA_ARCHS   semicolon list of SM versions to compile the sm80 path for (default "80;90")
+  FLASHATTN_CUDA_PTX     semicolon list of virtual archs whose PTX is embedded too (default "80": newer
+                         GPUs, such as sm_100 and sm_120, compile it at first use; "" for none)
   MAX_JOBS               parallel compile jobs (torch's ninja builder reads it)
   FLASHATTN_NVCC_FLAGS   extra nvcc flags, space-separated (e.g. "-DFLASHATTN_WATCHDOG" for a debug build
                          whose sm90 forward and backward mbarrier waits trap instead of hanging)
@@ -69,8 +71,16 @@ def cuda_archs():
     return [("90a" if a.strip() == "90" else a.strip()) for a in archs if a.strip()]
 
 
+def ptx_archs():
+    """Virtual architectures whose PTX is embedded beside the machine code, so that GPUs newer than every
+    listed SM (Blackwell, consumer sm_120) JIT the sm80 path at first use."""
+    archs = os.environ.get("FLASHATTN_CUDA_PTX", "80").replace(",", ";").split(";")
+    return [a.strip() for a in archs if a.strip()]
+
+
 def gencode_flags():
-    return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in cuda_archs()]
+    return ([f"-gencode=arch=compute_{a},code=sm_{a}" for a in cuda_archs()]
+            + [f"-gencode=arch=compute_{a},code=compute_{a}" for a in ptx_archs()])
 
 
 def nvidia_wheel_include_dirs():
@@ -141,6 +151,7 @@ def write_build_record(folder):
         f"CUDA_KERNELS = {cuda!r}\n"
         f"NVCC = {nvcc!r}  # the CUDA toolkit's release that compiled the kernels\n"
         f"CUDA_ARCHS = {(';'.join(cuda_archs()) if cuda else '')!r}\n"
+        f"CUDA_PTX = {(';'.join(ptx_archs()) if cuda else '')!r}  # PTX embedded for newer GPUs\n"
     )
     with open(os.path.join(folder, "build_record.py"), "w") as f:
         f.write(record)

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import flashattn
@@ -19,7 +20,21 @@ def test_the_record_is_this_build():
     if build_record.CUDA_KERNELS:
         assert build_record.NVCC and build_record.CUDA_ARCHS
     else:
-        assert build_record.NVCC is None and build_record.CUDA_ARCHS == ""
+        assert build_record.NVCC is None and build_record.CUDA_ARCHS == "" and build_record.CUDA_PTX == ""
+
+
+def test_the_binary_holds_the_recorded_code():
+    # Read from the extension's fatbin (no GPU needed): machine code for every recorded arch, and the
+    # PTX newer GPUs compile at first use.
+    if not build_record.CUDA_KERNELS:
+        pytest.skip("a CPU-only build")
+    from flashattn.__main__ import kernel_archs_in_binary
+
+    archs = kernel_archs_in_binary(flashattn.ops._C.__file__)
+    assert archs is not None
+    recorded = [int(a.rstrip("a")) for a in build_record.CUDA_ARCHS.split(";")]
+    assert sorted(archs["sass"]) == sorted(recorded), archs
+    assert sorted(archs["ptx"]) == sorted(int(a) for a in build_record.CUDA_PTX.split(";") if a), archs
 
 
 def _import_with(recorded_torch):
