@@ -124,9 +124,8 @@ def _build_record_line() -> str:
         from flashattn import build_record as r
     except ImportError:
         return "not recorded (a build older than the record); the extension imports only with a torch of the same ABI"
-    ptx = getattr(r, "CUDA_PTX", "")
-    cuda = (f", kernels by nvcc {r.NVCC} for archs {r.CUDA_ARCHS}" + (f" and compute_{ptx} PTX" if ptx else "")
-            if r.CUDA_KERNELS else ", no CUDA kernels")
+    ptx = f" and compute_{r.CUDA_PTX} PTX" if r.CUDA_PTX else ""
+    cuda = f", kernels by nvcc {r.NVCC} for archs {r.CUDA_ARCHS}{ptx}" if r.CUDA_KERNELS else ", no CUDA kernels"
     return f"torch {r.TORCH} (its CUDA {r.TORCH_CUDA or 'none'}){cuda}"
 
 

@@ -88,18 +88,22 @@ void check_offset_values(const char* op, const at::Tensor& cu, const std::option
   }
 }
 
+// Both sides' offsets (check_offset_values), before any span is read.
+void check_cpu_offsets(const char* op, const VarlenShape& s, const at::Tensor& cu_q, const at::Tensor& cu_k,
+                       const std::optional<at::Tensor>& used_q, const std::optional<at::Tensor>& used_k,
+                       int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  check_offset_values(op, cu_q, used_q, s.packed.seqlen_q, max_seqlen_q, "cu_seqlens_q", "seqused_q", "max_seqlen_q");
+  check_offset_values(op, cu_k, used_k, s.packed.seqlen_k, max_seqlen_k, "cu_seqlens_k", "seqused_k", "max_seqlen_k");
+}
+
+// Sequence b's rows (the offsets checked by check_cpu_offsets: inside q's and k's rows).
 CpuSpan cpu_span(const at::Tensor& cu_q, const at::Tensor& cu_k, const std::optional<at::Tensor>& used_q,
-                 const std::optional<at::Tensor>& used_k, int64_t b, int64_t total_q, int64_t total_k,
-                 const char* op) {
+                 const std::optional<at::Tensor>& used_k, int64_t b) {
   const int* cq = cu_q.data_ptr<int>();
   const int* ck = cu_k.data_ptr<int>();
   CpuSpan s{cq[b], ck[b], cq[b + 1] - cq[b], ck[b + 1] - ck[b]};
   if (used_q.has_value()) s.len_q = used_q->data_ptr<int>()[b];
   if (used_k.has_value()) s.len_k = used_k->data_ptr<int>()[b];
-  TORCH_CHECK(s.q_begin >= 0 && s.len_q >= 0 && s.q_begin + s.len_q <= total_q, op, ": sequence ", to_text(b),
-              " of cu_seqlens_q / seqused_q covers rows outside q's ", to_text(total_q));
-  TORCH_CHECK(s.k_begin >= 0 && s.len_k >= 0 && s.k_begin + s.len_k <= total_k, op, ": sequence ", to_text(b),
-              " of cu_seqlens_k / seqused_k covers rows outside k's ", to_text(total_k));
   return s;
 }
 
@@ -112,17 +116,13 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at:
                                                   int64_t max_seqlen_k) {
   const char* op = "flashattn.varlen_fwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
-  check_offset_values(op, cu_seqlens_q, seqused_q, s.packed.seqlen_q, max_seqlen_q, "cu_seqlens_q", "seqused_q",
-                      "max_seqlen_q");
-  check_offset_values(op, cu_seqlens_k, seqused_k, s.packed.seqlen_k, max_seqlen_k, "cu_seqlens_k", "seqused_k",
-                      "max_seqlen_k");
+  check_cpu_offsets(op, s, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   const at::ScalarType lse_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor out = at::zeros(q.sizes(), q.options());
   at::Tensor lse = at::full({s.packed.heads_q, s.packed.seqlen_q}, -std::numeric_limits<double>::infinity(),
                             q.options().dtype(lse_type));
   for (int64_t b = 0; b < s.batch; ++b) {
-    const CpuSpan span = cpu_span(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, b, s.packed.seqlen_q,
-                                  s.packed.seqlen_k, op);
+    const CpuSpan span = cpu_span(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, b);
     if (span.len_q == 0 || span.len_k == 0) continue;  // out 0, lse -inf: no key to attend to
     const int64_t offset = causal_bottom_right ? span.len_k - span.len_q : 0;
     auto [o, l] = cpu::fwd(q.narrow(0, span.q_begin, span.len_q).unsqueeze(0),
@@ -142,14 +142,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
   const char* op = "flashattn.varlen_bwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_varlen_bwd_inputs(op, dout, q, out, lse, s);
-  check_offset_values(op, cu_seqlens_q, seqused_q, s.packed.seqlen_q, -1, "cu_seqlens_q", "seqused_q", "max_seqlen_q");
-  check_offset_values(op, cu_seqlens_k, seqused_k, s.packed.seqlen_k, -1, "cu_seqlens_k", "seqused_k", "max_seqlen_k");
+  check_cpu_offsets(op, s, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, -1, -1);
   at::Tensor dq = at::zeros(q.sizes(), q.options());
   at::Tensor dk = at::zeros(k.sizes(), k.options());
   at::Tensor dv = at::zeros(v.sizes(), v.options());
   for (int64_t b = 0; b < s.batch; ++b) {
-    const CpuSpan span = cpu_span(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, b, s.packed.seqlen_q,
-                                  s.packed.seqlen_k, op);
+    const CpuSpan span = cpu_span(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, b);
     if (span.len_q == 0 || span.len_k == 0) continue;
     const int64_t offset = causal_bottom_right ? span.len_k - span.len_q : 0;
     auto rows_q = [&](const at::Tensor& t) { return t.narrow(0, span.q_begin, span.len_q).unsqueeze(0); };
