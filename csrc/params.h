@@ -91,6 +91,10 @@ struct MaskParams {
   int tile_q = 0, tile_k = 0, tiles_k = 0, class_row_stride = 0;
 };
 
+// Rows of the backward's statistics workspaces are padded to a multiple of this many queries: the
+// largest query block of any backward kernel.
+constexpr int kBwdStatsAlign = 128;
+
 // A variable-length batch (all pointers nullptr: a batched call). Sequence b's queries are rows
 // cu_seqlens_q[b] .. cu_seqlens_q[b + 1] of q and out, seen as [1, total_q, H, D] tensors (their batch
 // strides unused), its keys rows cu_seqlens_k[b] .. of k and v; AttentionShape::batch counts the
@@ -114,9 +118,11 @@ struct VarlenParams {
   const int* tiles = nullptr;       // the schedule list: item i is (tiles[2i], tiles[2i + 1])
   const int* tile_count = nullptr;  // its length, on the device
   // The backward's statistics and dq workspaces: sequence b's rows start at workspace row
-  // varlen_workspace_row(b) (cuda/varlen.h), every sequence padded to whole kBwdStatsAlign blocks;
+  // varlen_workspace_row(b) (cuda/varlen.h), every sequence padded to whole blocks of workspace_align
+  // rows (kBwdStatsAlign, or 64 where no step or auxiliary block covers more: half the padding);
   // workspace_rows per query head.
   int64_t workspace_rows = 0;
+  int workspace_align = kBwdStatsAlign;
   FLASHATTN_HOST_DEVICE bool enabled() const { return cu_seqlens_q != nullptr; }
 };
 
@@ -148,9 +154,6 @@ struct FwdParams {
   VarlenParams varlen;
 };
 
-// Rows of the backward's statistics workspaces are padded to a multiple of this many queries: the
-// largest query block of any backward kernel.
-constexpr int kBwdStatsAlign = 128;
 // BwdParams::stats_stride for seqlen_q queries.
 constexpr int64_t bwd_stats_stride(int64_t seqlen_q) { return (seqlen_q + kBwdStatsAlign - 1) / kBwdStatsAlign * kBwdStatsAlign; }
 

@@ -36,7 +36,7 @@ __device__ __forceinline__ int varlen_sequence_of_row(const VarlenParams& v, int
   int lo = 0, hi = batch - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (varlen_workspace_row(v.cu_seqlens_q[mid], mid) <= w) {
+    if (varlen_workspace_row(v.cu_seqlens_q[mid], mid, v.workspace_align) <= w) {
       lo = mid;
     } else {
       hi = mid - 1;
@@ -61,12 +61,12 @@ struct AuxRows {
       const VarlenParams& v = p.varlen;
       const int b = varlen_sequence_of_row(v, s.batch, row0);
       const SeqSpan seq = SeqSpan::of(v, b);
-      const int64_t start = varlen_workspace_row(seq.q_begin, b);
+      const int64_t start = varlen_workspace_row(seq.q_begin, b, v.workspace_align);
       first = static_cast<int>(row0 - start);
       seqlen_q = seq.len_q;
       lse0 = static_cast<int64_t>(head) * s.seqlen_q + seq.q_begin;
       stats0 = head * v.workspace_rows + start;
-      region_rows = varlen_workspace_row(v.cu_seqlens_q[b + 1], b + 1) - start;
+      region_rows = varlen_workspace_row(v.cu_seqlens_q[b + 1], b + 1, v.workspace_align) - start;
       q_row0 = seq.q_begin;
     } else {
       const int64_t row = static_cast<int64_t>(batch) * s.heads_q + head;
@@ -357,7 +357,10 @@ cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   // 8 threads per row load a row of up to 64 columns at once; 16 threads for wider rows.
   const bool narrow = p.shape.head_dim <= 64;
   const int lanes = narrow ? 8 : 16;
-  cudaError_t err = aux_grid(p, aux_rows(p), kAuxThreads / lanes * kPreprocessRowsPerThread, &chunks_per_head, &grid);
+  const int rows_per_block = kAuxThreads / lanes * kPreprocessRowsPerThread;
+  // A block's rows must lie in one sequence's workspace region (AuxRows finds the sequence of its first).
+  if (p.varlen.enabled() && p.varlen.workspace_align % rows_per_block != 0) return cudaErrorInvalidValue;
+  cudaError_t err = aux_grid(p, aux_rows(p), rows_per_block, &chunks_per_head, &grid);
   if (err != cudaSuccess) return err;
   const bool rebalance = p.dout_caller != nullptr;
   if (narrow) {

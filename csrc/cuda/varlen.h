@@ -10,11 +10,12 @@
 namespace flashattn {
 
 // The workspace row where sequence b starts, given its first packed query row cu_b: every sequence
-// starts on a kBwdStatsAlign boundary and ends at least one whole block of its own before the next
-// one starts ((cu_b + b * align) rounded down grows by len + align per sequence, so it passes the
-// previous start + len rounded up). Sequence `batch` (cu_b = total_q) gives the workspace's row count.
-FLASHATTN_HOST_DEVICE int64_t varlen_workspace_row(int64_t cu_b, int64_t b) {
-  return (cu_b + b * kBwdStatsAlign) / kBwdStatsAlign * kBwdStatsAlign;
+// starts on an `align` boundary (VarlenParams::workspace_align) and ends at least one whole block of
+// its own before the next one starts ((cu_b + b * align) rounded down grows by len + align per
+// sequence, so it passes the previous start + len rounded up). Sequence `batch` (cu_b = total_q) gives
+// the workspace's row count.
+FLASHATTN_HOST_DEVICE int64_t varlen_workspace_row(int64_t cu_b, int64_t b, int64_t align) {
+  return (cu_b + b * align) / align * align;
 }
 
 #if defined(__CUDACC__)

@@ -111,7 +111,8 @@ __device__ __forceinline__ BwdRows bwd_batched_rows(const BwdParams& p, int batc
 }
 // Sequence b of p.varlen (span `seq`).
 __device__ __forceinline__ BwdRows bwd_varlen_rows(const BwdParams& p, int b, const SeqSpan& seq) {
-  return BwdRows{seq.q_begin, seq.k_begin, 0, varlen_workspace_row(seq.q_begin, b), p.varlen.workspace_rows};
+  return BwdRows{seq.q_begin, seq.k_begin, 0, varlen_workspace_row(seq.q_begin, b, p.varlen.workspace_align),
+                 p.varlen.workspace_rows};
 }
 
 // The steps of the key block starting at key n0: every query head of its GQA group times the
@@ -806,6 +807,8 @@ template <typename T, typename Cfg>
 cudaError_t launch_bwd_varlen_with_config(const BwdParams& p, cudaStream_t stream) {
   const AttentionShape& sh = p.shape;
   if (p.dq_accum_dim != Cfg::kHeadDim || !p.dq_accum_tiled || !p.varlen.enabled()) return cudaErrorNotSupported;
+  // Query steps never cross a sequence's workspace region.
+  if (p.varlen.workspace_align % Cfg::kBlockM != 0) return cudaErrorNotSupported;
   VarlenListSpec spec;
   spec.work = VarlenWork::kBackward;
   spec.batch = sh.batch;

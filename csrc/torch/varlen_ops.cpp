@@ -288,7 +288,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
   }
   const at::Tensor lse = lse_in.to(at::kFloat).contiguous();
   const int width = sm90::bwd_tile_width(p.shape.head_dim);
-  const int64_t workspace_rows = varlen_workspace_row(s.packed.seqlen_q, s.batch);
+  p.sm90_block_m = width == 64 && !deterministic && plan_options().sm90_bwd_wide_steps ? 128 : 64;
+  // 64-row sequence regions where the kernel's query steps are 64 rows and the preprocess's blocks too
+  // (it takes 64 rows a block above head dim 64, 128 up to it): half the padding of 128-row regions.
+  const int workspace_align = p.sm90_block_m == 64 && p.shape.head_dim > 64 ? 64 : kBwdStatsAlign;
+  const int64_t workspace_rows = varlen_workspace_row(s.packed.seqlen_q, s.batch, workspace_align);
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor dq_accum = at::empty({s.packed.heads_q, workspace_rows, width}, f32);
   at::Tensor delta = at::empty({s.packed.heads_q, workspace_rows}, f32);
@@ -301,6 +305,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
   p.varlen = make_varlen(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, causal_bottom_right, s, -1, -1, capacity,
                          list);
   p.varlen.workspace_rows = workspace_rows;
+  p.varlen.workspace_align = workspace_align;
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
@@ -318,7 +323,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
   p.dq_accum_tiled = true;
   p.deterministic = deterministic;
   p.dq_keys_done = deterministic ? dq_keys_done.data_ptr<int>() : nullptr;
-  p.sm90_block_m = width == 64 && !deterministic && plan_options().sm90_bwd_wide_steps ? 128 : 64;
   p.q_strides = strides_of(q4);
   p.k_strides = strides_of(k4);
   p.v_strides = strides_of(v4);
