@@ -475,14 +475,14 @@ struct DqTurns {
   }
 };
 
-// Stages a consumer's dQ partial (64 queries x kCols head dims from its first, accumulator layout) in
-// the fp32 staging tile at `stage` in the sm90 tile layout (cuda/dq_accum_layout.h): a warp's stores
-// are 512 contiguous bytes.
-template <int kWidth, int kCols>
-__device__ __forceinline__ void store_dq_tile(uint32_t stage, const float (&dq)[kCols / 2], int consumer, int thread) {
+// Stages a consumer's dQ partial (64 queries x kCols head dims from col0, accumulator layout) in the
+// fp32 staging tile at `stage` in the sm90 tile layout (cuda/dq_accum_layout.h): a warp's stores are
+// 512 contiguous bytes.
+template <int kCols>
+__device__ __forceinline__ void store_dq_tile(uint32_t stage, const float (&dq)[kCols / 2], int col0, int thread) {
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j) {
-    st_shared_f32x4(stage + dq_tile_fragment_offset(consumer, j, thread, kWidth) * 4,
+    st_shared_f32x4(stage + dq_tile_fragment_offset(col0 / 8 + j, thread) * 4,
                     make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
   }
 }
@@ -732,9 +732,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
     wgmma_wait<0>();
     fence_registers(dq);
-    // By rows, a consumer's 64 x kHeadDim partial is a whole block of the tile layout, whose halves are
-    // those of "consumers" 0 and 1 of a column split (dq_tile_fragment_offset): consumer 0's n8 blocks.
-    store_dq_tile<Cfg::kHeadDim, Cfg::kDqCols>(dq_stage_addr, dq, Cfg::kDqByRows ? 0 : consumer, thread_in_group);
+    // By rows, a consumer's 64 x kHeadDim partial is a whole block of the tile layout.
+    store_dq_tile<Cfg::kDqCols>(dq_stage_addr, dq, dq_col0, thread_in_group);
     fence_proxy_async_shared();
     // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
     named_barrier_sync(kBwdConsumerBarrier, 256);

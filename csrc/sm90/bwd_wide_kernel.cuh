@@ -55,30 +55,27 @@ __device__ __forceinline__ void issue_queries_by_keys(float (&acc)[Cfg::kKeysPer
 // acc (64 keys x this consumer's head dims) += scores^T (the [64 queries][64 keys] tile, MN-major A)
 // times `rows` (a [64 queries][D] tile from its first column block of those dims, MN-major B).
 // dV += P^T dO and dK += dS^T Q.
-template <typename T, typename Cfg>
-__device__ __forceinline__ void issue_keys_by_dims_ss(float (&acc)[Cfg::kDimsPerConsumer / 2], uint32_t scores,
-                                                      uint32_t rows) {
+template <typename T, typename Cfg, int kDims>
+__device__ __forceinline__ void issue_keys_by_dims_ss(float (&acc)[kDims / 2], uint32_t scores, uint32_t rows) {
   const uint64_t desc_a0 = smem_desc_sw128(scores, Cfg::kScoreTileBytes, 1024);
   const uint64_t desc_b0 = smem_desc_sw128(rows, Cfg::kQColBlockBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk) {
     const int offset = kk * 16 * 128;
-    Wgmma<T, Cfg::kDimsPerConsumer>::ss_mn(acc, smem_desc_advance(desc_a0, offset), smem_desc_advance(desc_b0, offset),
-                                           1);
+    Wgmma<T, kDims>::ss_mn(acc, smem_desc_advance(desc_a0, offset), smem_desc_advance(desc_b0, offset), 1);
   }
 }
 
 // dq (64 queries x this consumer's head dims) = dS (the [64 queries][64 keys] tile, K-major A) times K
 // (the [64 keys][D] tile from its first column block of those dims, MN-major B).
-template <typename T, typename Cfg>
-__device__ __forceinline__ void issue_dq_wide(float (&dq)[Cfg::kDimsPerConsumer / 2], uint32_t ds_tile,
-                                              uint32_t k_cols) {
+template <typename T, typename Cfg, int kDims>
+__device__ __forceinline__ void issue_dq_wide(float (&dq)[kDims / 2], uint32_t ds_tile, uint32_t k_cols) {
   const uint64_t desc_a0 = smem_desc_sw128(ds_tile, 16, 1024);
   const uint64_t desc_b0 = smem_desc_sw128(k_cols, Cfg::kKVColBlockBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
-    Wgmma<T, Cfg::kDimsPerConsumer>::ss_b_mn(dq, smem_desc_advance(desc_a0, kk * 32),
-                                             smem_desc_advance(desc_b0, kk * 16 * 128), kk > 0);
+    Wgmma<T, kDims>::ss_b_mn(dq, smem_desc_advance(desc_a0, kk * 32), smem_desc_advance(desc_b0, kk * 16 * 128),
+                             kk > 0);
   }
 }
 
@@ -119,50 +116,23 @@ __device__ __forceinline__ uint32_t wide_keep_bits(const DropoutRow& rng, int ro
   return keep;
 }
 
-template <typename T, typename Cfg, bool kMasked, bool kDropout>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid_constant__ BwdTensorMaps maps,
-                                                                    const BwdParams p) {
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __trap();  // built for sm_80 too, never launched there (see sm90/api.h)
-#else
+// The step loop of consumer `consumer` (0 or 1), whose head dims for the products are [dim0, dim0 +
+// kDims), and its dK and dV stores.
+template <typename T, typename Cfg, bool kMasked, bool kDropout, int kDims>
+__device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg>& bars, unsigned char* base,
+                                             const BwdSteps& steps, BwdStepWalk<T, kMasked> walk,
+                                             const BwdKeyBlock& block, int consumer, int dim0) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
-  constexpr int kKeys = Cfg::kKeysPerConsumer, kDims = Cfg::kDimsPerConsumer;
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  auto& bars = *reinterpret_cast<BwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
-
+  constexpr int kKeys = Cfg::kKeysPerConsumer;
   const AttentionShape& sh = p.shape;
-  const BwdKeyBlock block = bwd_key_block<kBlockN>(p);
   const int n_block = block.n_block, kv_head = block.kv_head, batch = block.batch, n0 = block.n0;
-  const BwdSteps steps = bwd_steps<kBlockM>(sh, n0);
-  const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);  // uniform, as in bwd_kernel
-  // The walk over the steps whose class tile lets some key through: the tile of the class grid's
-  // 128-key column holding this block.
-  static_assert(kBlockN * 2 == BwdConfig<64>::kBlockN, "two 64-key blocks per class tile");
-  BwdStepWalk<T, kMasked> walk{p, steps, kv_head, batch, n_block / 2};
-
-  if (threadIdx.x == 0) init_bwd_barriers(maps, bars);
-  __syncthreads();
-
-  if (warpgroup == 0) {
-    registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x < 32) {
-      produce_bwd<T, Cfg, kMasked, false>(p, maps, bars, base, n0, kv_head, batch, steps, walk,
-                                          bwd_batched_rows(p, batch));
-    }
-    return;
-  }
-  registers_increase<Cfg::kConsumerRegisters>();
-
-  const int consumer = warpgroup - 1;
   const int warp_in_group = (threadIdx.x % 128) / 32;
   const int lane = threadIdx.x % 32;
   const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
   using Turns = DqTurns<kBlockN>;  // deterministic mode's turns at the dQ reductions (unmasked variant)
   constexpr bool kDeterministicTurns = !kMasked;
   if (reducer) Turns::start();
-  const int key0 = n0 + consumer * kKeys;   // this consumer's score columns: keys [key0, key0 + 32)
-  const int dim0 = consumer * kDims;        // this consumer's head dims: [dim0, dim0 + kDims)
+  const int key0 = n0 + consumer * kKeys;  // this consumer's score columns: keys [key0, key0 + 32)
   const uint32_t smem = smem_u32(base);
   const uint32_t key_rows = smem + consumer * kKeys * 128;  // its 32 rows of K in every column block
   const uint32_t value_rows = key_rows + Cfg::kVOffset;
@@ -268,10 +238,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
 
     float dq[kDims / 2];
     wgmma_fence();
-    issue_keys_by_dims_ss<T, Cfg>(dk, ds_tile, q_tile + (dim0 / 64) * Cfg::kQColBlockBytes);
-    issue_keys_by_dims_ss<T, Cfg>(dv, p_tile, do_tile + (dim0 / 64) * Cfg::kQColBlockBytes);
+    issue_keys_by_dims_ss<T, Cfg, kDims>(dk, ds_tile, q_tile + (dim0 / 64) * Cfg::kQColBlockBytes);
+    issue_keys_by_dims_ss<T, Cfg, kDims>(dv, p_tile, do_tile + (dim0 / 64) * Cfg::kQColBlockBytes);
     wgmma_commit();
-    issue_dq_wide<T, Cfg>(dq, ds_tile, k_cols);
+    issue_dq_wide<T, Cfg, kDims>(dq, ds_tile, k_cols);
     wgmma_commit();
     wgmma_wait<1>();  // dK and dV are done with this stage's Q and dO
     fence_registers(dk);
@@ -279,7 +249,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
     named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
     wgmma_wait<0>();
     fence_registers(dq);
-    store_dq_tile<Cfg::kHeadDim, kDims>(dq_stage_addr, dq, consumer, threadIdx.x % 128);
+    store_dq_tile<kDims>(dq_stage_addr, dq, dim0, threadIdx.x % 128);
     fence_proxy_async_shared();
     // dq_stage complete; neither consumer rewrites P or dS before both consumers' products are done.
     named_barrier_sync(kBwdConsumerBarrier, 256);
@@ -293,6 +263,45 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
 
   // dK = scale * dS^T Q and dV, straight from the accumulators: keys n0 + row, head dims dim0 + col.
   store_dk_dv<T>(p, p.shape, 0, dk, dv, batch, kv_head, n0, dim0, warp_in_group, lane);
+}
+
+template <typename T, typename Cfg, bool kMasked, bool kDropout>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid_constant__ BwdTensorMaps maps,
+                                                                    const BwdParams p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // built for sm_80 too, never launched there (see sm90/api.h)
+#else
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& bars = *reinterpret_cast<BwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
+
+  const AttentionShape& sh = p.shape;
+  const BwdKeyBlock block = bwd_key_block<kBlockN>(p);
+  const int n_block = block.n_block, kv_head = block.kv_head, batch = block.batch, n0 = block.n0;
+  const BwdSteps steps = bwd_steps<kBlockM>(sh, n0);
+  const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);  // uniform, as in bwd_kernel
+  // The walk over the steps whose class tile lets some key through: the tile of the class grid's
+  // 128-key column holding this block.
+  static_assert(kBlockN * 2 == BwdConfig<64>::kBlockN, "two 64-key blocks per class tile");
+  BwdStepWalk<T, kMasked> walk{p, steps, kv_head, batch, n_block / 2};
+
+  if (threadIdx.x == 0) init_bwd_barriers(maps, bars);
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    registers_decrease<Cfg::kProducerRegisters>();
+    if (threadIdx.x < 32) {
+      produce_bwd<T, Cfg, kMasked, false>(p, maps, bars, base, n0, kv_head, batch, steps, walk,
+                                          bwd_batched_rows(p, batch));
+    }
+    return;
+  }
+  registers_increase<Cfg::kConsumerRegisters>();
+
+  const int consumer = warpgroup - 1;
+  wide_consume<T, Cfg, kMasked, kDropout, Cfg::kDimsPerConsumer>(p, bars, base, steps, walk, block, consumer,
+                                                                 consumer * Cfg::kDimsPerConsumer);
 #endif
 }
 
