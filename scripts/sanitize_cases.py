@@ -117,8 +117,10 @@ FULL_CASES = [
     _case(1, 300, 97, 2, 2, 128, F16, "bottom_right", mask="float", dropout_p=0.5),
     _case(1, 17, 1025, 2, 2, 256, BF16, "top_left", "unaligned", dropout_p=0.1),
     _case(1, 97, 97, 4, 2, 32, F16, "top_left", dropout_p=0.3),
-    # the sm90 wide backward (tile width 256) with a mask, its gradient and dropout
+    # the sm90 wide backward (tile widths 256 and 192, whose consumers own 128 and 64 head dims) with a
+    # mask, its gradient and dropout
     _case(1, 300, 200, 2, 1, 256, BF16, "bottom_right", mask="float", dropout_p=0.2),
+    _case(1, 200, 300, 2, 2, 160, F16, "top_left", mask="float", dropout_p=0.2),
     # K/V multicast (sm90 forward, tile width 128, no causal masking, an even number of query tiles)
     _case(1, 200, 1025, 4, 2, 112, BF16, "none"),
 ]

@@ -198,7 +198,8 @@ DETERMINISTIC_CASES = [
     (2, 1000, 1000, 4, 4, 128, "none"),
     (2, 1000, 1000, 8, 2, 256, "top_left"),  # 64-key blocks
     (2, 1000, 1000, 4, 4, 96, "none"),  # padded to tile width 128 on the sm90 path
-    (2, 1000, 1500, 4, 2, 192, "bottom_right"),  # the sm90 wide kernel, padded to 256
+    (2, 1000, 1500, 4, 2, 192, "bottom_right"),  # the sm90 wide kernel at tile width 192
+    (2, 1000, 1000, 4, 2, 136, "none"),  # padded to tile width 192 on the sm90 path
     (2, 2048, 2048, 16, 16, 128, "top_left"),  # 512 CTAs: several waves on any GPU
 ]
 

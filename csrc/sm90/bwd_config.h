@@ -67,19 +67,22 @@ struct BwdConfig {
 
 // The wide backward (bwd_wide_kernel.cuh) for tile widths above 128, where one consumer cannot hold dK
 // and dV for all of its keys' head dims: a CTA owns 64 keys; each consumer computes S and dP for 32 of
-// them (all queries of the step) and dK, dV and dQ for half of the head dims (all 64 keys).
+// them (all queries of the step) and dK, dV and dQ for its 64-column blocks of head dims (all 64 keys):
+// consumer 0 the first kDims0 head dims, consumer 1 the other kDims1 (128 each at width 256; 128 and
+// 64 at 192, whose 96-dim halves would split a 128-byte swizzled column block).
 template <int kHeadDim_>
 struct BwdWideConfig {
   static constexpr int kHeadDim = kHeadDim_;  // tile width, equal to the dq workspace width
   static constexpr int kBlockM = 64;          // queries per step
   static constexpr int kBlockN = 64;          // keys per CTA
   static constexpr int kConsumers = 2;
-  static constexpr int kKeysPerConsumer = kBlockN / kConsumers;   // S and dP columns of one consumer
-  static constexpr int kDimsPerConsumer = kHeadDim / kConsumers;  // dK, dV and dQ columns of one consumer
+  static constexpr int kKeysPerConsumer = kBlockN / kConsumers;  // S and dP columns of one consumer
+  static constexpr int kColBlocks = kHeadDim / 64;
+  static constexpr int kDims0 = 64 * ((kColBlocks + 1) / 2);  // dK, dV and dQ columns of consumer 0
+  static constexpr int kDims1 = kHeadDim - kDims0;            // ... of consumer 1, from column kDims0
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kConsumerRegisters = 240;
   static constexpr int kProducerRegisters = 24;
-  static constexpr int kColBlocks = kHeadDim / 64;
   static constexpr int kQColBlockBytes = kBlockM * 128;   // one [64 queries][64] column block
   static constexpr int kKVColBlockBytes = kBlockN * 128;  // one [64 keys][64] column block
   static constexpr int kQBytes = kColBlocks * kQColBlockBytes;
@@ -106,7 +109,8 @@ struct BwdWideConfig {
   static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + kStages) * 8;
 
   static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
-  static_assert(kDimsPerConsumer % 64 == 0, "each consumer's head dims are whole 64-column blocks");
+  static_assert(kHeadDim % 64 == 0 && kDims1 > 0, "each consumer's head dims are whole 64-column blocks");
+  static_assert(kDims0 <= 128, "a consumer's dK and dV take kDims0 registers a thread");
   static_assert(kBlockN == 64, "P and dS rows are one 128-byte swizzle row");
   static_assert(kBlockM == kDqTileRows, "a step's dQ partial is one block of the dq workspace's tile layout");
   static_assert(kBlockM % kBwdStatsAlign == 0 || kBwdStatsAlign % kBlockM == 0, "steps never cross a stats row");

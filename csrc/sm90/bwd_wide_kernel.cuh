@@ -7,11 +7,13 @@
 //     [32c, 32c + 32) and all 64 queries of the step (wgmma from shared memory), P = exp2(S scale - LSE)
 //     and dS = P (dP - delta) in registers, and writes both, rounded to T, into the step's shared
 //     [64 queries][64 keys] P and dS tiles (128-byte swizzle);
-//   - by head dims for the products: once both halves of P and dS are there, consumer c computes its
-//     half of the head dims [c D/2, (c + 1) D/2) of dV += P^T dO and dK += dS^T Q over all 64 keys (dK
-//     and dV stay in registers for the whole CTA) and of dQ_partial = dS K, which meets the other half in
-//     an fp32 staging tile (the sm90 tile layout, cuda/dq_accum_layout.h) added into the dq workspace with
-//     one bulk reduction per step.
+//   - by head dims for the products: once both halves of P and dS are there, each consumer computes
+//     its head dims (BwdWideConfig: halves at width 256, 128 and 64 at 192) of dV += P^T dO and
+//     dK += dS^T Q over all 64 keys (dK and dV stay in registers for the whole CTA) and of
+//     dQ_partial = dS K, which meets the other consumer's columns in an fp32 staging tile (the sm90
+//     tile layout, cuda/dq_accum_layout.h) added into the dq workspace with one bulk reduction per
+//     step. An uneven split costs little: both consumers' GEMMs run on the SM's one set of tensor
+//     cores, so what counts is their sum.
 // The kMasked variant applies params.mask (on the masked backward's 64-query x 128-key class grid: a
 // 64-key block reads the classes of the 128-key tile it lies in) and writes dS to params.dmask when
 // set; its kDropout form applies params.dropout too. No key-length form (the planner gives none at these
@@ -300,8 +302,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   registers_increase<Cfg::kConsumerRegisters>();
 
   const int consumer = warpgroup - 1;
-  wide_consume<T, Cfg, kMasked, kDropout, Cfg::kDimsPerConsumer>(p, bars, base, steps, walk, block, consumer,
-                                                                 consumer * Cfg::kDimsPerConsumer);
+  if constexpr (Cfg::kDims0 == Cfg::kDims1) {
+    wide_consume<T, Cfg, kMasked, kDropout, Cfg::kDims0>(p, bars, base, steps, walk, block, consumer,
+                                                         consumer * Cfg::kDims0);
+  } else if (consumer == 0) {
+    wide_consume<T, Cfg, kMasked, kDropout, Cfg::kDims0>(p, bars, base, steps, walk, block, 0, 0);
+  } else {
+    wide_consume<T, Cfg, kMasked, kDropout, Cfg::kDims1>(p, bars, base, steps, walk, block, 1, Cfg::kDims0);
+  }
 #endif
 }
 
