@@ -58,10 +58,11 @@ def test_force_sm80_option():
     ({"head_dim": 64}, "sm90", 64),
     ({"head_dim": 40}, "sm90", 64),
     ({"head_dim": 96}, "sm90", 128),     # width 128, padded
-    ({"head_dim": 192}, "sm90", 256),    # the wide kernel, padded
+    ({"head_dim": 192}, "sm90", 192),    # the wide kernel
+    ({"head_dim": 136}, "sm90", 192),    # the wide kernel, padded to width 192
     ({"head_dim": 256}, "sm90", 256),
     ({"head_dim": 256, "mask": "bool"}, "sm90", 256),
-    ({"head_dim": 160, "dropout": True}, "sm90", 256),
+    ({"head_dim": 160, "dropout": True}, "sm90", 192),
     ({"deterministic": True}, "sm90", 128),
     ({"deterministic": True, "head_dim": 256}, "sm90", 256),
     ({"deterministic": True, "mask": "bool"}, "sm80", 128),  # the masked sm90 kernel has no turns

@@ -115,7 +115,10 @@ struct BwdWideConfig {
   static_assert(kBlockM == kDqTileRows, "a step's dQ partial is one block of the dq workspace's tile layout");
   static_assert(kBlockM % kBwdStatsAlign == 0 || kBwdStatsAlign % kBlockM == 0, "steps never cross a stats row");
   static_assert(kSmemBytes == bytes_with_stages(kStages) && kSmemBytes <= 227 * 1024, "shared memory per CTA");
-  static_assert(kBwdStageBarrier0 + kStages <= 16, "16 named barriers per CTA");
+  // With an uneven split the consumers run separate copies of the step loop and meet through two
+  // barriers (wide_consumers_meet): kBwdConsumerBarrier and this one.
+  static constexpr int kSecondConsumerBarrier = kBwdStageBarrier0 + kStages;
+  static_assert(kSecondConsumerBarrier < 16, "16 named barriers per CTA");
 };
 
 }  // namespace sm90

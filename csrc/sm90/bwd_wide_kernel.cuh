@@ -118,6 +118,24 @@ __device__ __forceinline__ uint32_t wide_keep_bits(const DropoutRow& rng, int ro
   return keep;
 }
 
+// Both consumers past this point together, their shared-memory writes before it seen by the other
+// after it. When they run one copy of the step loop (an even split), one bar.sync. Otherwise their
+// copies would reach that barrier from different instructions, which the aligned barrier does not
+// allow: consumer 0 arrives at one barrier and waits at the second, which consumer 1 arrives at only
+// after waiting at the first, so no arrival can be counted in an earlier meeting's generation.
+template <typename Cfg>
+__device__ __forceinline__ void wide_consumers_meet(int consumer) {
+  if constexpr (Cfg::kDims0 == Cfg::kDims1) {
+    named_barrier_sync(kBwdConsumerBarrier, 256);
+  } else if (consumer == 0) {
+    named_barrier_arrive(kBwdConsumerBarrier, 256);
+    named_barrier_sync(Cfg::kSecondConsumerBarrier, 256);
+  } else {
+    named_barrier_sync(kBwdConsumerBarrier, 256);
+    named_barrier_arrive(Cfg::kSecondConsumerBarrier, 256);
+  }
+}
+
 // The step loop of consumer `consumer` (0 or 1), whose head dims for the products are [dim0, dim0 +
 // kDims), and its dK and dV stores.
 template <typename T, typename Cfg, bool kMasked, bool kDropout, int kDims>
@@ -236,7 +254,7 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
         bulk_wait_read();
       }
     }
-    named_barrier_sync(kBwdConsumerBarrier, 256);  // both halves of P and dS written, dq_stage free
+    wide_consumers_meet<Cfg>(consumer);  // both halves of P and dS written, dq_stage free
 
     float dq[kDims / 2];
     wgmma_fence();
@@ -254,7 +272,7 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
     store_dq_tile<kDims>(dq_stage_addr, dq, dim0, threadIdx.x % 128);
     fence_proxy_async_shared();
     // dq_stage complete; neither consumer rewrites P or dS before both consumers' products are done.
-    named_barrier_sync(kBwdConsumerBarrier, 256);
+    wide_consumers_meet<Cfg>(consumer);
     if (reducer) {
       if (kDeterministicTurns && p.deterministic) Turns::take(p, batch, head, m0, n_block);
       reduce_dq_tile<Cfg::kHeadDim, Cfg::kBlockM>(p, dq_stage, batch, head, m0);
