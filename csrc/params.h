@@ -209,7 +209,7 @@ struct BwdParams {
   // The sm80 kernels' tile configuration (BwdPlan::sm80_tiles; sm80/kernel_configs.h's BwdConfigs).
   int sm80_tiles = 0;
   // Queries per step of the sm90 backward (BwdPlan::sm90_block_m): 64, or 128 in the unmasked kernel
-  // at tile width 64 outside deterministic mode.
+  // at tile width 64.
   int sm90_block_m = 64;
   VarlenParams varlen;
 };

@@ -122,10 +122,9 @@ BwdPlan plan_bwd(const BwdCall& call, const DeviceInfo& device, const PlanOption
   plan.dq_accum_dim = sm90 ? sm90::bwd_tile_width(s.head_dim) : sm80::padded_head_dim(s.head_dim);
   if (sm90) {
     // 128-query steps where the kernel has them: the unmasked kernel at width 64, whose dK, dV, S^T
-    // and dP^T then fit a consumer's registers; not in deterministic mode, whose dq turns are per
-    // 64-query block.
-    const bool wide_steps = options.sm90_bwd_wide_steps && !masked && !call.deterministic &&
-                            sm90::bwd_tile_width(s.head_dim) == 64;
+    // and dP^T then fit a consumer's registers (in deterministic mode a step takes the dq turns of
+    // both its 64-query blocks).
+    const bool wide_steps = options.sm90_bwd_wide_steps && !masked && sm90::bwd_tile_width(s.head_dim) == 64;
     plan.sm90_block_m = wide_steps ? 128 : 64;
   } else {
     const int limit = smem_limit(device, options);

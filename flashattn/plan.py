@@ -16,8 +16,7 @@ extension is first used:
 - ``sm90_staged_output`` (``FLASHATTN_SM90_DIRECT_OUTPUT=1``): O stored by the threads, not by TMA
   (compute-sanitizer's initcheck does not see TMA stores as writes);
 - ``sm90_bwd_wide_steps`` (``FLASHATTN_SM90_BWD_WIDE_STEPS=0``): the sm90 backward in 64-query steps
-  everywhere (by default the unmasked kernel at tile width 64 takes 128 queries a step outside
-  deterministic mode);
+  everywhere (by default the unmasked kernel at tile width 64 takes 128 queries a step);
 - ``smem_per_block_cap`` (no environment variable; 0): plan as if the GPU offered at most this many
   bytes of shared memory per block, so that a Hopper GPU shows what an A100 or a consumer GPU gets.
 

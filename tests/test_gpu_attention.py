@@ -194,6 +194,11 @@ DETERMINISTIC_CASES = [
     (2, 1500, 1000, 8, 2, 64, "top_left"),
     (2, 1000, 1500, 8, 2, 64, "bottom_right"),
     (2, 1500, 1000, 4, 4, 64, "bottom_right"),  # the first 500 query rows see no key
+    # 128-query steps at width 64 (two dq turns a step): the diagonal 64 queries into a step, so a key
+    # block's first step has a 64-query block that sees none of its keys; and 900 queries, whose last
+    # step has no second block.
+    (2, 900, 964, 4, 4, 64, "bottom_right"),
+    (2, 964, 900, 8, 2, 64, "bottom_right"),
     (2, 1000, 1000, 4, 4, 72, "bottom_right"),  # padded head dim: the element-wise dq add
     (2, 1000, 1000, 4, 4, 128, "none"),
     (2, 1000, 1000, 8, 2, 256, "top_left"),  # 64-key blocks

@@ -64,9 +64,8 @@ def test_paths_on_long_rows(plan_options, path, head_dim, causal):
     run_case(1, 2048, 1900, 4, 2, head_dim, torch.bfloat16, causal)
 
 
-# The sm90 backward at tile width 64 takes 128 queries a step by default (unmasked, outside
-# deterministic mode); sm90_bwd_wide_steps off runs the 64-query steps that masked and deterministic
-# calls take. Query counts on both sides of a 128-query block, short and long rows, Lq != Lk both ways.
+# The sm90 backward at tile width 64 takes 128 queries a step by default (unmasked);
+# sm90_bwd_wide_steps off runs the 64-query steps that masked calls take. Query counts on both sides of a 128-query block, short and long rows, Lq != Lk both ways.
 @pytest.mark.parametrize("wide_steps", [True, False])
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
 @pytest.mark.parametrize("seqlens,heads,head_dim,dtype", [

@@ -81,7 +81,7 @@ def test_backward_path(fields, path, accum):
     ({"head_dim": 40}, 128),
     ({"head_dim": 64, "is_causal": True}, 128),
     ({"head_dim": 64, "heads_kv": 4}, 128),
-    ({"head_dim": 64, "deterministic": True}, 64),  # dq turns per 64-query block
+    ({"head_dim": 64, "deterministic": True}, 128),  # dq turns for both 64-query blocks of a step
     ({"head_dim": 64, "mask": "bool"}, 64),         # the masked kernel steps 64 queries
     ({"head_dim": 64, "dropout": True}, 64),
     ({"head_dim": 96}, 64),                         # width 128: dK, dV, S^T and dP^T would not fit

@@ -425,16 +425,31 @@ cudaError_t make_bwd_tensor_maps(const BwdParams& p, BwdTensorMaps* maps) {
 // reducer thread alone. A turn is passed once its reduction has completed, which the reducer checks
 // where the next step waits for the staging tile anyway, so the reduction still overlaps that step's
 // first GEMMs.
-template <int kBlockN>
+// A step of kRows = 128 queries (the unmasked kernel at width 64) adds into two query blocks at once:
+// it takes the turn of each block that has rows and whose queries see the key block, in increasing
+// order, and passes both. A key block never waits for one after it in either block's order, so
+// holding the first turn while waiting for the second cannot deadlock; the rows it adds without a turn
+// (a block none of whose queries see its keys) are zeros.
+template <int kBlockN, int kRows = kDqTileRows>
 struct DqTurns {
-  // The counter of the query block reduced last, while its turn is held. In shared memory, touched by
-  // the reducer thread only: a pointer kept in registers across the step loop made the masked kernel
-  // spill.
+  static constexpr int kBlocks = kRows / kDqTileRows;  // query blocks per step
+  static_assert(kRows % kDqTileRows == 0 && kBlocks <= 2, "one or two query blocks a step");
+  // The counter of the (first) query block reduced last, while its turn is held (null: none). In
+  // shared memory, touched by the reducer thread only: a pointer kept in registers across the step
+  // loop made the masked kernel spill.
   __device__ __forceinline__ static int*& held() {
     __shared__ int* counter;
     return counter;
   }
-  __device__ __forceinline__ static void start() { held() = nullptr; }
+  // With two blocks a step, the second block's.
+  __device__ __forceinline__ static int*& held_second() {
+    __shared__ int* counter;
+    return counter;
+  }
+  __device__ __forceinline__ static void start() {
+    held() = nullptr;
+    if constexpr (kBlocks > 1) held_second() = nullptr;
+  }
   // The key blocks that see query block m0 / 64 are 0 .. n_last. Without causal masking they take
   // their turns in increasing order; under causal masking in decreasing order, n_last first: key block
   // n starts at the query block of its diagonal, where it is then the first (in increasing order, each
@@ -451,19 +466,38 @@ struct DqTurns {
                                                      int m0, int n_block) {
     take_at(p.dq_keys_done + stats_row / kDqTileRows, sh, m0, n_block);
   }
+  // The turn of key block n_block at the query block from query m0: negative when none of its queries
+  // sees the key block (possible in a 128-query step only).
+  __device__ __forceinline__ static int turn_at(const AttentionShape& sh, int m0, int n_block) {
+    if (!sh.is_causal) return n_block;
+    const int last_key = min(min(m0 + kDqTileRows, sh.seqlen_q) - 1 + sh.causal_offset, sh.seqlen_k - 1);
+    return last_key / kBlockN - n_block;
+  }
+  // `counter`: that of the step's first query block (the second block's follows it).
   __device__ __forceinline__ static void take_at(int* counter, const AttentionShape& sh, int m0, int n_block) {
-    int turn = n_block;
-    if (sh.is_causal) {
-      const int last_key = min(min(m0 + kDqTileRows, sh.seqlen_q) - 1 + sh.causal_offset, sh.seqlen_k - 1);
-      turn = last_key / kBlockN - n_block;
-    }
-    while (ld_acquire_gpu(counter) != turn * kBlockN) {
+    if constexpr (kBlocks == 1) {
+      const int turn = turn_at(sh, m0, n_block);
+      while (ld_acquire_gpu(counter) != turn * kBlockN) {
+      }
+      held() = counter;
+    } else {
+      const int turn = turn_at(sh, m0, n_block);
+      if (turn >= 0) {
+        while (ld_acquire_gpu(counter) != turn * kBlockN) {
+        }
+        held() = counter;
+      }
+      const int second = turn_at(sh, m0 + kDqTileRows, n_block);
+      if (m0 + kDqTileRows < sh.seqlen_q && second >= 0) {  // the second block has rows (and a counter)
+        while (ld_acquire_gpu(counter + 1) != second * kBlockN) {
+        }
+        held_second() = counter + 1;
+      }
     }
     fence_proxy_async_global();  // the earlier turns' reductions before this one's
-    held() = counter;
   }
   // Waits for the last reduction to complete (its reads of the staging tile included) and passes its
-  // turn on.
+  // turns on.
   __device__ __forceinline__ static void pass() {
     bulk_wait();
     int* counter = held();
@@ -471,6 +505,14 @@ struct DqTurns {
       fence_proxy_async_global();
       red_add_release_gpu(counter, kBlockN);
       held() = nullptr;
+    }
+    if constexpr (kBlocks > 1) {
+      int* second = held_second();
+      if (second != nullptr) {
+        fence_proxy_async_global();
+        red_add_release_gpu(second, kBlockN);
+        held_second() = nullptr;
+      }
     }
   }
 };
@@ -574,10 +616,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
   // Deterministic mode in the unmasked kernel only: in the masked one its turns made ptxas spill
   // (masked deterministic calls run the sm80 backward; docs/perf-log.md).
-  // Not with 128-query steps either, whose dQ partials span two turns' query blocks (the planner
-  // never picks them in deterministic mode).
-  constexpr bool kDeterministicTurns = !kMasked && kBlockM == kDqTileRows;
-  using Turns = DqTurns<kBlockN>;
+  constexpr bool kDeterministicTurns = !kMasked;
+  using Turns = DqTurns<kBlockN, kBlockM>;
   if (reducer) Turns::start();  // also read by the final pass() when kDeterministicTurns is off
   const int key0 = n0 + consumer * 64;      // this warpgroup's keys: [key0, key0 + 64)
   // The consumer's share of dQ: its 64 queries (from dq_row0, every head dim) or its kDqCols head dims

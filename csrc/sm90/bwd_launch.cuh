@@ -14,11 +14,7 @@ cudaError_t launch_bwd_at_width(const BwdParams& p, cudaStream_t stream) {
   if constexpr (kHeadDim > 128) {
     return launch_bwd_wide<T, BwdWideConfig<kHeadDim>, kMasked>(p, stream);
   } else if constexpr (kHeadDim == 64 && !kMasked) {
-    if (p.sm90_block_m == 128) {
-      // Its dQ partials span two query blocks: no deterministic turns (BwdPlan::sm90_block_m).
-      if (p.deterministic) return cudaErrorNotSupported;
-      return launch_bwd_with_config<T, BwdConfig<kHeadDim, 128>, false>(p, stream);
-    }
+    if (p.sm90_block_m == 128) return launch_bwd_with_config<T, BwdConfig<kHeadDim, 128>, false>(p, stream);
     return launch_bwd_with_config<T, BwdConfig<kHeadDim>, false>(p, stream);
   } else {
     return launch_bwd_with_config<T, BwdConfig<kHeadDim>, kMasked>(p, stream);
@@ -31,10 +27,7 @@ template <typename T, int kHeadDim>
 cudaError_t launch_bwd_varlen(const BwdParams& p, cudaStream_t stream) {
   static_assert(kHeadDim <= 128, "the narrow kernel's widths");
   if constexpr (kHeadDim == 64) {
-    if (p.sm90_block_m == 128) {
-      if (p.deterministic) return cudaErrorNotSupported;
-      return launch_bwd_varlen_with_config<T, BwdConfig<kHeadDim, 128>>(p, stream);
-    }
+    if (p.sm90_block_m == 128) return launch_bwd_varlen_with_config<T, BwdConfig<kHeadDim, 128>>(p, stream);
   }
   return launch_bwd_varlen_with_config<T, BwdConfig<kHeadDim>>(p, stream);
 }

@@ -288,7 +288,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
   }
   const at::Tensor lse = lse_in.to(at::kFloat).contiguous();
   const int width = sm90::bwd_tile_width(p.shape.head_dim);
-  p.sm90_block_m = width == 64 && !deterministic && plan_options().sm90_bwd_wide_steps ? 128 : 64;
+  p.sm90_block_m = width == 64 && plan_options().sm90_bwd_wide_steps ? 128 : 64;
   // 64-row sequence regions where the kernel's query steps are 64 rows and the preprocess's blocks too
   // (it takes 64 rows a block above head dim 64, 128 up to it): half the padding of 128-row regions.
   const int workspace_align = p.sm90_block_m == 64 && p.shape.head_dim > 64 ? 64 : kBwdStatsAlign;
