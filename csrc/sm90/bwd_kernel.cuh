@@ -475,18 +475,13 @@ struct DqTurns {
   }
   // `counter`: that of the step's first query block (the second block's follows it).
   __device__ __forceinline__ static void take_at(int* counter, const AttentionShape& sh, int m0, int n_block) {
-    if constexpr (kBlocks == 1) {
-      const int turn = turn_at(sh, m0, n_block);
+    const int turn = turn_at(sh, m0, n_block);
+    if (kBlocks == 1 || turn >= 0) {
       while (ld_acquire_gpu(counter) != turn * kBlockN) {
       }
       held() = counter;
-    } else {
-      const int turn = turn_at(sh, m0, n_block);
-      if (turn >= 0) {
-        while (ld_acquire_gpu(counter) != turn * kBlockN) {
-        }
-        held() = counter;
-      }
+    }
+    if constexpr (kBlocks > 1) {
       const int second = turn_at(sh, m0 + kDqTileRows, n_block);
       if (m0 + kDqTileRows < sh.seqlen_q && second >= 0) {  // the second block has rows (and a counter)
         while (ld_acquire_gpu(counter + 1) != second * kBlockN) {
