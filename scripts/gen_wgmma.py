@@ -4,8 +4,8 @@ type, N). Inline PTX needs every accumulator register spelled out, so they are w
 rather than by hand. Run after changing N_VALUES."""
 import pathlib
 
-N_VALUES = [32, 64, 80, 96, 128, 176, 192, 256]  # tile widths: keys per S block, head dims of the O GEMM, and the
-# backward's half-width dQ GEMM (32)
+N_VALUES = [16, 32, 64, 80, 96, 128, 176, 192, 256]  # tile widths: keys per S block, head dims of the O GEMM, and the
+# backward's dQ GEMM pieces (32 at width 64; 32 and 16 at width 96)
 ELEMENTS = {"__half": "f16", "__nv_bfloat16": "bf16"}
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -202,7 +202,8 @@ DETERMINISTIC_CASES = [
     (2, 1000, 1000, 4, 4, 72, "bottom_right"),  # padded head dim: the element-wise dq add
     (2, 1000, 1000, 4, 4, 128, "none"),
     (2, 1000, 1000, 8, 2, 256, "top_left"),  # 64-key blocks
-    (2, 1000, 1000, 4, 4, 96, "none"),  # padded to tile width 128 on the sm90 path
+    (2, 1000, 1000, 4, 4, 96, "none"),  # tile width 96: two dQ pieces per consumer on the sm90 path
+    (2, 1000, 1000, 4, 2, 80, "bottom_right"),  # padded to tile width 96
     (2, 1000, 1500, 4, 2, 192, "bottom_right"),  # the sm90 wide kernel at tile width 192
     (2, 1000, 1000, 4, 2, 136, "none"),  # padded to tile width 192 on the sm90 path
     (2, 2048, 2048, 16, 16, 128, "top_left"),  # 512 CTAs: several waves on any GPU

@@ -57,7 +57,8 @@ def test_force_sm80_option():
     ({}, "sm90", 128),
     ({"head_dim": 64}, "sm90", 64),
     ({"head_dim": 40}, "sm90", 64),
-    ({"head_dim": 96}, "sm90", 128),     # width 128, padded
+    ({"head_dim": 96}, "sm90", 96),      # width 96 (in two 64-column blocks)
+    ({"head_dim": 80}, "sm90", 96),      # width 96, padded
     ({"head_dim": 192}, "sm90", 192),    # the wide kernel
     ({"head_dim": 136}, "sm90", 192),    # the wide kernel, padded to width 192
     ({"head_dim": 256}, "sm90", 256),
@@ -84,7 +85,7 @@ def test_backward_path(fields, path, accum):
     ({"head_dim": 64, "deterministic": True}, 128),  # dq turns for both 64-query blocks of a step
     ({"head_dim": 64, "mask": "bool"}, 64),         # the masked kernel steps 64 queries
     ({"head_dim": 64, "dropout": True}, 64),
-    ({"head_dim": 96}, 64),                         # width 128: dK, dV, S^T and dP^T would not fit
+    ({"head_dim": 96}, 64),                         # width 96: dK, dV, S^T and dP^T would not fit
     ({}, 64),
     ({"head_dim": 256}, 64),
     ({"cc": (8, 0), "head_dim": 64}, 0),            # the sm80 path

@@ -18,9 +18,11 @@ constexpr int kBwdStageBarrierThreads = 256 + 32;  // both consumer warpgroups a
 // kBlockM_ 128 (width 64 only): a consumer's S^T and dP^T are 64 keys x 128 queries (64 registers
 // each), and the consumers split dQ by its rows (each its 64 queries, every head dim) instead of its
 // columns.
+// Tile width 96 computes 96 head dims in tiles of two 64-column blocks (the second half zero, filled
+// so by TMA past the tensor's columns): its consumers' dQ columns come in two pieces each (DqPieces).
 template <int kHeadDim_, int kBlockM_ = 64>
 struct BwdConfig {
-  static constexpr int kHeadDim = kHeadDim_;  // tile width (64 or 128), equal to the dq workspace width
+  static constexpr int kHeadDim = kHeadDim_;  // tile width (64, 96 or 128), equal to the dq workspace width
   static constexpr int kBlockM = kBlockM_;    // queries per step
   static constexpr int kBlockN = 128;         // keys per CTA: 64 per consumer warpgroup
   static constexpr int kStages = 2;           // Q / dO ring depth (3 measured the same)
@@ -30,7 +32,7 @@ struct BwdConfig {
   // setmaxnreg moves registers within the CTA's launch allocation (384 x 168): the producer warpgroup
   // gives up 128 x (168 - 24), exactly what the consumers take, 256 x (240 - 168).
   static constexpr int kProducerRegisters = 24;
-  static constexpr int kColBlocks = kHeadDim / 64;
+  static constexpr int kColBlocks = (kHeadDim + 63) / 64;  // 64-column blocks of a Q, dO, K or V tile
   static constexpr int kQColBlockBytes = kBlockM * 128;   // one [kBlockM queries][64] column block
   static constexpr int kKVColBlockBytes = kBlockN * 128;  // one [128 keys][64] column block
   static constexpr int kQBytes = kColBlocks * kQColBlockBytes;    // a Q or dO tile
@@ -54,12 +56,12 @@ struct BwdConfig {
   static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + kStages) * 8;
 
   static_assert(register_split_fits(kProducerRegisters, kConsumers, kConsumerRegisters), "setmaxnreg split");
-  static_assert(kHeadDim % 64 == 0, "whole 64-column blocks");
+  static_assert(kHeadDim % 64 == 0 || kHeadDim == 96, "whole 64-column blocks, or width 96");
   static_assert(kBlockM == kDqTileRows || (kDqByRows && kHeadDim == 64),
                 "a step's dQ partial is one block of the dq workspace's tile layout, or (128-query steps, "
                 "width 64 only: S^T, dP^T, dK and dV take 192 registers) two, one per consumer");
-  static_assert(kConsumers == 2 && kDqCols % 32 == 0 && kDqCols <= 64,
-                "each consumer's dQ columns lie in one 64-column block");
+  static_assert(kConsumers == 2 && (kDqCols == 32 || kDqCols == 64 || kDqCols == 48),
+                "each consumer's dQ columns lie in one 64-column block, or (width 96) in two pieces");
   static_assert(kBlockM % kBwdStatsAlign == 0 || kBwdStatsAlign % kBlockM == 0, "steps never cross a stats row");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
   static_assert(kBwdStageBarrier0 + kStages <= 16, "16 named barriers per CTA");

@@ -284,20 +284,48 @@ __device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 
   }
 }
 
-// dq (64 queries x this consumer's kDqCols columns, from col0) = dS (those 64 queries x 128 keys: one
-// query block of the two consumers' dS^T tiles, from ds_queries, MN-major A) times K (the 128 keys x
-// the columns, MN-major B). col0 lies in one 64-column block (a 32-column half starts 64 bytes into
-// the swizzled rows).
+// A consumer's dQ columns: one piece of kCols0 from col0 (widths 64 and 128), or at width 96 two,
+// [32c, 32c + 32) and [64 + 16c, 80 + 16c) for consumer c, so that both consumers run the same GEMM
+// shapes and each piece lies in one 64-column block. A consumer's dQ accumulator holds piece 0, then
+// piece 1.
+template <typename Cfg>
+struct DqPieces {
+  static constexpr bool kTwo = Cfg::kHeadDim == 96 && !Cfg::kDqByRows;
+  static constexpr int kCols0 = kTwo ? 32 : Cfg::kDqCols;
+  static constexpr int kCols1 = kTwo ? 16 : 0;
+  static_assert(kCols0 + kCols1 == Cfg::kDqCols, "the pieces are the consumer's columns");
+  __device__ __forceinline__ static int col0(int consumer) {
+    return kTwo ? 32 * consumer : Cfg::kDqByRows ? 0 : consumer * Cfg::kDqCols;
+  }
+  __device__ __forceinline__ static int col1(int consumer) { return 64 + 16 * consumer; }
+};
+
+// The B descriptor of K's columns from col (within one 64-column block; a piece not at the block's
+// start begins (col % 64) * 2 bytes into the swizzled rows).
+template <typename Cfg>
+__device__ __forceinline__ uint64_t k_columns_desc(uint32_t k_tile, int col) {
+  return smem_desc_sw128(k_tile + (col / 64) * Cfg::kKVColBlockBytes + (col % 64) * 2, Cfg::kKVColBlockBytes, 1024);
+}
+
+// dq (64 queries x this consumer's dQ columns, DqPieces) = dS (those 64 queries x 128 keys: one query
+// block of the two consumers' dS^T tiles, from ds_queries, MN-major A) times K (the 128 keys x the
+// columns, MN-major B).
 template <typename T, typename Cfg>
 __device__ __forceinline__ void issue_dq(float (&dq)[Cfg::kDqCols / 2], uint32_t ds_queries, uint32_t k_tile,
-                                         int col0) {
+                                         int consumer) {
+  using Pieces = DqPieces<Cfg>;
   const uint64_t desc_a0 = smem_desc_sw128(ds_queries, 64 * 128, 1024);
-  const uint64_t desc_b0 =
-      smem_desc_sw128(k_tile + (col0 / 64) * Cfg::kKVColBlockBytes + (col0 % 64) * 2, Cfg::kKVColBlockBytes, 1024);
+  const uint64_t desc_b0 = k_columns_desc<Cfg>(k_tile, Pieces::col0(consumer));
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
-    Wgmma<T, Cfg::kDqCols>::ss_mn(dq, smem_desc_advance(desc_a0, (kk / 4) * Cfg::kDsBytes + (kk % 4) * 16 * 128),
-                                  smem_desc_advance(desc_b0, kk * 16 * 128), kk > 0);
+    const uint64_t desc_a = smem_desc_advance(desc_a0, (kk / 4) * Cfg::kDsBytes + (kk % 4) * 16 * 128);
+    Wgmma<T, Pieces::kCols0>::ss_mn(reinterpret_cast<float(&)[Pieces::kCols0 / 2]>(dq), desc_a,
+                                    smem_desc_advance(desc_b0, kk * 16 * 128), kk > 0);
+    if constexpr (Pieces::kCols1 > 0) {
+      const uint64_t desc_b1 = k_columns_desc<Cfg>(k_tile, Pieces::col1(consumer));
+      Wgmma<T, Pieces::kCols1>::ss_mn(reinterpret_cast<float(&)[Pieces::kCols1 / 2]>(dq[Pieces::kCols0 / 2]), desc_a,
+                                      smem_desc_advance(desc_b1, kk * 16 * 128), kk > 0);
+    }
   }
 }
 
@@ -616,9 +644,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   if (reducer) Turns::start();  // also read by the final pass() when kDeterministicTurns is off
   const int key0 = n0 + consumer * 64;      // this warpgroup's keys: [key0, key0 + 64)
   // The consumer's share of dQ: its 64 queries (from dq_row0, every head dim) or its kDqCols head dims
-  // (from dq_col0, every query of the step).
+  // (DqPieces, every query of the step).
   const int dq_row0 = Cfg::kDqByRows ? consumer * kDqTileRows : 0;
-  const int dq_col0 = Cfg::kDqByRows ? 0 : consumer * Cfg::kDqCols;
   // Shared-memory addresses (the shared window's 32-bit form).
   const uint32_t smem = smem_u32(base);
   const uint32_t k_rows = smem + consumer * 64 * 128;
@@ -757,7 +784,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     issue_keys_by_dims<T, Cfg>(dv, p_frag, do_tile);
     issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
     wgmma_commit();
-    issue_dq<T, Cfg>(dq, ds_dq_queries, smem, dq_col0);
+    issue_dq<T, Cfg>(dq, ds_dq_queries, smem, consumer);
     wgmma_commit();
     wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO (and the next S^T, dP^T with them)
     fence_registers(dv);
@@ -768,7 +795,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     wgmma_wait<0>();
     fence_registers(dq);
     // By rows, a consumer's 64 x kHeadDim partial is a whole block of the tile layout.
-    store_dq_tile<Cfg::kDqCols>(dq_stage_addr, dq, dq_col0, thread_in_group);
+    {
+      using Pieces = DqPieces<Cfg>;
+      store_dq_tile<Pieces::kCols0>(dq_stage_addr, reinterpret_cast<const float(&)[Pieces::kCols0 / 2]>(dq),
+                                    Pieces::col0(consumer), thread_in_group);
+      if constexpr (Pieces::kCols1 > 0) {
+        store_dq_tile<Pieces::kCols1>(dq_stage_addr,
+                                      reinterpret_cast<const float(&)[Pieces::kCols1 / 2]>(dq[Pieces::kCols0 / 2]),
+                                      Pieces::col1(consumer), thread_in_group);
+      }
+    }
     fence_proxy_async_shared();
     // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
     named_barrier_sync(kBwdConsumerBarrier, 256);
