@@ -48,7 +48,7 @@ run() {  # run NAME TIMEOUT COMMAND...: logs to $OUT/NAME.log, prints the tail
 # under a short timeout, so a kernel that hangs (or fails) ends the call in seconds instead of eating
 # every later step's timeout.
 GUARD='import torch, flashattn
-for d in (64, 128, 192, 256):
+for d in (64, 96, 128, 192, 256):
     q, k, v = (torch.randn(2, 4, 300, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     for mask in (None, torch.rand(300, 300, device="cuda") > 0.3):
         flashattn.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
