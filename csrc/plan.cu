@@ -114,10 +114,9 @@ BwdPlan plan_bwd(const BwdCall& call, const DeviceInfo& device, const PlanOption
   const AttentionShape& s = call.shape;
   BwdPlan plan;
   const bool masked = call.mask.present || call.dropout;
-  // A mask or dropout needs the masked variant, which the sm90 backward has at some head dims only, and
-  // without deterministic mode (the unmasked kernels have it).
+  // A mask or dropout needs the masked variant (in deterministic mode its form with the dq turns).
   const bool sm90 = sm90_device(device, options) && sm90::bwd_supported(s, call.tensors_tma) &&
-                    (!masked || (sm90::bwd_masked_supported(s.head_dim) && !call.deterministic));
+                    (!masked || sm90::bwd_masked_supported(s.head_dim));
   plan.path = sm90 ? GpuPath::kSm90 : GpuPath::kSm80;
   plan.dq_accum_dim = sm90 ? sm90::bwd_tile_width(s.head_dim) : sm80::padded_head_dim(s.head_dim);
   if (sm90) {

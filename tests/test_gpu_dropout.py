@@ -27,7 +27,7 @@ def _rng(seed, offset, device="cuda"):
 
 
 def check_dropout(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, dropout_p, seed=1,
-                  mask=None, layout="contiguous"):
+                  mask=None, layout="contiguous", deterministic=False):
     """Runs ops.attention with dropout through autograd and checks out, dq, dk, dv (and a float mask's
     gradient) against the reference under the keep-mask the op exposes for the same rng_state."""
     is_causal, bottom_right = CAUSAL_MODES[causal]
@@ -52,8 +52,8 @@ def check_dropout(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype,
         out = out[0] if isinstance(out, tuple) else out
         return out, torch.autograd.grad(out, leaves + extra, dout.to(out.dtype))
 
-    out, grads = run(lambda ls, m: ops.attention(*ls, scale, is_causal, bottom_right, False, m, dropout_p=dropout_p,
-                                                 rng_state=rng_state), lambda t: t)
+    out, grads = run(lambda ls, m: ops.attention(*ls, scale, is_causal, bottom_right, deterministic, m,
+                                                 dropout_p=dropout_p, rng_state=rng_state), lambda t: t)
     ref_out, ref_grads = run(lambda ls, m: attention_reference(*ls, scale, is_causal, bottom_right, attn_mask=m,
                                                                dropout_p=dropout_p, dropout_mask=keep),
                              lambda t: t.float())

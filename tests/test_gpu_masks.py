@@ -297,6 +297,57 @@ def test_deterministic_backward_with_mask_is_bitwise_reproducible():
         assert torch.equal(a, b)
 
 
+# Masks and dropout in deterministic mode: the masked kernel's form with the dq turns, at every sm90
+# tile width (64, 96, 128, 192 and 256), with causal masking beside a mask or dropout.
+DETERMINISTIC_MASKED = [
+    # (head_dim, causal mode, mask (kind, shape) or None, dropout_p)
+    (64, "none", ("bool", "bhqk"), 0.0),
+    (64, "bottom_right", None, 0.1),
+    (80, "none", ("float", "blocks"), 0.1),
+    (128, "top_left", ("bool", "11qk"), 0.0),
+    (128, "none", ("float", "b11k"), 0.1),
+    (160, "bottom_right", None, 0.1),
+    (192, "none", ("float", "bhqk"), 0.0),
+    (256, "top_left", ("bool", "b11k"), 0.1),
+]
+
+
+@pytest.mark.parametrize("head_dim,causal,mask,dropout_p", DETERMINISTIC_MASKED)
+def test_deterministic_backward_with_mask_or_dropout(head_dim, causal, mask, dropout_p):
+    """Three deterministic runs give the same bits; dk, dv (and a float mask's gradient) are the default
+    backward's bits (only dq's order of additions differs); and the deterministic gradients pass the
+    oracle (check_dropout, which also covers dropout_p = 0)."""
+    from test_gpu_dropout import check_dropout
+
+    is_causal, bottom_right = CAUSAL_MODES[causal]
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = 2, 700, 900, 4, 2
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda")
+    dout = torch.randn_like(q)
+    source, view = (None, None) if mask is None else make_mask_source(*mask, batch, heads_q, seqlen_q, seqlen_k,
+                                                                     torch.bfloat16)
+    with_mask_grad = source is not None and source.dtype != torch.bool
+    rng_state = torch.tensor([5, 11], dtype=torch.int64, device="cuda")
+
+    def grads(deterministic):
+        leaves = [_leaf(t) for t in (q, k, v)]
+        mask_leaf = _leaf(source) if with_mask_grad else source
+        attn_mask = None if source is None else view(mask_leaf)
+        out, _ = ops.attention(*leaves, head_dim**-0.5, is_causal, bottom_right, deterministic, attn_mask,
+                               dropout_p=dropout_p, rng_state=rng_state)
+        return torch.autograd.grad(out, leaves + ([mask_leaf] if with_mask_grad else []), dout)
+
+    runs = [grads(True) for _ in range(3)]
+    names = ("dq", "dk", "dv", "dmask")
+    for run in runs[1:]:
+        for name, a, b in zip(names, run, runs[0]):
+            assert torch.equal(a, b), f"{name} differs between deterministic runs"
+    default = grads(False)
+    for name, a, b in list(zip(names, runs[0], default))[1:]:
+        assert torch.equal(a, b), f"{name} differs from the default backward's"
+    check_dropout(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, causal, dropout_p,
+                  mask=mask, deterministic=True)
+
+
 def test_finfo_min_mask_rows_match_the_reference():
     """Masks built with torch.finfo(dtype).min (as transformers builds them): a row whose every key
     carries it gets the reference's uniform softmax, not NaN or zeros."""

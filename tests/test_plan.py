@@ -66,7 +66,8 @@ def test_force_sm80_option():
     ({"head_dim": 160, "dropout": True}, "sm90", 192),
     ({"deterministic": True}, "sm90", 128),
     ({"deterministic": True, "head_dim": 256}, "sm90", 256),
-    ({"deterministic": True, "mask": "bool"}, "sm80", 128),  # the masked sm90 kernel has no turns
+    ({"deterministic": True, "mask": "bool"}, "sm90", 128),  # the masked kernel's form with dq turns
+    ({"deterministic": True, "dropout": True, "head_dim": 192}, "sm90", 192),
     ({"mask": "bool"}, "sm90", 128),
     ({"dropout": True, "head_dim": 64}, "sm90", 64),
     ({"tma": False}, "sm80", 128),
@@ -260,7 +261,7 @@ def test_mask_tiles_follow_the_kernels_that_read_them():
     ({"dmask": True}, "none"),                     # the mask's gradient is written element by element
     ({"heads_kv": 2}, "none"),                     # GQA groups whose heads have their own mask rows
     ({"heads_kv": 2, "mask_head_stride_zero": True}, "causal"),
-    ({"deterministic": True}, "none"),             # sm80, unclassified: every key block takes its dq turn
+    ({"deterministic": True}, "none"),             # unclassified: every key block takes its dq turn
     ({"head_dim": 256}, "none"),                   # the wide kernel has no key-length launch
 ])
 def test_backward_key_length_form(fields, key_form):

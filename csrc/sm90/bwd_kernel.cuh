@@ -572,7 +572,10 @@ __device__ __forceinline__ void reduce_dq_tile(const BwdParams& p, const float* 
 // against 24 without the Philox calls).
 // kVarlen (the unmasked kernel only): the CTA runs item blockIdx.x of p.varlen's list, a key block of
 // one sequence, whose rows it addresses in the packed tensors and workspaces.
-template <typename T, typename Cfg, bool kMasked, bool kDropout, bool kKeyEnds = false, bool kVarlen = false>
+// kMaskedTurns (with kMasked only): the form deterministic calls run, with the dq turns (DqTurns). The
+// other masked forms leave them out: with them ptxas spilled 336-400 bytes at D=128 (24-28 without).
+template <typename T, typename Cfg, bool kMasked, bool kDropout, bool kKeyEnds = false, bool kVarlen = false,
+          bool kMaskedTurns = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_constant__ BwdTensorMaps maps,
                                                                const BwdParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -637,9 +640,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int warp_in_group = thread_in_group / 32;
   const int lane = threadIdx.x % 32;
   const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
-  // Deterministic mode in the unmasked kernel only: in the masked one its turns made ptxas spill
-  // (masked deterministic calls run the sm80 backward; docs/perf-log.md).
-  constexpr bool kDeterministicTurns = !kMasked;
+  // Deterministic mode's turns: in the unmasked kernel, and in the masked one's kMaskedTurns form.
+  constexpr bool kDeterministicTurns = !kMasked || kMaskedTurns;
   using Turns = DqTurns<kBlockN, kBlockM>;
   if (reducer) Turns::start();  // also read by the final pass() when kDeterministicTurns is off
   const int key0 = n0 + consumer * 64;      // this warpgroup's keys: [key0, key0 + 64)
@@ -854,7 +856,12 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   auto kernel = bwd_kernel<T, Cfg, kMasked, false>;
   if constexpr (kMasked) {
-    if (p.dropout.enabled) kernel = bwd_kernel<T, Cfg, true, true>;
+    if (p.deterministic) {
+      kernel = p.dropout.enabled ? bwd_kernel<T, Cfg, true, true, false, false, true>
+                                 : bwd_kernel<T, Cfg, true, false, false, false, true>;
+    } else if (p.dropout.enabled) {
+      kernel = bwd_kernel<T, Cfg, true, true>;
+    }
   }
   err = launch_bwd_main<Cfg>(kernel, maps, p, stream);
   if (err != cudaSuccess) return err;

@@ -138,7 +138,7 @@ __device__ __forceinline__ void wide_consumers_meet(int consumer) {
 
 // The step loop of consumer `consumer` (0 or 1), whose head dims for the products are [dim0, dim0 +
 // kDims), and its dK and dV stores.
-template <typename T, typename Cfg, bool kMasked, bool kDropout, int kDims>
+template <typename T, typename Cfg, bool kMasked, bool kDropout, bool kMaskedTurns, int kDims>
 __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg>& bars, unsigned char* base,
                                              const BwdSteps& steps, BwdStepWalk<T, kMasked> walk,
                                              const BwdKeyBlock& block, int consumer, int dim0) {
@@ -149,8 +149,8 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
   const int warp_in_group = (threadIdx.x % 128) / 32;
   const int lane = threadIdx.x % 32;
   const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
-  using Turns = DqTurns<kBlockN>;  // deterministic mode's turns at the dQ reductions (unmasked variant)
-  constexpr bool kDeterministicTurns = !kMasked;
+  using Turns = DqTurns<kBlockN>;  // deterministic mode's turns at the dQ reductions
+  constexpr bool kDeterministicTurns = !kMasked || kMaskedTurns;  // as in bwd_kernel
   if (reducer) Turns::start();
   const int key0 = n0 + consumer * kKeys;  // this consumer's score columns: keys [key0, key0 + 32)
   const uint32_t smem = smem_u32(base);
@@ -285,7 +285,8 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
   store_dk_dv<T>(p, p.shape, 0, dk, dv, batch, kv_head, n0, dim0, warp_in_group, lane);
 }
 
-template <typename T, typename Cfg, bool kMasked, bool kDropout>
+// kMaskedTurns: as bwd_kernel's (the masked form deterministic calls run).
+template <typename T, typename Cfg, bool kMasked, bool kDropout, bool kMaskedTurns = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid_constant__ BwdTensorMaps maps,
                                                                     const BwdParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -321,12 +322,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
 
   const int consumer = warpgroup - 1;
   if constexpr (Cfg::kDims0 == Cfg::kDims1) {
-    wide_consume<T, Cfg, kMasked, kDropout, Cfg::kDims0>(p, bars, base, steps, walk, block, consumer,
+    wide_consume<T, Cfg, kMasked, kDropout, kMaskedTurns, Cfg::kDims0>(p, bars, base, steps, walk, block, consumer,
                                                          consumer * Cfg::kDims0);
   } else if (consumer == 0) {
-    wide_consume<T, Cfg, kMasked, kDropout, Cfg::kDims0>(p, bars, base, steps, walk, block, 0, 0);
+    wide_consume<T, Cfg, kMasked, kDropout, kMaskedTurns, Cfg::kDims0>(p, bars, base, steps, walk, block, 0, 0);
   } else {
-    wide_consume<T, Cfg, kMasked, kDropout, Cfg::kDims1>(p, bars, base, steps, walk, block, 1, Cfg::kDims0);
+    wide_consume<T, Cfg, kMasked, kDropout, kMaskedTurns, Cfg::kDims1>(p, bars, base, steps, walk, block, 1, Cfg::kDims0);
   }
 #endif
 }
@@ -339,7 +340,11 @@ cudaError_t launch_bwd_wide(const BwdParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   auto kernel = bwd_wide_kernel<T, Cfg, kMasked, false>;
   if constexpr (kMasked) {
-    if (p.dropout.enabled) kernel = bwd_wide_kernel<T, Cfg, true, true>;
+    if (p.deterministic) {
+      kernel = p.dropout.enabled ? bwd_wide_kernel<T, Cfg, true, true, true> : bwd_wide_kernel<T, Cfg, true, false, true>;
+    } else if (p.dropout.enabled) {
+      kernel = bwd_wide_kernel<T, Cfg, true, true>;
+    }
   }
   err = launch_bwd_main<Cfg>(kernel, maps, p, stream);
   if (err != cudaSuccess) return err;
