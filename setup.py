@@ -30,6 +30,7 @@ import importlib.util
 import os
 
 from setuptools import setup
+import torch
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -100,6 +101,13 @@ def nvidia_wheel_include_dirs():
 
 
 cxx_flags = ["-O3", "-std=c++20"]  # torch >= 2.14 headers need C++20
+link_flags = []
+# at::parallel_for is a header template: with torch's OpenMP backend it runs its tasks on several
+# threads only in code compiled with OpenMP (without it, in one thread, and BLAS calls inside it then
+# start threads of their own). libgomp is the one torch itself links.
+if torch.backends.openmp.is_available():
+    cxx_flags.append("-fopenmp")
+    link_flags.append("-fopenmp")
 include_dirs = [CSRC]
 
 if want_cuda():
@@ -120,6 +128,7 @@ if want_cuda():
                      "-U__CUDA_NO_BFLOAT16_CONVERSIONS__"] + gencode_flags()
             + os.environ.get("FLASHATTN_NVCC_FLAGS", "").split(),
         },
+        extra_link_args=link_flags,
     )
 else:
     ext = CppExtension(
@@ -127,6 +136,7 @@ else:
         sources=sources(".cpp", skip_folders=GPU_FOLDERS),
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx_flags},
+        extra_link_args=link_flags,
     )
 
 

@@ -17,6 +17,7 @@
 
 #include "cpu/attention_cpu.h"
 #include "cpu/attention_cpu_dropout.h"
+#include "cpu/attention_cpu_fwd_plain.h"
 #include "cpu/attention_cpu_mask.h"
 #include "cpu/attention_cpu_tiles.h"
 
@@ -205,6 +206,10 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
   at::Tensor out = at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
   at::Tensor lse = at::empty({batch, heads_q, seqlen_q}, q.options().dtype(lse_dtype));
   if (heads_q == 0) return {out, lse};  // also the only case where heads_kv may be 0
+  if (!attn_mask.has_value() && dropout_p == 0.0 && fwd_plain_serves(q.scalar_type())) {
+    fwd_plain(q, k, v, out, lse, scale, KeyLimit{is_causal, causal_offset, seqlen_k});
+    return {out, lse};
+  }
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "flashattn_fwd_cpu", [&] {
     using acc_t = acc_type<scalar_t>;

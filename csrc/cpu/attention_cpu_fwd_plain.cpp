@@ -1,0 +1,115 @@
+// The CPU forward without a mask or dropout (attention_cpu_fwd_plain.h): the online softmax of
+// attention_cpu_fwd.cpp over tiles of kPlainBlockQ queries x kPlainBlockK keys, each tile's S = Q K^T,
+// its exponentials and O += P V run as ATen operations (a BLAS gemm, vectorized elementwise kernels)
+// on float32 copies of the tiles. The tiles are large enough (a 256 x 512 score tile is 512 KiB) that
+// an operation's fixed cost is small beside its work. Called from inside at::parallel_for, where ATen
+// runs each operation on the calling thread, so tasks never share threads.
+#include "cpu/attention_cpu_fwd_plain.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace flashattn {
+namespace cpu {
+namespace detail {
+namespace {
+
+constexpr int64_t kPlainBlockQ = 256;
+constexpr int64_t kPlainBlockK = 512;
+
+// Scores of keys past each row's causal limit become -inf.  scores: [rows, cols] contiguous
+void mask_causal_tile(const at::Tensor& scores, const KeyLimit& keys, int64_t q0, int64_t k0) {
+  const int64_t rows = scores.size(0), cols = scores.size(1);
+  float* s = scores.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = keys.visible_in_tile(q0 + r, k0, cols);
+    std::fill(s + r * cols + n, s + (r + 1) * cols, -std::numeric_limits<float>::infinity());
+  }
+}
+
+// Float32 working memory of one thread, reused across its tasks: a fresh tensor of a tile's size per
+// operation would cost page faults on every call (allocations this large are mapped and unmapped by
+// the C library each time).
+struct PlainScratch {
+  at::Tensor scores;   // [kPlainBlockQ * kPlainBlockK]
+  at::Tensor q_tile;   // [kPlainBlockQ * D]
+  at::Tensor k_tile;   // [kPlainBlockK * D]
+  at::Tensor v_tile;   // [kPlainBlockK * D]
+  at::Tensor acc;      // [kPlainBlockQ * D]  unnormalized output, relative to the running max
+
+  explicit PlainScratch(int64_t head_dim)
+      : scores(at::empty({kPlainBlockQ * kPlainBlockK}, at::kFloat)),
+        q_tile(at::empty({kPlainBlockQ * head_dim}, at::kFloat)),
+        k_tile(at::empty({kPlainBlockK * head_dim}, at::kFloat)),
+        v_tile(at::empty({kPlainBlockK * head_dim}, at::kFloat)),
+        acc(at::empty({kPlainBlockQ * head_dim}, at::kFloat)) {}
+};
+
+// The first rows * cols elements of `buffer` as a contiguous [rows, cols] matrix.
+at::Tensor matrix(const at::Tensor& buffer, int64_t rows, int64_t cols) {
+  return buffer.narrow(0, 0, rows * cols).view({rows, cols});
+}
+
+void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                     const at::Tensor& lse, double scale, const KeyLimit& keys, PlainScratch& s, int64_t b,
+                     int64_t h, int64_t q0) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t head_dim = q.size(3);
+  const int64_t rows = std::min(kPlainBlockQ, q.size(1) - q0);
+  const int64_t kv_head = h / (q.size(2) / k.size(2));
+  const at::Tensor q_tile = matrix(s.q_tile, rows, head_dim);
+  q_tile.copy_(q.select(0, b).select(1, h).narrow(0, q0, rows)).mul_(scale);
+  const at::Tensor keys_b = k.select(0, b).select(1, kv_head), values_b = v.select(0, b).select(1, kv_head);
+  const at::Tensor acc = matrix(s.acc, rows, head_dim).zero_();
+  at::Tensor row_max = at::full({rows}, kNegInf, q_tile.options());
+  const at::Tensor row_sum = at::zeros({rows}, q_tile.options());
+  // Under a causal mask the block's last row sees the most keys; keys past it are never loaded.
+  const int64_t key_stop = keys.key_end(q0 + rows - 1);
+  for (int64_t k0 = 0; k0 < key_stop; k0 += kPlainBlockK) {
+    const int64_t cols = std::min(kPlainBlockK, key_stop - k0);
+    const at::Tensor k_tile = matrix(s.k_tile, cols, head_dim).copy_(keys_b.narrow(0, k0, cols));
+    const at::Tensor v_tile = matrix(s.v_tile, cols, head_dim).copy_(values_b.narrow(0, k0, cols));
+    at::Tensor scores = matrix(s.scores, rows, cols);
+    at::mm_out(scores, q_tile, k_tile.t());
+    if (keys.is_causal && keys.key_end(q0) < k0 + cols) mask_causal_tile(scores, keys, q0, k0);
+    // NaN-propagating max (amax, maximum): a NaN score reaches out and lse.
+    const at::Tensor new_max = at::maximum(row_max, scores.amax(1));
+    // Rows with only -inf scores so far add nothing: shift them by 0, not -inf (exp(-inf - -inf) is NaN).
+    const at::Tensor shift = new_max.masked_fill(new_max == kNegInf, 0.f);
+    scores.sub_(shift.unsqueeze(1)).exp_();                                  // P, relative to new_max
+    const at::Tensor rescale = (row_max - shift).exp_();                    // 0 on a row's first visible tile
+    row_sum.mul_(rescale).add_(scores.sum(1));
+    acc.mul_(rescale.unsqueeze(1)).addmm_(scores, v_tile);
+    row_max = new_max;
+  }
+  // out = acc / l and lse = m + log(l); a row that saw no key (l == 0) gets out = 0 and lse = -inf.
+  const at::Tensor saw_keys = row_sum != 0.f;  // NaN counts as seen
+  acc.mul_(at::where(saw_keys, row_sum.reciprocal(), 0.f).unsqueeze(1));
+  out.select(0, b).select(1, h).narrow(0, q0, rows).copy_(acc);
+  lse.select(0, b).select(0, h).narrow(0, q0, rows).copy_(at::where(saw_keys, row_max + row_sum.log(), kNegInf));
+}
+
+}  // namespace
+
+void fwd_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+               const at::Tensor& lse, double scale, const KeyLimit& keys) {
+  const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2);
+  const int64_t q_blocks = (seqlen_q + kPlainBlockQ - 1) / kPlainBlockQ;
+  // Each task, a (batch, query head, query block), writes its own rows of out and lse.
+  // Detached: the tile copies must not record autograd history when the op's kernel is called
+  // directly on inputs that require grad.
+  const at::Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
+  at::parallel_for(0, batch * heads_q * q_blocks, 1, [&](int64_t begin, int64_t end) {
+    PlainScratch scratch(q.size(3));
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t q_block = t % q_blocks, h = (t / q_blocks) % heads_q, b = t / (q_blocks * heads_q);
+      fwd_plain_block(qd, kd, vd, out, lse, scale, keys, scratch, b, h, q_block * kPlainBlockQ);
+    }
+  });
+}
+
+}  // namespace detail
+}  // namespace cpu
+}  // namespace flashattn
