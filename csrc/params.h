@@ -136,6 +136,10 @@ struct FwdParams {
   TensorStrides q_strides, k_strides, v_strides, out_strides;
   MaskParams mask;
   DropoutParams dropout;  // applied to the probabilities after the softmax (the LSE is unchanged)
+  // Attention sinks, [Hq] float32 (nullptr: none): query head h's sink logit joins every one of its rows'
+  // softmax denominators as exp(sink[h]) and carries no value (cuda/sink.h), so out's probabilities sum to
+  // less than 1 and the LSE includes it. The backward needs no change: its P = exp(score - LSE).
+  const float* sink = nullptr;
   // The key-length form of a padding mask (sm90 forward only; nullptr: none). key_end[b * heads_q + h]
   // >= 0: row (b, h)'s mask keeps exactly its first key_end keys, and the unmasked kernel runs the row
   // with that length in place of seqlen_k, mask ignored; -1: the masked kernel runs the row. The masked

@@ -8,7 +8,7 @@ import torch
 
 from . import ops
 
-__all__ = ["check_devices", "check_tensor", "fa2_attention", "reject_unimplemented"]
+__all__ = ["check_devices", "check_sink", "check_tensor", "fa2_attention", "reject_unimplemented"]
 
 
 def reject_unimplemented(window_size, softcap, alibi_slopes) -> None:
@@ -47,6 +47,21 @@ def unpack(name: str, t, ndim: int, dim: int, count: int, layout: str):
     return t.unbind(dim=dim)
 
 
+def check_sink(learnable_sink, q, heads_dim: int) -> None:
+    """Raises unless learnable_sink is None or a floating (nheads,) tensor on q's device (nheads:
+    q.size(heads_dim))."""
+    if learnable_sink is None:
+        return
+    if not isinstance(learnable_sink, torch.Tensor):
+        raise TypeError(f"flashattn: learnable_sink must be a torch.Tensor, got {type(learnable_sink).__name__}")
+    nheads = q.size(heads_dim)
+    if learnable_sink.dim() != 1 or learnable_sink.size(0) != nheads or not learnable_sink.dtype.is_floating_point:
+        raise ValueError(f"flashattn: learnable_sink must be a floating (nheads,) = ({nheads},) tensor, one logit per "
+                         f"query head, got shape {tuple(learnable_sink.shape)} and dtype {learnable_sink.dtype}")
+    if learnable_sink.device != q.device:
+        raise ValueError(f"flashattn: learnable_sink must be on q's device {q.device}, got {learnable_sink.device}")
+
+
 def check_devices(q, k, v) -> None:
     """What the FlashAttention-2 API checks before the op's own checks: one device, kernels for it."""
     if k.device != q.device or v.device != q.device:
@@ -79,16 +94,18 @@ def scale_or_default(softmax_scale, head_dim: int) -> float:
     return head_dim ** -0.5 if head_dim > 0 else 1.0
 
 
-def fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic, with_keep_mask, attn_mask=None):
+def fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic, with_keep_mask, attn_mask=None,
+                  sink=None):
     """ops.attention with the FlashAttention-2 API's defaults (scale, bottom-right causal mask):
     (out, softmax_lse, keep_mask), keep_mask the dropout keep-mask (batch, nheads, seqlen_q, seqlen_k)
-    bool, True = kept, when with_keep_mask and dropout_p > 0, else None."""
+    bool, True = kept, when with_keep_mask and dropout_p > 0, else None. sink: the attention sinks
+    (nheads,), or None."""
     softmax_scale = scale_or_default(softmax_scale, q.size(-1))
     dropout_p = float(dropout_p)
     # Drawn here rather than inside ops.attention so that the keep-mask can be shown for the same state.
     rng_state = ops.draw_rng_state(q.device) if dropout_p > 0.0 else None
     out, softmax_lse = ops.attention(q, k, v, float(softmax_scale), bool(causal), True, bool(deterministic),
-                                     attn_mask, dropout_p, rng_state)
+                                     attn_mask, dropout_p, rng_state, sink=sink)
     keep_mask = None
     if with_keep_mask and rng_state is not None:
         keep_mask = ops.dropout_keep_mask(rng_state, q.size(0), q.size(2), q.size(1), k.size(1), dropout_p)

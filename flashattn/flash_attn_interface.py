@@ -13,15 +13,16 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._fa2_common import check_devices, check_tensor, fa2_attention, reject_unimplemented, unpack
+from ._fa2_common import check_devices, check_sink, check_tensor, fa2_attention, reject_unimplemented, unpack
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]
 
 
-def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs):
+def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs, learnable_sink):
     check_devices(q, k, v)
+    check_sink(learnable_sink, q, 2)
     out, softmax_lse, keep_mask = fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic,
-                                                return_attn_probs)
+                                                return_attn_probs, sink=learnable_sink)
     return (out, softmax_lse, keep_mask) if return_attn_probs else out
 
 
@@ -47,6 +48,11 @@ _FA2_ARGS_DOC = """
             build; blocks then wait for their turn, which costs some backward speed (not measured
             yet). The forward is always bitwise reproducible, and so is the CPU backward (the flag
             changes nothing there).
+        learnable_sink (keyword only; FlashAttention-3/4's name): attention sinks, a floating
+            ``(nheads,)`` tensor of logits, or None. Query head h's rows take their softmax over
+            their scores and ``learnable_sink[h]``, whose probability multiplies no value, so the
+            row's probabilities sum to less than 1 (gpt-oss's sinks); ``softmax_lse`` includes it.
+            Autograd reaches it when it requires grad.
         return_attn_probs: also return ``softmax_lse`` ``(batch, nheads, seqlen_q)`` float32, the
             natural-log log-sum-exp of each row of (undropped) scaled scores (-inf for a row that sees
             no key, where flash_attn reports +inf), and, where flash_attn returns its debugging
@@ -81,12 +87,14 @@ def flash_attn_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    learnable_sink: Optional[torch.Tensor] = None,
 ):
     reject_unimplemented(window_size, softcap, alibi_slopes)
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     check_tensor("k", k, 4, "(batch, seqlen_k, nheads_k, headdim)")
     check_tensor("v", v, 4, "(batch, seqlen_k, nheads_k, headdim)")
-    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs)
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs, learnable_sink)
 
 
 flash_attn_func.__doc__ = (
@@ -111,11 +119,13 @@ def flash_attn_kvpacked_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    learnable_sink: Optional[torch.Tensor] = None,
 ):
     reject_unimplemented(window_size, softcap, alibi_slopes)
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     k, v = unpack("kv", kv, 5, 2, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
-    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs)
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs, learnable_sink)
 
 
 flash_attn_kvpacked_func.__doc__ = (
@@ -139,10 +149,12 @@ def flash_attn_qkvpacked_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    learnable_sink: Optional[torch.Tensor] = None,
 ):
     reject_unimplemented(window_size, softcap, alibi_slopes)
     q, k, v = unpack("qkv", qkv, 5, 2, 3, "(batch, seqlen, 3, nheads, headdim)")
-    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs)
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs, learnable_sink)
 
 
 flash_attn_qkvpacked_func.__doc__ = (

@@ -38,6 +38,7 @@ def attention_reference(
     attn_mask: Optional[torch.Tensor] = None,
     dropout_p: float = 0.0,
     dropout_mask: Optional[torch.Tensor] = None,
+    sink: Optional[torch.Tensor] = None,
 ):
     """softmax(q k^T * scale) v in the ``(B, S, H, D)`` layout of the flashattn ops.
 
@@ -60,6 +61,9 @@ def attention_reference(
         dropout_mask: bool, broadcastable to ``[B, Hq, Lq, Lk]``, True where a probability is kept;
             required when ``dropout_p > 0`` (the reference draws nothing itself: pass the kernels'
             mask, ``flashattn.ops.dropout_keep_mask(rng_state, B, Hq, Lq, Lk, dropout_p)``).
+        sink: ``[Hq]`` attention-sink logits: each row's softmax runs over its scores and ``sink[h]``, as
+            an extra column whose probability is then dropped (it multiplies no value). The lse
+            includes it, and a row that sees no key gets out 0 and lse ``sink[h]``. Autograd reaches it.
 
     A query row that sees no key (bottom-right causal with Lq > Lk, Lk == 0, or every key masked)
     gets a zero output row and an lse of -inf, with zero gradients; no NaN is produced.
@@ -102,12 +106,20 @@ def attention_reference(
             additive = attn_mask.to(compute_dtype)
             visible = visible & (additive != float("-inf"))
     row_empty = ~visible.any(dim=-1, keepdim=True)  # [..., Lq, 1]
+    if sink is not None:
+        # The sink's column is always visible: no row is empty; rows without keys are all sink.
+        row_empty = torch.zeros_like(row_empty)
     if additive is not None:
         # Leave the -inf out of rows that end up empty (they are zeroed below) so softmax stays finite.
         scores = scores + additive.masked_fill(row_empty & (additive == float("-inf")), 0.0)
     # Leave empty rows unmasked so softmax stays finite (no NaN in values or gradients), then zero them.
     scores = scores.masked_fill(~(visible | row_empty), float("-inf"))
+    if sink is not None:
+        sink_column = sink.to(compute_dtype).view(1, heads_q, 1, 1).expand(*scores.shape[:-1], 1)
+        scores = torch.cat([scores, sink_column], dim=-1)
     probs = torch.softmax(scores, dim=-1).masked_fill(row_empty, 0.0)
+    if sink is not None:
+        probs = probs[..., :seqlen_k]
     if dropout_p > 0.0:
         probs = probs.masked_fill(~dropout_mask, 0.0) * (1.0 / (1.0 - dropout_p))
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v_).contiguous()

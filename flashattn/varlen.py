@@ -26,7 +26,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from . import _C, ops
-from ._fa2_common import (check_devices, check_max_seqlen, check_tensor, fa2_attention, reject_unimplemented,
+from ._fa2_common import (check_devices, check_max_seqlen, check_sink, check_tensor, fa2_attention, reject_unimplemented,
                           scale_or_default, unpack)
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
@@ -154,10 +154,11 @@ def _padded_layout(cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k, max_seqlen_
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-            deterministic, return_attn_probs, block_table, seqused_q=None, seqused_k=None):
+            deterministic, return_attn_probs, block_table, seqused_q=None, seqused_k=None, sink=None):
     if block_table is not None:
         raise NotImplementedError("flashattn: block_table (paged KV cache) is not implemented yet (only None)")
     check_devices(q, k, v)
+    check_sink(sink, q, 1)
     _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
     _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
@@ -184,7 +185,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
             limits.append(max_seqlen)
         scale = scale_or_default(softmax_scale, q.size(-1))
         out, softmax_lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale,
-                                          bool(causal), True, bool(deterministic), *limits)
+                                          bool(causal), True, bool(deterministic), *limits, sink)
         return (out, softmax_lse, None) if return_attn_probs else out
     lengths_q = _assert_offsets("cu_seqlens_q", "max_seqlen_q", cu_seqlens_q, max_seqlen_q, total_q)
     lengths_k = _assert_offsets("cu_seqlens_k", "max_seqlen_k", cu_seqlens_k, max_seqlen_k, k.size(0))
@@ -203,7 +204,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     v_pad = _gather_padded(v, cu_seqlens_k, lay.offset_k)
     batch = lay.offset_q.size(0)
     out_pad, lse_pad, keep_mask = fa2_attention(q_pad, k_pad, v_pad, dropout_p, softmax_scale, causal, deterministic,
-                                                return_attn_probs, lay.key_mask)
+                                                return_attn_probs, lay.key_mask, sink)
     positions = lay.positions_q
     out = out_pad.reshape((batch * max_seqlen_q,) + tuple(q.shape[1:])).index_select(0, positions)
     if not return_attn_probs:
@@ -254,7 +255,8 @@ _VARLEN_DOC = """
 
     The other arguments are :func:`flashattn.flash_attn_func`'s, per sequence: ``causal`` aligns
     each sequence's mask to its own bottom-right corner (key j visible to query i iff
-    ``j <= i + len_k - len_q``). ``block_table`` must be None (no paged KV cache yet).
+    ``j <= i + len_k - len_q``), ``learnable_sink`` (keyword only) joins every sequence's rows of
+    query head h. ``block_table`` must be None (no paged KV cache yet).
 
     Returns ``out`` ``(total_q, nheads, headdim)``; with ``return_attn_probs=True`` also
     ``softmax_lse`` ``(nheads, total_q)`` float32 (float64 for float64 CPU inputs) and the dropout
@@ -292,13 +294,14 @@ def flash_attn_varlen_func(
     *,
     seqused_q: Optional[torch.Tensor] = None,
     seqused_k: Optional[torch.Tensor] = None,
+    learnable_sink: Optional[torch.Tensor] = None,
 ):
     reject_unimplemented(window_size, softcap, alibi_slopes)
     check_tensor("q", q, 3, "(total_q, nheads, headdim)")
     check_tensor("k", k, 3, "(total_k, nheads_k, headdim)")
     check_tensor("v", v, 3, "(total_k, nheads_k, headdim)")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, block_table, seqused_q, seqused_k)
+                   deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink)
 
 
 flash_attn_varlen_func.__doc__ = (
@@ -327,12 +330,14 @@ def flash_attn_varlen_kvpacked_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    learnable_sink: Optional[torch.Tensor] = None,
 ):
     reject_unimplemented(window_size, softcap, alibi_slopes)
     check_tensor("q", q, 3, "(total_q, nheads, headdim)")
     k, v = unpack("kv", kv, 4, 1, 2, "(total_k, 2, nheads_k, headdim)")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, None)
+                   deterministic, return_attn_probs, None, sink=learnable_sink)
 
 
 flash_attn_varlen_kvpacked_func.__doc__ = (
@@ -356,11 +361,13 @@ def flash_attn_varlen_qkvpacked_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    learnable_sink: Optional[torch.Tensor] = None,
 ):
     reject_unimplemented(window_size, softcap, alibi_slopes)
     q, k, v = unpack("qkv", qkv, 4, 1, 3, "(total, 3, nheads, headdim)")
     return _varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, None)
+                   deterministic, return_attn_probs, None, sink=learnable_sink)
 
 
 flash_attn_varlen_qkvpacked_func.__doc__ = (

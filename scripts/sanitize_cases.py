@@ -67,15 +67,17 @@ class Case:
     # their key prefix and the last in their masked kernels)
     mask: str = "none"
     dropout_p: float = 0.0  # with a fixed rng_state, so the CPU and GPU keep-masks are the same
+    sink: bool = False  # attention sinks (one logit per query head) in fwd, and their gradient in bwd
 
 
 def _case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout="contiguous", mask="none",
-          dropout_p=0.0):
+          dropout_p=0.0, sink=False):
     dtype_name = "fp16" if dtype == F16 else "bf16"
     name = (f"b{batch}-q{seqlen_q}-k{seqlen_k}-h{heads_q}/{heads_kv}-d{head_dim}-{dtype_name}-{causal}"
             + ("" if layout == "contiguous" else f"-{layout}") + ("" if mask == "none" else f"-{mask}mask")
-            + ("" if dropout_p == 0.0 else f"-dropout{dropout_p}"))
-    return Case(name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout, mask, dropout_p)
+            + ("" if dropout_p == 0.0 else f"-dropout{dropout_p}") + ("-sink" if sink else ""))
+    return Case(name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout, mask, dropout_p,
+                sink)
 
 
 # memcheck, initcheck, synccheck: seqlen 1, 17, 97, 1025, Lq != Lk both ways, every compiled head-dim
@@ -123,6 +125,9 @@ FULL_CASES = [
     _case(1, 200, 300, 2, 2, 160, F16, "top_left", mask="float", dropout_p=0.2),
     # K/V multicast (sm90 forward, tile width 128, no causal masking, an even number of query tiles)
     _case(1, 200, 1025, 4, 2, 112, BF16, "none"),
+    # attention sinks: the forwards' epilogues (rows without keys among them) and the gradient's reduction
+    _case(1, 300, 97, 4, 2, 64, BF16, "bottom_right", sink=True),
+    _case(1, 200, 300, 2, 1, 256, F16, "none", mask="float", sink=True),
 ]
 
 # racecheck (the slowest tool): one short case per head-dim tile, long enough to cross the query and
@@ -147,6 +152,7 @@ RACE_CASES = [
     _case(1, 129, 300, 2, 1, 64, BF16, "none", dropout_p=0.2),
     _case(1, 129, 300, 2, 1, 256, F16, "top_left", mask="bool", dropout_p=0.2),  # the masked wide backward
     _case(1, 256, 300, 2, 1, 128, BF16, "none", "bhsd"),  # K/V multicast, both tiles' rows full
+    _case(1, 150, 129, 2, 1, 128, F16, "bottom_right", sink=True),
 ]
 
 # The sm90 forward's K/V multicast (clusters of two CTAs): the cases of the lists above that run it
@@ -214,6 +220,17 @@ def _mask(case: Case, gen: torch.Generator, device):
     return bias.to(case.dtype).to(device).unsqueeze(0).expand(full)
 
 
+def _sink(case: Case, device):
+    """The case's sink logits (heads_q,) float32, or None."""
+    if not case.sink:
+        return None
+    return torch.linspace(-1.0, 2.0, case.heads_q).to(device)
+
+
+def _dsink(sink):
+    return None if sink is None else torch.empty_like(sink)
+
+
 def _dmask(mask):
     """A buffer for the mask's gradient (a floating mask only), or None."""
     if mask is None or mask.dtype == torch.bool:
@@ -244,11 +261,12 @@ class Expected:
             q, k, v, dout, mask = _inputs(case, index, "cpu")
             scale, is_causal, bottom_right = _args(case)
             p, rng = _dropout(case, index, "cpu")
-            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng)
-            dmask = _dmask(mask)
+            sink = _sink(case, "cpu")
+            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng, False, sink)
+            dmask, dsink = _dmask(mask), _dsink(sink)
             grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right, False, mask, dmask,
-                                            p, rng)
-            self._cache[index] = (out, lse, grads + ((dmask,) if dmask is not None else ()))
+                                            p, rng, sink, dsink)
+            self._cache[index] = (out, lse, grads + tuple(t for t in (dmask, dsink) if t is not None))
         return self._cache[index]
 
 
@@ -283,23 +301,25 @@ def run_item(phase: str, index: int, case: Case, expected: Expected, device) -> 
     q, k, v, dout, mask = _inputs(case, index, device)
     p, rng = _dropout(case, index, device)
     out_cpu, lse_cpu, grads_cpu = expected(index, case)
+    sink = _sink(case, device)
     flashattn.plan.set_options(force_sm80=phase.endswith("-sm80"))
     try:
         if phase.startswith("fwd"):
-            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng)
+            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng, False, sink)
         else:
             out, lse = out_cpu.to(device), lse_cpu.to(device)
-            dmask = _dmask(mask)
+            dmask, dsink = _dmask(mask), _dsink(sink)
             grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right,
-                                            phase == "bwd-deterministic", mask, dmask, p, rng)
-            grads = grads + ((dmask,) if dmask is not None else ())
+                                            phase == "bwd-deterministic", mask, dmask, p, rng, sink, dsink)
+            grads = grads + tuple(t for t in (dmask, dsink) if t is not None)
     finally:
         flashattn.plan.set_options(force_sm80=False)
     if phase.startswith("fwd"):
         _check("out", out, out_cpu, 0.02)
         _check("lse", lse, lse_cpu, 0.01)
     else:
-        for name, g, want in zip(("dq", "dk", "dv", "dmask"), grads, grads_cpu):
+        names = ("dq", "dk", "dv") + (("dmask",) if case.mask == "float" else ()) + (("dsink",) if case.sink else ())
+        for name, g, want in zip(names, grads, grads_cpu):
             _check(name, g, want, 0.05)
 
 

@@ -590,9 +590,11 @@ class _BwdCalls(TorchDispatchMode):
 def test_bwd_schema_has_the_optional_arguments_last():
     schema = torch.ops.flashattn.bwd.default._schema
     names = [a.name for a in schema.arguments]
-    assert names[-6:] == ["causal_bottom_right", "deterministic", "attn_mask", "dmask", "dropout_p", "rng_state"]
-    assert [schema.arguments[i].default_value for i in (-5, -4, -3, -2, -1)] == [False, None, None, 0.0, None]
-    assert schema.arguments[-3].alias_info.is_write  # dmask is written in place
+    assert names[-8:] == ["causal_bottom_right", "deterministic", "attn_mask", "dmask", "dropout_p", "rng_state",
+                          "sink", "dsink"]
+    assert [schema.arguments[i].default_value for i in range(-7, 0)] == [False, None, None, 0.0, None, None, None]
+    assert schema.arguments[-5].alias_info.is_write  # dmask is written in place
+    assert schema.arguments[-1].alias_info.is_write  # and dsink
 
 
 @pytest.mark.parametrize("causal, bottom_right", [(False, False), (True, False), (True, True)])

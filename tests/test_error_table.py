@@ -209,6 +209,8 @@ CALLS: Dict[str, Callable] = {
     "sdpa-cuda-no-kernels": lambda mp: (_no_cuda_kernels(mp), sdpa(*_bhsd(torch.float16, device="cuda")))[1],
     "sdpa-cuda-old-gpu": lambda mp: (_old_gpu(mp), sdpa(*_bhsd(torch.float16, device="cuda")))[1],
     # flash_attn_func
+    "fa2-sink-shape": lambda mp: fa2(*_bshd(), learnable_sink=_randn(3)),
+    "fa2-sink-device": lambda mp: fa2(*_bshd(), learnable_sink=_randn(4, device="cuda")),
     "fa2-not-a-tensor": lambda mp: fa2(*_bshd()[:2], _bshd()[2].tolist()),
     "fa2-q-3-dims": lambda mp: fa2(_randn(5, 4, 8), *_bshd()[1:]),
     "fa2-k-5-dims": lambda mp: fa2(_bshd()[0], _randn(2, 7, 2, 8, 1), _bshd()[2]),

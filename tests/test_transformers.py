@@ -233,10 +233,10 @@ def test_dropout_in_training_runs_on_the_kernels(monkeypatch):
     replay = iter(states)
 
     def reference_attention(q, k, v, scale, is_causal, bottom_right, deterministic=False, attn_mask=None,
-                            dropout_p=0.0, rng_state=None, generator=None):
+                            dropout_p=0.0, rng_state=None, generator=None, sink=None):
         keep = flashattn.ops.dropout_keep_mask(next(replay), q.size(0), q.size(2), q.size(1), k.size(1), dropout_p)
         return attention_reference(q, k, v, scale, is_causal, bottom_right, return_lse=True, attn_mask=attn_mask,
-                                   dropout_p=dropout_p, dropout_mask=keep)
+                                   dropout_p=dropout_p, dropout_mask=keep, sink=sink)
 
     monkeypatch.setattr(flashattn.ops, "attention", reference_attention)
     ref_logits, ref_grads = _loss_and_grads(ours, input_ids)
@@ -281,6 +281,44 @@ def test_scaling_argument_and_layout():
     assert out.shape == (2, 9, 4, 16)  # (B, S, H, D)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3, enable_gqa=True)
     torch.testing.assert_close(out, expected.transpose(1, 2), **F32_TOL)
+
+
+def test_gpt_oss_style_sinks_and_sliding_window_match_eager():
+    """A tiny gpt-oss-style model (learned attention sinks in every layer, a sliding-window layer beside a
+    full one, grouped-query attention, random weights and sinks): logits and every gradient, the sinks'
+    included, as with transformers' eager attention; the sinks run on the kernels (s_aux), the window
+    layer on the masked kernel with the window's mask."""
+    if not hasattr(transformers, "GptOssConfig"):
+        pytest.skip("this transformers has no gpt-oss")
+    config = transformers.GptOssConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16, vocab_size=128, num_local_experts=4,
+                                       num_experts_per_tok=2, sliding_window=8, max_position_embeddings=256,
+                                       pad_token_id=0, layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.endswith("sinks"):
+                p.normal_(0.0, 1.0)
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=NAME)
+    ours.load_state_dict(ref.state_dict())
+    ref.eval()
+    ours.eval()
+    input_ids = torch.randint(1, 128, (2, 21))
+    ref_logits, ref_grads = _loss_and_grads(ref, input_ids)
+    logits, grads = _loss_and_grads(ours, input_ids)
+    assert fa_hf.path_counts[fa_hf.FALLBACK] == 0
+    torch.testing.assert_close(logits, ref_logits, **F32_TOL)
+    assert any(name.endswith("sinks") for name in grads)
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], **F32_TOL, msg=lambda m: f"{name}: {m}")
+
+
+def test_sinks_with_a_fallback_reason_are_refused():
+    module = torch.nn.Module()
+    q = k = v = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="attention sinks"):
+        fa_hf.flashattn_attention_forward(module, q, k, v, None, dropout=1.5, s_aux=torch.zeros(2))
 
 
 def test_softcap_is_refused():

@@ -17,12 +17,15 @@ namespace cpu {
 // key, whatever q.k is). Returns out [B, Lq, Hq, D] contiguous in q's dtype (0 for a row that sees no
 // key) and lse [B, Hq, Lq], the log-sum-exp of the masked scaled scores (float64 for float64 inputs,
 // else float32; -inf for such a row). With dropout_p > 0, rng_state (a [2] int64 CPU tensor: seed,
-// offset) picks the keep-mask of common/dropout.h: out = (P * Z / (1 - p)) V, lse unchanged.
+// offset) picks the keep-mask of common/dropout.h: out = (P * Z / (1 - p)) V, lse unchanged. sink, a
+// (Hq,) tensor of logits (torch/sink.h), joins each row's softmax denominator: lse includes it and a
+// row without keys gets lse = sink.
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        double scale, bool is_causal, int64_t causal_offset,
                                        const std::optional<at::Tensor>& attn_mask = std::nullopt,
                                        double dropout_p = 0.0,
-                                       const std::optional<at::Tensor>& rng_state = std::nullopt);
+                                       const std::optional<at::Tensor>& rng_state = std::nullopt,
+                                       const std::optional<at::Tensor>& sink = std::nullopt);
 
 // Gradients of fwd's out: dq like q, dk/dv like k (summed over each query-head group), contiguous.
 // attn_mask must be the forward's. dmask (floating masks only): a contiguous, zero-filled

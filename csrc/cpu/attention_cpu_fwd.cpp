@@ -41,6 +41,7 @@ struct FwdProblem {
   KeyLimit keys;
   MaskView<scalar_t> mask;  // [B, Hq, Lq, Lk] any strides, or none
   DropoutRows dropout;      // disabled without dropout
+  const acc_t* sink;        // [Hq] logits, or nullptr
 };
 
 // Working memory of one query block, allocated once per thread and reused across its tasks.
@@ -122,18 +123,28 @@ void fold_tile_into_row(const acc_t* q_row, const acc_t* kT_tile, const acc_t* v
 }
 
 // out = acc / l and lse = m + log(l) for the block's rows; a row that saw no key (l == 0) gets
-// out = 0 and lse = -inf, the values of an empty softmax; a NaN score gives NaN in both.
+// out = 0 and lse = -inf, the values of an empty softmax; a NaN score gives NaN in both. A sink adds
+// exp(sink - m) to l first (m moving up to the sink where it is larger, so nothing overflows).
 template <typename scalar_t>
 void write_query_block(const FwdProblem<scalar_t>& p, FwdScratch<acc_type<scalar_t>>& s, int64_t b, int64_t h,
                        int64_t q0, int64_t rows) {
   using acc_t = acc_type<scalar_t>;
+  constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
   acc_t* lse_row = p.lse + (b * p.heads_q + h) * p.seqlen_q;  // [Lq]
   for (int64_t r = 0; r < rows; ++r) {
-    const acc_t l = s.row_sum[r];
+    acc_t l = s.row_sum[r], m = s.row_max[r], factor = 1;
+    if (p.sink != nullptr) {
+      const acc_t joined = nan_propagating_max(m, p.sink[h]);
+      if (joined != kNegInf) {
+        factor = std::exp(m - joined);  // 0 for a row that saw no key
+        l = l * factor + std::exp(p.sink[h] - joined);
+        m = joined;
+      }
+    }
     const bool saw_keys = l != acc_t(0);  // NaN (a NaN score) counts as seen: out and lse become NaN
-    store_row(p.out, b, q0 + r, h, s.out_acc.data() + r * p.head_dim, saw_keys ? acc_t(1) / l : acc_t(0),
+    store_row(p.out, b, q0 + r, h, s.out_acc.data() + r * p.head_dim, saw_keys ? factor / l : acc_t(0),
               p.head_dim);
-    lse_row[q0 + r] = saw_keys ? s.row_max[r] + std::log(l) : -std::numeric_limits<acc_t>::infinity();
+    lse_row[q0 + r] = saw_keys ? m + std::log(l) : kNegInf;
   }
 }
 
@@ -199,7 +210,8 @@ void run_fwd(const FwdProblem<scalar_t>& p, int64_t batch) {
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                        bool is_causal, int64_t causal_offset,
                                        const std::optional<at::Tensor>& attn_mask, double dropout_p,
-                                       const std::optional<at::Tensor>& rng_state) {
+                                       const std::optional<at::Tensor>& rng_state,
+                                       const std::optional<at::Tensor>& sink) {
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2), head_dim = q.size(3);
   const int64_t seqlen_k = k.size(1), heads_kv = k.size(2);
   const at::ScalarType lse_dtype = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -207,12 +219,16 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
   at::Tensor lse = at::empty({batch, heads_q, seqlen_q}, q.options().dtype(lse_dtype));
   if (heads_q == 0) return {out, lse};  // also the only case where heads_kv may be 0
   if (!attn_mask.has_value() && dropout_p == 0.0 && fwd_plain_serves(q.scalar_type())) {
-    fwd_plain(q, k, v, out, lse, scale, KeyLimit{is_causal, causal_offset, seqlen_k});
+    const at::Tensor sink_f = sink.has_value() ? sink->detach().to(at::kFloat).contiguous() : at::Tensor();
+    fwd_plain(q, k, v, out, lse, scale, KeyLimit{is_causal, causal_offset, seqlen_k},
+              sink_f.defined() ? sink_f.data_ptr<float>() : nullptr);
     return {out, lse};
   }
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "flashattn_fwd_cpu", [&] {
     using acc_t = acc_type<scalar_t>;
+    at::Tensor sink_acc;  // [Hq] in acc_t
+    if (sink.has_value()) sink_acc = sink->detach().to(lse_dtype).contiguous();
     FwdProblem<scalar_t> p{rows_view<const scalar_t>(q),
                            rows_view<const scalar_t>(k),
                            rows_view<const scalar_t>(v),
@@ -225,7 +241,8 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                            static_cast<acc_t>(scale),
                            KeyLimit{is_causal, causal_offset, seqlen_k},
                            mask_view<scalar_t>(attn_mask),
-                           dropout_rows(dropout_p, rng_state)};
+                           dropout_rows(dropout_p, rng_state),
+                           sink_acc.defined() ? sink_acc.data_ptr<acc_t>() : nullptr};
     run_fwd(p, batch);
   });
   return {out, lse};

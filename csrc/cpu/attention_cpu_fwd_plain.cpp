@@ -53,8 +53,8 @@ at::Tensor matrix(const at::Tensor& buffer, int64_t rows, int64_t cols) {
 }
 
 void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                     const at::Tensor& lse, double scale, const KeyLimit& keys, PlainScratch& s, int64_t b,
-                     int64_t h, int64_t q0) {
+                     const at::Tensor& lse, double scale, const KeyLimit& keys, const float* sink, PlainScratch& s,
+                     int64_t b, int64_t h, int64_t q0) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t head_dim = q.size(3);
   const int64_t rows = std::min(kPlainBlockQ, q.size(1) - q0);
@@ -84,9 +84,20 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     acc.mul_(rescale.unsqueeze(1)).addmm_(scores, v_tile);
     row_max = new_max;
   }
+  // A sink adds exp(sink - m) to l, m moving up to the sink where it is larger (nothing overflows); the
+  // output, relative to the old m, is scaled by exp(m_old - m), 0 for a row that saw no key.
+  at::Tensor sink_factor;
+  if (sink != nullptr && sink[h] != kNegInf) {
+    const at::Tensor joined = at::clamp_min(row_max, sink[h]);  // NaN stays NaN
+    sink_factor = (row_max - joined).exp_();
+    row_sum.mul_(sink_factor).add_((sink[h] - joined).exp_());
+    row_max = joined;
+  }
   // out = acc / l and lse = m + log(l); a row that saw no key (l == 0) gets out = 0 and lse = -inf.
   const at::Tensor saw_keys = row_sum != 0.f;  // NaN counts as seen
-  acc.mul_(at::where(saw_keys, row_sum.reciprocal(), 0.f).unsqueeze(1));
+  at::Tensor inv_sum = row_sum.reciprocal();
+  if (sink_factor.defined()) inv_sum.mul_(sink_factor);
+  acc.mul_(at::where(saw_keys, inv_sum, 0.f).unsqueeze(1));
   out.select(0, b).select(1, h).narrow(0, q0, rows).copy_(acc);
   lse.select(0, b).select(0, h).narrow(0, q0, rows).copy_(at::where(saw_keys, row_max + row_sum.log(), kNegInf));
 }
@@ -94,7 +105,7 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }  // namespace
 
 void fwd_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-               const at::Tensor& lse, double scale, const KeyLimit& keys) {
+               const at::Tensor& lse, double scale, const KeyLimit& keys, const float* sink) {
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2);
   const int64_t q_blocks = (seqlen_q + kPlainBlockQ - 1) / kPlainBlockQ;
   // Each task, a (batch, query head, query block), writes its own rows of out and lse.
@@ -105,7 +116,7 @@ void fwd_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     PlainScratch scratch(q.size(3));
     for (int64_t t = begin; t < end; ++t) {
       const int64_t q_block = t % q_blocks, h = (t / q_blocks) % heads_q, b = t / (q_blocks * heads_q);
-      fwd_plain_block(qd, kd, vd, out, lse, scale, keys, scratch, b, h, q_block * kPlainBlockQ);
+      fwd_plain_block(qd, kd, vd, out, lse, scale, keys, sink, scratch, b, h, q_block * kPlainBlockQ);
     }
   });
 }

@@ -19,6 +19,7 @@
 #include "common/dropout.h"
 #include "common/mask.h"
 #include "cuda/mask_view.h"
+#include "cuda/sink.h"
 #include "params.h"
 #include "sm80/fragments.h"
 #include "sm80/kernel_configs.h"
@@ -261,17 +262,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
   __syncthreads();  // with no key block at all, the Q copy may still be landing in q_smem
 
   // Epilogue: O / rowsum into this warp's rows of q_smem, then out; LSE = ln 2 * (max + log2(sum)).
+  // The sink's term (cuda/sink.h) joins the row sums first.
   float* lse = p.lse + (static_cast<int64_t>(batch) * s.heads_q + head) * s.seqlen_q + m0;  // [Lq - m0]
+  const float sink_log2 = sink_log2_of(p, head);
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float sum = quad_sum(row_sum[mt][half]);
+      float sum = quad_sum(row_sum[mt][half]);
+      float base = row_max[mt][half];
+      const float factor = join_sink(sink_log2, base, sum);
       // A NaN score makes sum NaN, and NaN must reach out and lse: test for exactly 0 (no key).
-      const float inv_sum = sum == 0.f ? 0.f : (kMasked ? p.dropout.keep_scale : 1.f) / sum;
+      const float inv_sum = sum == 0.f ? 0.f : (kMasked ? p.dropout.keep_scale : 1.f) * factor / sum;
       const int row = warp_row0 + mt * 16 + lane / 4 + half * 8;
       if (lane % 4 == 0 && m0 + row < s.seqlen_q) {
-        lse[row] = sum == 0.f ? -INFINITY : (row_max[mt][half] + log2f(sum)) * 0.6931471805599453f;
+        lse[row] = sum == 0.f ? -INFINITY : (base + log2f(sum)) * 0.6931471805599453f;
       }
 #pragma unroll
       for (int d = 0; d < kOTiles; ++d) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/element_ops.h"
+#include "cuda/sink.h"
 #include "params.h"
 #include "sm90/fwd_softmax.h"
 #include "sm90/ptx.h"
@@ -111,7 +112,8 @@ __device__ __forceinline__ void store_rows_staged(const OutputStaging& staging, 
   }
 }
 
-// O * out_scale / rowsum and the natural-log LSE of this thread's two rows. The output goes through
+// O * out_scale / rowsum and the natural-log LSE of this thread's two rows, the sink's term (sink_log2,
+// base 2; -inf: none) joined to the row sums first. The output goes through
 // shared memory and TMA (store_rows_staged) where the configuration stages it and the tensor map could
 // be made; else straight from the registers, in 16-byte row segments where head_dim and the output's
 // alignment allow (store_rows_16b), else two elements per store.
@@ -122,7 +124,7 @@ __device__ __forceinline__ void write_epilogue(const FwdParams& p, const Attenti
                                                const float (&o)[kHeadDim / 2],
                                                const OnlineSoftmax<kBlockN>& softmax, int head, int batch,
                                                int row0, int first_row, int lane, float out_scale,
-                                               const OutputStaging& staging) {
+                                               float sink_log2, const OutputStaging& staging) {
   using Ops = ElementOps<T>;
   float inv[2];
   bool valid[2];
@@ -131,12 +133,14 @@ __device__ __forceinline__ void write_epilogue(const FwdParams& p, const Attenti
     float sum = softmax.row_sum[half];
     sum += __shfl_xor_sync(0xffffffff, sum, 1);
     sum += __shfl_xor_sync(0xffffffff, sum, 2);
+    float base = softmax.row_max[half];
+    const float factor = join_sink(sink_log2, base, sum);
     const int row = row0 + half * 8;
     valid[half] = row < sh.seqlen_q;
     // A NaN score makes sum NaN, and NaN must reach out and lse: test for exactly 0 (no key).
-    inv[half] = sum == 0.f ? 0.f : out_scale / sum;
+    inv[half] = sum == 0.f ? 0.f : out_scale * factor / sum;
     if (valid[half] && lane % 4 == 0) {
-      lse[row] = sum == 0.f ? -INFINITY : (softmax.row_max[half] + log2f(sum)) * 0.6931471805599453f;
+      lse[row] = sum == 0.f ? -INFINITY : (base + log2f(sum)) * 0.6931471805599453f;
     }
   }
   if (staging.map != nullptr) {

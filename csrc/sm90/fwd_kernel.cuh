@@ -46,6 +46,7 @@
 
 #include "common/dropout.h"
 #include "common/mask.h"
+#include "cuda/sink.h"
 #include "params.h"
 #include "sm90/fragments.h"
 #include "sm90/fwd_config.h"
@@ -426,7 +427,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       lse_rows = p.lse + (static_cast<int64_t>(t.batch) * sh.heads_q + t.head) * sh.seqlen_q;
     }
     write_epilogue<T, Cfg::kHeadDim, kBlockN>(p, sh, out_rows, lse_rows, o, softmax, t.head, t.batch, row0, first_row,
-                                              lane, dropout ? p.dropout.keep_scale : 1.f, staging);
+                                              lane, dropout ? p.dropout.keep_scale : 1.f, sink_log2_of(p, t.head),
+                                              staging);
     release_next_consumer();  // a first tile without visible keys
   }
   release_next_consumer();  // no tile at all

@@ -3,7 +3,7 @@
 // the forward's inputs, out and lse (deterministic, dropout_p and rng_state as the forward had them, so
 // the backward regenerates the same keep-mask). A floating attn_mask that requires grad gets
 // dmask, its gradient over the [B, Hq, Lq, Lk] view the op took (autograd sums it back over broadcast
-// dims).
+// dims); a sink that requires grad gets dsink, in the sink's dtype.
 //
 // fwd_heads_first takes q, k, v in SDPA's (B, H, L, E) layout: the transposes to the kernels' (B, L, H, E)
 // are made here, below autograd, instead of as three autograd views in Python (about half of the SDPA
@@ -28,11 +28,13 @@ using torch::autograd::variable_list;
 
 using FwdSignature = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                         double, bool, bool, const std::optional<at::Tensor>&,
-                                                        double, const std::optional<at::Tensor>&, bool);
+                                                        double, const std::optional<at::Tensor>&, bool,
+                                                        const std::optional<at::Tensor>&);
 using BwdSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, double, bool, bool, bool, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, double, const std::optional<at::Tensor>&);
+    const std::optional<at::Tensor>&, double, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&);
 
 std::optional<at::Tensor> present(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
@@ -61,10 +63,11 @@ const auto& fwd_op() {
 std::tuple<at::Tensor, at::Tensor> fwd_heads_first(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                    double scale, bool is_causal, bool causal_bottom_right,
                                                    const std::optional<at::Tensor>& attn_mask, double dropout_p,
-                                                   const std::optional<at::Tensor>& rng_state, bool deterministic) {
+                                                   const std::optional<at::Tensor>& rng_state, bool deterministic,
+                                                   const std::optional<at::Tensor>& sink) {
   check_heads_first(q, k, v);
   return fwd_op().call(kernel_layout(q), kernel_layout(k), kernel_layout(v), scale, is_causal, causal_bottom_right,
-                       attn_mask, dropout_p, rng_state, deterministic);
+                       attn_mask, dropout_p, rng_state, deterministic, sink);
 }
 
 // heads_first: q, k, v (and the gradients returned for them) in (B, H, L, E), else (B, L, H, E).
@@ -73,18 +76,20 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale, bool is_causal, bool causal_bottom_right,
                                const std::optional<at::Tensor>& attn_mask, double dropout_p,
-                               const std::optional<at::Tensor>& rng_state, bool deterministic, bool heads_first) {
+                               const std::optional<at::Tensor>& rng_state, bool deterministic,
+                               const std::optional<at::Tensor>& sink, bool heads_first) {
     at::Tensor out, lse;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       std::tie(out, lse) = heads_first ? fwd_heads_first(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-                                                         dropout_p, rng_state, deterministic)
+                                                         dropout_p, rng_state, deterministic, sink)
                                        : fwd_op().call(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-                                                       dropout_p, rng_state, deterministic);
+                                                       dropout_p, rng_state, deterministic, sink);
     }
     // The inputs as given (the backward makes the kernels' views again); rng_state is saved, not its
     // values: the backward regenerates the forward's keep-mask from it.
-    ctx->save_for_backward({q, k, v, out, lse, attn_mask.value_or(at::Tensor()), rng_state.value_or(at::Tensor())});
+    ctx->save_for_backward({q, k, v, out, lse, attn_mask.value_or(at::Tensor()), rng_state.value_or(at::Tensor()),
+                            sink.value_or(at::Tensor())});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["causal_bottom_right"] = causal_bottom_right;
@@ -104,7 +109,7 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
     const at::Tensor k = heads_first ? kernel_layout(saved[1]) : saved[1];
     const at::Tensor v = heads_first ? kernel_layout(saved[2]) : saved[2];
     const at::Tensor &out = saved[3], &lse = saved[4];
-    const at::Tensor &attn_mask = saved[5], &rng_state = saved[6];
+    const at::Tensor &attn_mask = saved[5], &rng_state = saved[6], &sink = saved[7];
     at::Tensor grad_out = grads[0];  // grads[1], lse's, is not differentiable
     if (grad_out.size(-1) > 1 && grad_out.stride(-1) != 1) {
       // The kernels take any strides but need a contiguous last dim (e.g. an expanded grad of sum()).
@@ -117,30 +122,37 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
       // Full size: the expand that made the [B, Hq, Lq, Lk] view sums it back to the mask's shape.
       dmask = at::empty(attn_mask.sizes(), attn_mask.options().device(q.device()));
     }
+    // The sink's edge follows those of the tensors given before it (attn_mask, rng_state).
+    const size_t sink_edge = 3 + (attn_mask.defined() ? 1 : 0) + (rng_state.defined() ? 1 : 0);
+    at::Tensor dsink;
+    if (sink.defined() && ctx->needs_input_grad(sink_edge)) {
+      dsink = at::empty({sink.size(0)}, sink.options().dtype(at::kFloat));
+    }
     auto [dq, dk, dv] = op.call(grad_out, q, k, v, out, lse, ctx->saved_data["scale"].toDouble(),
                                 ctx->saved_data["is_causal"].toBool(),
                                 ctx->saved_data["causal_bottom_right"].toBool(),
                                 ctx->saved_data["deterministic"].toBool(),
                                 present(attn_mask), present(dmask), ctx->saved_data["dropout_p"].toDouble(),
-                                present(rng_state));
+                                present(rng_state), present(sink), present(dsink));
     if (heads_first) {  // back to the inputs' (B, H, L, E)
       dq = dq.transpose(1, 2);
       dk = dk.transpose(1, 2);
       dv = dv.transpose(1, 2);
     }
     // One gradient per forward argument: q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-    // dropout_p, rng_state, deterministic, heads_first.
+    // dropout_p, rng_state, deterministic, sink, heads_first.
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), dmask, at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+            dsink.defined() ? dsink.to(sink.scalar_type()) : at::Tensor(), at::Tensor()};
   }
 };
 
 std::tuple<at::Tensor, at::Tensor> fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                 double scale, bool is_causal, bool causal_bottom_right,
                                                 const std::optional<at::Tensor>& attn_mask, double dropout_p,
-                                                const std::optional<at::Tensor>& rng_state, bool deterministic) {
+                                                const std::optional<at::Tensor>& rng_state, bool deterministic,
+                                                const std::optional<at::Tensor>& sink) {
   const variable_list outputs = FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-                                                   dropout_p, rng_state, deterministic, false);
+                                                   dropout_p, rng_state, deterministic, sink, false);
   return {outputs[0], outputs[1]};
 }
 
@@ -150,9 +162,10 @@ std::tuple<at::Tensor, at::Tensor> fwd_heads_first_autograd(const at::Tensor& q,
                                                             const std::optional<at::Tensor>& attn_mask,
                                                             double dropout_p,
                                                             const std::optional<at::Tensor>& rng_state,
-                                                            bool deterministic) {
+                                                            bool deterministic,
+                                                            const std::optional<at::Tensor>& sink) {
   const variable_list outputs = FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-                                                   dropout_p, rng_state, deterministic, true);
+                                                   dropout_p, rng_state, deterministic, sink, true);
   return {outputs[0], outputs[1]};
 }
 

@@ -10,6 +10,7 @@
 #include "sm90/api.h"
 #include "torch/cuda_ops.h"
 #include "torch/mask_plan.h"
+#include "torch/sink.h"
 
 namespace flashattn {
 namespace cuda_ops {
@@ -19,10 +20,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    double scale, bool is_causal, bool causal_bottom_right,
                                                    bool deterministic, const std::optional<at::Tensor>& attn_mask,
                                                    const std::optional<at::Tensor>& dmask, double dropout_p,
-                                                   const std::optional<at::Tensor>& rng_state) {
+                                                   const std::optional<at::Tensor>& rng_state,
+                                                   const std::optional<at::Tensor>& sink,
+                                                   const std::optional<at::Tensor>& dsink) {
   const char* op = "flashattn.bwd";
   const CheckedShape s =
       check_bwd_args(dout, q, k, v, out, lse_in, causal_bottom_right, attn_mask, dmask, dropout_p, rng_state);
+  check_sink(op, sink, q, s.heads_q);
+  check_dsink(op, dsink, sink, q, s.heads_q);
   const c10::cuda::CUDAGuard device_guard(q.device());
   check_cuda_device(op, q);
 
@@ -33,20 +38,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     dq.zero_();
     dk.zero_();
     dv.zero_();
+    if (dsink.has_value()) dsink->zero_();  // every row's out is 0 (or there is no row)
     return {dq, dk, dv};
   }
   const at::Tensor lse = lse_in.to(at::kFloat).contiguous();  // no-op for the forward's own lse
 
   // An additive mask can saturate a row's LSE (cuda/saturated_rows.h): the preprocess then writes the
   // dout the main kernel reads, rows rebalanced, into this workspace (rows padded to 8 elements, so
-  // that its strides suit 16-byte loads and TMA whatever the head dim).
-  const bool additive_mask = attn_mask.has_value() && attn_mask->scalar_type() != at::kBool;
+  // that its strides suit 16-byte loads and TMA whatever the head dim). Not with a sink: the rebalanced
+  // statistics leave the sink's term out, and a row's LSE is then at least its sink, so it saturates
+  // only where scores plus mask pass about +4.5e4 (the README's Limits).
+  const bool rebalance_rows = attn_mask.has_value() && attn_mask->scalar_type() != at::kBool && !sink.has_value();
   at::Tensor dout_rescaled;
-  if (additive_mask) {
+  if (rebalance_rows) {
     dout_rescaled = at::empty({s.batch, s.seqlen_q, s.heads_q, (s.head_dim + 7) / 8 * 8}, dout.options())
                         .narrow(3, 0, s.head_dim);
   }
-  const at::Tensor& dout_read = additive_mask ? dout_rescaled : dout;
+  const at::Tensor& dout_read = rebalance_rows ? dout_rescaled : dout;
 
   BwdParams p;
   p.shape = make_shape(s, q, scale, is_causal);
@@ -82,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   p.v = v.data_ptr();
   p.out = out.data_ptr();
   p.dout = dout_read.data_ptr();
-  if (additive_mask) {
+  if (rebalance_rows) {
     p.dout_caller = dout.data_ptr();
     p.dout_caller_strides = strides_of(dout);
   }
@@ -124,6 +132,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   } else {
     C10_CUDA_CHECK(sm80::run_bwd(p, stream));
   }
+  // From the preprocess's per-row statistics (delta of the output with the sink, lse_log2 with its term).
+  if (dsink.has_value()) dsink->copy_(sink_gradient(*sink, lse_log2, delta, /*lse_base2=*/true));
   return {dq, dk, dv};
 }
 

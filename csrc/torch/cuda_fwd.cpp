@@ -11,6 +11,7 @@
 #include "sm90/api.h"
 #include "torch/cuda_ops.h"
 #include "torch/mask_plan.h"
+#include "torch/sink.h"
 
 namespace flashattn {
 namespace cuda_ops {
@@ -22,12 +23,14 @@ namespace {
 // the error at the level of shorter rows.
 constexpr int64_t kKeysPerPass = int64_t{1} << 20;
 
-// One forward pass of q over k and v (some key range of the caller's) into out and lse.
+// One forward pass of q over k and v (some key range of the caller's) into out and lse; sink: [Hq] float32
+// on the device, or nullptr.
 void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s, double scale,
               bool is_causal, const std::optional<at::Tensor>& attn_mask, const DropoutParams& dropout,
-              at::Tensor& out, at::Tensor& lse) {
+              const float* sink, at::Tensor& out, at::Tensor& lse) {
   FwdParams p;
   p.dropout = dropout;
+  p.sink = sink;
   p.shape = make_shape(s, q, scale, is_causal);
   p.shape.rows_aligned_16 = rows_aligned_16(q) && rows_aligned_16(k) && rows_aligned_16(v);
   p.q = q.data_ptr();
@@ -74,10 +77,12 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 }
 
 // The forward over more than kKeysPerPass keys: one pass per key range, merged as
-// lse = log(sum_r exp(lse_r)) and out = sum_r exp(lse_r - lse) out_r, in float32.
+// lse = log(sum_r exp(lse_r)) and out = sum_r exp(lse_r - lse) out_r, in float32; a sink joins the
+// merged pair once, at the end.
 void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s,
                        double scale, bool is_causal, const std::optional<at::Tensor>& attn_mask,
-                       const DropoutParams& dropout, at::Tensor& out, at::Tensor& lse) {
+                       const DropoutParams& dropout, const std::optional<at::Tensor>& sink, at::Tensor& out,
+                       at::Tensor& lse) {
   at::Tensor out_sum = at::zeros(out.sizes(), out.options().dtype(at::kFloat));  // [B, Lq, Hq, D]
   at::Tensor lse_sum = at::full(lse.sizes(), -std::numeric_limits<float>::infinity(), lse.options());
   at::Tensor range_out = at::empty_like(out);
@@ -92,7 +97,7 @@ void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     DropoutParams range_dropout = dropout;
     range_dropout.key_base = static_cast<uint32_t>(k0);  // a multiple of 32 (kKeysPerPass), as key_base must be
     fwd_pass(q, k.narrow(1, k0, keys), v.narrow(1, k0, keys), range, scale, is_causal, range_mask, range_dropout,
-             range_out, range_lse);
+             nullptr, range_out, range_lse);
     // A row that saw no key so far and none in this range stays -inf with weight 0 (not NaN);
     // a NaN anywhere stays NaN.
     const at::Tensor merged = at::logaddexp(lse_sum, range_lse);
@@ -103,6 +108,7 @@ void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tenso
         .add_(range_out.to(at::kFloat) * range_weight.transpose(1, 2).unsqueeze(-1));
     lse_sum = merged;
   }
+  if (sink.has_value()) join_sink(out_sum, lse_sum, *sink);
   out.copy_(out_sum);
   lse.copy_(lse_sum);
 }
@@ -112,23 +118,30 @@ void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                        bool is_causal, bool causal_bottom_right,
                                        const std::optional<at::Tensor>& attn_mask, double dropout_p,
-                                       const std::optional<at::Tensor>& rng_state, bool /*deterministic*/) {
+                                       const std::optional<at::Tensor>& rng_state, bool /*deterministic*/,
+                                       const std::optional<at::Tensor>& sink_in) {
   const char* op = "flashattn.fwd";
   const CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
+  check_sink(op, sink_in, q, s.heads_q);
   const DropoutParams dropout = make_dropout(dropout_p, rng_state);
   const c10::cuda::CUDAGuard device_guard(q.device());
   check_cuda_device(op, q);
 
   at::Tensor out = at::empty({s.batch, s.seqlen_q, s.heads_q, s.head_dim}, q.options());
   at::Tensor lse = at::empty({s.batch, s.heads_q, s.seqlen_q}, q.options().dtype(at::kFloat));
+  std::optional<at::Tensor> sink;
+  if (sink_in.has_value()) sink = sink_values(*sink_in);
   if (!has_work(s)) {
-    // No keys: every row attends to nothing, so out is 0 and lse is -inf (the empty log-sum-exp).
+    // No keys: every row attends to nothing, so out is 0 and lse is -inf (the empty log-sum-exp), or the
+    // sink's logit.
     out.zero_();
     lse.fill_(-std::numeric_limits<float>::infinity());
+    if (sink.has_value()) join_sink(out, lse, *sink);
   } else if (s.seqlen_k > kKeysPerPass) {
-    fwd_in_key_ranges(q, k, v, s, scale, is_causal, attn_mask, dropout, out, lse);
+    fwd_in_key_ranges(q, k, v, s, scale, is_causal, attn_mask, dropout, sink, out, lse);
   } else {
-    fwd_pass(q, k, v, s, scale, is_causal, attn_mask, dropout, out, lse);
+    fwd_pass(q, k, v, s, scale, is_causal, attn_mask, dropout, sink.has_value() ? sink->data_ptr<float>() : nullptr,
+             out, lse);
   }
   return {out, lse};
 }

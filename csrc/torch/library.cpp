@@ -1,9 +1,9 @@
 // The flashattn ops: schemas, per-device implementations (checks, allocation, dispatch), module init.
 //
 //   fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0,
-//       rng_state=None, deterministic=False) -> (out, lse)
+//       rng_state=None, deterministic=False, sink=None) -> (out, lse)
 //   bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False,
-//       attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None) -> (dq, dk, dv)
+//       attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None) -> (dq, dk, dv)
 //   dropout_keep_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> keep [B, H, Lq, Lk] bool
 //   varlen_fwd / varlen_bwd: the same over a variable-length batch (varlen_ops.cpp)
 //
@@ -15,7 +15,9 @@
 // with the gradient of a floating attn_mask. dropout_p in [0, 1) drops each probability (after the
 // softmax; the LSE is that of the undropped scores) with the keep-mask of common/dropout.h, seeded by
 // rng_state, a [2] int64 tensor (seed, offset) on q's device that the backward must get unchanged;
-// dropout_keep_mask materialises that mask (for tests: it is quadratic in memory). fwd's `deterministic`
+// dropout_keep_mask materialises that mask (for tests: it is quadratic in memory). sink, a (Hq,) floating
+// tensor of logits, joins each query head's softmax denominators (torch/sink.h); lse then includes it, and
+// bwd, given the forward's sink, overwrites dsink (contiguous (Hq,) float32) with the sink's gradient. fwd's `deterministic`
 // is for its backward alone (autograd.cpp passes it to bwd): the forward is always reproducible.
 // fwd's autograd kernel is in autograd.cpp; the fake kernels are registered in flashattn/ops.py.
 // The forward is bitwise reproducible; the CUDA backward is only with deterministic=True (its dq sums
@@ -29,6 +31,7 @@
 
 #include "cpu/attention_cpu.h"
 #include "torch/checks.h"
+#include "torch/sink.h"
 #include "torch/varlen_ops.h"
 
 #ifdef FLASHATTN_WITH_CUDA
@@ -44,9 +47,11 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
                                            double scale, bool is_causal, bool causal_bottom_right,
                                            const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                            const std::optional<at::Tensor>& rng_state,
-                                           bool /*deterministic: the backward's, see autograd.cpp*/) {
+                                           bool /*deterministic: the backward's, see autograd.cpp*/,
+                                           const std::optional<at::Tensor>& sink) {
   const CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
-  return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, attn_mask, dropout_p, rng_state);
+  check_sink("flashattn.fwd", sink, q, s.heads_q);
+  return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, attn_mask, dropout_p, rng_state, sink);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dout, const at::Tensor& q,
@@ -56,10 +61,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dout, c
                                                        bool /*deterministic: the CPU backward always is*/,
                                                        const std::optional<at::Tensor>& attn_mask,
                                                        const std::optional<at::Tensor>& dmask, double dropout_p,
-                                                       const std::optional<at::Tensor>& rng_state) {
+                                                       const std::optional<at::Tensor>& rng_state,
+                                                       const std::optional<at::Tensor>& sink,
+                                                       const std::optional<at::Tensor>& dsink) {
   const CheckedShape s =
       check_bwd_args(dout, q, k, v, out, lse, causal_bottom_right, attn_mask, dmask, dropout_p, rng_state);
+  check_sink("flashattn.bwd", sink, q, s.heads_q);
+  check_dsink("flashattn.bwd", dsink, sink, q, s.heads_q);
   if (dmask.has_value()) dmask->zero_();  // elements whose key takes no part keep a zero gradient
+  if (dsink.has_value()) dsink->copy_(sink_gradient_of_rows(*sink, dout, out, lse));
   return cpu::bwd(dout, q, k, v, out, lse, scale, is_causal, s.causal_offset, attn_mask, dmask, dropout_p, rng_state);
 }
 
@@ -275,15 +285,16 @@ bool compiled_with_cuda() {
 
 TORCH_LIBRARY(flashattn, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right,"
-        " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False)"
-        " -> (Tensor out, Tensor lse)");
+        " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False,"
+        " Tensor? sink=None) -> (Tensor out, Tensor lse)");
   // fwd with q, k, v in (B, H, L, E), SDPA's layout; out and lse as fwd returns them.
   m.def("fwd_heads_first(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right,"
-        " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False)"
-        " -> (Tensor out, Tensor lse)");
+        " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False,"
+        " Tensor? sink=None) -> (Tensor out, Tensor lse)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, bool is_causal,"
         " bool causal_bottom_right, bool deterministic=False, Tensor? attn_mask=None, Tensor(a!)? dmask=None,"
-        " float dropout_p=0.0, Tensor? rng_state=None) -> (Tensor dq, Tensor dk, Tensor dv)");
+        " float dropout_p=0.0, Tensor? rng_state=None, Tensor? sink=None, Tensor(b!)? dsink=None)"
+        " -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("dropout_keep_mask(Tensor rng_state, int batch, int heads, int seqlen_q, int seqlen_k, float dropout_p)"
         " -> Tensor");
   // Variable-length batches (varlen_ops.cpp): q (total_q, Hq, D), k/v (total_k, Hk, D), int32 offsets;
@@ -291,10 +302,11 @@ TORCH_LIBRARY(flashattn, m) {
   // the device, a device-side assertion), max_seqlen_q / _k as the longest sequence allowed (-1: none).
   m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q,"
         " Tensor? seqused_k, float scale, bool is_causal, bool causal_bottom_right, bool deterministic=False,"
-        " SymInt max_seqlen_q=-1, SymInt max_seqlen_k=-1) -> (Tensor out, Tensor lse)");
+        " SymInt max_seqlen_q=-1, SymInt max_seqlen_k=-1, Tensor? sink=None) -> (Tensor out, Tensor lse)");
   m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,"
         " Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, float scale, bool is_causal,"
-        " bool causal_bottom_right, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+        " bool causal_bottom_right, bool deterministic=False, Tensor? sink=None, Tensor(a!)? dsink=None)"
+        " -> (Tensor dq, Tensor dk, Tensor dv)");
 }
 
 TORCH_LIBRARY_IMPL(flashattn, CPU, m) {

@@ -1,6 +1,6 @@
 // The autograd kernel of flashattn::varlen_fwd: the forward below the autograd key (the device's kernel,
 // or a tracing mode's fake one), and a backward that calls flashattn::varlen_bwd with the forward's
-// inputs, out and lse.
+// inputs, out and lse (and the sink, whose gradient it returns when the sink requires one).
 //
 // In C++ for the reason torch/autograd.cpp gives: a training step calls it once per attention layer,
 // and a Python autograd registration (torch.library.register_autograd) costs more host time per call
@@ -22,11 +22,12 @@ using torch::autograd::variable_list;
 using VarlenFwdSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool, bool, bool, c10::SymInt,
-    c10::SymInt);
+    c10::SymInt, const std::optional<at::Tensor>&);
 using VarlenBwdSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, double, bool, bool, bool);
+    const std::optional<at::Tensor>&, double, bool, bool, bool, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&);
 
 std::optional<at::Tensor> present(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
@@ -51,7 +52,8 @@ class VarlenFwdFunction : public torch::autograd::Function<VarlenFwdFunction> {
                                const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                                const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k,
                                double scale, bool is_causal, bool causal_bottom_right, bool deterministic,
-                               c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k) {
+                               c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
+                               const std::optional<at::Tensor>& sink) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("flashattn::varlen_fwd", "")
                                .typed<VarlenFwdSignature>();
@@ -60,10 +62,10 @@ class VarlenFwdFunction : public torch::autograd::Function<VarlenFwdFunction> {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       std::tie(out, lse) = op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal,
                                    causal_bottom_right, deterministic, std::move(max_seqlen_q),
-                                   std::move(max_seqlen_k));
+                                   std::move(max_seqlen_k), sink);
     }
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q.value_or(at::Tensor()),
-                            seqused_k.value_or(at::Tensor())});
+                            seqused_k.value_or(at::Tensor()), sink.value_or(at::Tensor())});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["causal_bottom_right"] = causal_bottom_right;
@@ -80,14 +82,22 @@ class VarlenFwdFunction : public torch::autograd::Function<VarlenFwdFunction> {
     at::Tensor dout = grads[0];  // grads[1], lse's, is not differentiable
     // Not .contiguous(): it returns an empty tensor unchanged, strides and all.
     if (holds(dout.sym_numel() > 0) && !rows_aligned(dout)) dout = dout.clone(at::MemoryFormat::Contiguous);
+    const at::Tensor& sink = saved[9];
+    // The sink's edge follows those of the tensors given before it: q, k, v, the offsets, seqused_*.
+    const size_t sink_edge = 5 + (saved[7].defined() ? 1 : 0) + (saved[8].defined() ? 1 : 0);
+    at::Tensor dsink;
+    if (sink.defined() && ctx->needs_input_grad(sink_edge)) {
+      dsink = at::empty({sink.size(0)}, sink.options().dtype(at::kFloat));
+    }
     auto [dq, dk, dv] = op.call(dout, saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
                                 present(saved[7]), present(saved[8]), ctx->saved_data["scale"].toDouble(),
                                 ctx->saved_data["is_causal"].toBool(),
                                 ctx->saved_data["causal_bottom_right"].toBool(),
-                                ctx->saved_data["deterministic"].toBool());
-    // One gradient per forward argument: q, k, v, then the ten arguments that take none.
+                                ctx->saved_data["deterministic"].toBool(), present(sink), present(dsink));
+    // One gradient per forward argument: q, k, v, then the ten arguments that take none, then the sink.
     variable_list out = {dq, dk, dv};
-    out.resize(13);
+    out.resize(14);
+    if (dsink.defined()) out[13] = dsink.to(sink.scalar_type());
     return out;
   }
 };
@@ -97,10 +107,12 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_autograd(const at::Tensor& q, cons
                                                        const std::optional<at::Tensor>& seqused_q,
                                                        const std::optional<at::Tensor>& seqused_k, double scale,
                                                        bool is_causal, bool causal_bottom_right, bool deterministic,
-                                                       c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k) {
+                                                       c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
+                                                       const std::optional<at::Tensor>& sink) {
   const variable_list outputs =
       VarlenFwdFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal,
-                               causal_bottom_right, deterministic, std::move(max_seqlen_q), std::move(max_seqlen_k));
+                               causal_bottom_right, deterministic, std::move(max_seqlen_q), std::move(max_seqlen_k),
+                               sink);
   return {outputs[0], outputs[1]};
 }
 

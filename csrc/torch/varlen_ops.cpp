@@ -13,6 +13,7 @@
 #include "cpu/attention_cpu.h"
 #include "cuda/varlen.h"
 #include "torch/checks.h"
+#include "torch/sink.h"
 #include "torch/varlen_ops.h"
 
 #ifdef FLASHATTN_WITH_CUDA
@@ -113,9 +114,10 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at:
                                                   const std::optional<at::Tensor>& seqused_k, double scale,
                                                   bool is_causal, bool causal_bottom_right,
                                                   bool /*deterministic: the backward's*/, int64_t max_seqlen_q,
-                                                  int64_t max_seqlen_k) {
+                                                  int64_t max_seqlen_k, const std::optional<at::Tensor>& sink) {
   const char* op = "flashattn.varlen_fwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
+  check_sink(op, sink, q, s.packed.heads_q);
   check_cpu_offsets(op, s, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   const at::ScalarType lse_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor out = at::zeros(q.sizes(), q.options());
@@ -123,11 +125,13 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at:
                             q.options().dtype(lse_type));
   for (int64_t b = 0; b < s.batch; ++b) {
     const CpuSpan span = cpu_span(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, b);
-    if (span.len_q == 0 || span.len_k == 0) continue;  // out 0, lse -inf: no key to attend to
+    // Without keys: out 0 and lse -inf (or, with a sink, the sink's logit: the op computes that).
+    if (span.len_q == 0 || (span.len_k == 0 && !sink.has_value())) continue;
     const int64_t offset = causal_bottom_right ? span.len_k - span.len_q : 0;
     auto [o, l] = cpu::fwd(q.narrow(0, span.q_begin, span.len_q).unsqueeze(0),
                            k.narrow(0, span.k_begin, span.len_k).unsqueeze(0),
-                           v.narrow(0, span.k_begin, span.len_k).unsqueeze(0), scale, is_causal, offset);
+                           v.narrow(0, span.k_begin, span.len_k).unsqueeze(0), scale, is_causal, offset,
+                           std::nullopt, 0.0, std::nullopt, sink);
     out.narrow(0, span.q_begin, span.len_q).copy_(o[0]);
     lse.narrow(1, span.q_begin, span.len_q).copy_(l[0]);
   }
@@ -138,11 +142,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
     const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k, double scale,
-    bool is_causal, bool causal_bottom_right, bool /*deterministic: the CPU backward always is*/) {
+    bool is_causal, bool causal_bottom_right, bool /*deterministic: the CPU backward always is*/,
+    const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& dsink) {
   const char* op = "flashattn.varlen_bwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_varlen_bwd_inputs(op, dout, q, out, lse, s);
+  check_sink(op, sink, q, s.packed.heads_q);
+  check_dsink(op, dsink, sink, q, s.packed.heads_q);
   check_cpu_offsets(op, s, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, -1, -1);
+  if (dsink.has_value()) dsink->copy_(sink_gradient_of_rows(*sink, dout.unsqueeze(0), out.unsqueeze(0), lse.unsqueeze(0)));
   at::Tensor dq = at::zeros(q.sizes(), q.options());
   at::Tensor dk = at::zeros(k.sizes(), k.options());
   at::Tensor dv = at::zeros(v.sizes(), v.options());
@@ -213,9 +221,11 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
                                                    const std::optional<at::Tensor>& seqused_k, double scale,
                                                    bool is_causal, bool causal_bottom_right,
                                                    bool /*deterministic: the backward's*/, int64_t max_seqlen_q,
-                                                   int64_t max_seqlen_k) {
+                                                   int64_t max_seqlen_k, const std::optional<at::Tensor>& sink_in) {
   const char* op = "flashattn.varlen_fwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
+  check_sink(op, sink_in, q, s.packed.heads_q);
+  const at::Tensor sink = sink_in.has_value() ? sink_values(*sink_in) : at::Tensor();
   const c10::cuda::CUDAGuard device_guard(q.device());
   const at::Tensor q4 = as_batch_of_one(q), k4 = as_batch_of_one(k), v4 = as_batch_of_one(v);
   FwdParams p;
@@ -231,9 +241,10 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
                                       q.options().dtype(at::kFloat))
                            : at::empty({s.packed.heads_q, s.packed.seqlen_q}, q.options().dtype(at::kFloat));
   if (s.batch == 0 || s.packed.seqlen_q == 0 || s.packed.heads_q == 0) return {out, lse};
-  if (s.packed.seqlen_k == 0) {  // no keys at all: every row attends to nothing
+  if (s.packed.seqlen_k == 0) {  // no keys at all: every row attends to nothing (or to the sink alone)
     out.zero_();
     lse.fill_(-std::numeric_limits<float>::infinity());
+    if (sink.defined()) join_sink(out, lse, sink);
     return {out, lse};
   }
   at::Tensor list;
@@ -247,6 +258,7 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
   p.v = v.data_ptr();
   p.out = out.data_ptr();
   p.lse = lse.data_ptr<float>();
+  p.sink = sink.defined() ? sink.data_ptr<float>() : nullptr;
   p.q_strides = strides_of(q4);
   p.k_strides = strides_of(k4);
   p.v_strides = strides_of(v4);
@@ -260,10 +272,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse_in, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
     const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k, double scale,
-    bool is_causal, bool causal_bottom_right, bool deterministic) {
+    bool is_causal, bool causal_bottom_right, bool deterministic, const std::optional<at::Tensor>& sink,
+    const std::optional<at::Tensor>& dsink) {
   const char* op = "flashattn.varlen_bwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_varlen_bwd_inputs(op, dout, q, out, lse_in, s);
+  check_sink(op, sink, q, s.packed.heads_q);
+  check_dsink(op, dsink, sink, q, s.packed.heads_q);
   const c10::cuda::CUDAGuard device_guard(q.device());
   const at::Tensor q4 = as_batch_of_one(q), k4 = as_batch_of_one(k), v4 = as_batch_of_one(v);
   const at::Tensor out4 = as_batch_of_one(out), dout4 = as_batch_of_one(dout);
@@ -284,6 +299,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     dq.zero_();
     dk.zero_();
     dv.zero_();
+    if (dsink.has_value()) dsink->zero_();  // every out row is 0
     return {dq, dk, dv};
   }
   const at::Tensor lse = lse_in.to(at::kFloat).contiguous();
@@ -332,6 +348,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
   p.dk_strides = strides_of(as_batch_of_one(dk));
   p.dv_strides = strides_of(as_batch_of_one(dv));
   cuda_ops::check_sm90_launch(sm90::run_bwd_varlen(p, at::cuda::getCurrentCUDAStream()), op);
+  // From the preprocess's statistics of every sequence's rows (padding rows: lse_log2 +inf, delta 0).
+  if (dsink.has_value()) dsink->copy_(sink_gradient(*sink, lse_log2.unsqueeze(0), delta.unsqueeze(0), true));
   return {dq, dk, dv};
 }
 #endif  // FLASHATTN_WITH_CUDA
