@@ -41,7 +41,7 @@ void join_sink(at::Tensor& out, at::Tensor& lse, const at::Tensor& sink) {
 at::Tensor sink_gradient(const at::Tensor& sink, const at::Tensor& lse, const at::Tensor& delta, bool lse_base2) {
   const at::Tensor s = sink.detach().to(at::kFloat).view({1, -1, 1});
   const at::Tensor weight = lse_base2 ? at::exp2(s * static_cast<float>(1.0 / std::log(2.0)) - lse) : at::exp(s - lse);
-  return (weight * delta).sum({0, 2}).neg_().to(at::kFloat);
+  return (weight * delta).sum(at::IntArrayRef{0, 2}).neg_().to(at::kFloat);
 }
 
 at::Tensor sink_gradient_of_rows(const at::Tensor& sink, const at::Tensor& dout, const at::Tensor& out,
@@ -52,7 +52,7 @@ at::Tensor sink_gradient_of_rows(const at::Tensor& sink, const at::Tensor& dout,
   const at::Tensor l = lse.to(acc);
   // Rows of no sequence in a variable-length batch keep lse -inf (and out 0): weight 0, not inf * 0.
   const at::Tensor weight = at::where(at::isneginf(l), 0.0, at::exp(s - l));
-  return (weight * delta).sum({0, 2}).neg_().to(at::kFloat);
+  return (weight * delta).sum(at::IntArrayRef{0, 2}).neg_().to(at::kFloat);
 }
 
 }  // namespace flashattn
