@@ -17,6 +17,7 @@ and not timed.
 
     python benchmarks/bench_variants.py --out DIR      # DIR/bench_variants.md and .json
     python benchmarks/bench_variants.py --seqlen 4096 --variants sink
+    python benchmarks/bench_variants.py --render DIR/bench_variants.json   # its markdown again, to stdout
 
 The commit recorded with the results comes from git; in a copy without .git set FLASHATTN_GIT_COMMIT.
 """
@@ -105,8 +106,9 @@ def run_cell(variant, seqlen, causal, args, device="cuda") -> dict:
     device = torch.device(device)
     batch = max(1, args.tokens // seqlen)
     shape = (batch, seqlen, args.heads, args.headdim)
-    q, k, v = (torch.randn(shape, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    dout = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    dout = torch.randn(shape, device=device, dtype=dtype)
     extra = variant_args(variant, args.heads, device)
     forwards, status = contenders(variant, causal, extra)
     row = {"variant": variant, "batch": batch, "seqlen": seqlen, "heads": args.heads, "head_dim": args.headdim,
@@ -164,31 +166,44 @@ def parse_args(argv=None):
     p.add_argument("--rep", type=float, default=300.0, help="ms of timed calls per contender, over all rounds")
     p.add_argument("--max-err", type=float, default=2e-2)
     p.add_argument("--out", default=None)
+    p.add_argument("--device", default="cuda", help="cuda, or cpu (float32, wall clock: to try the script)")
+    p.add_argument("--render", default=None, metavar="JSON", help="print the markdown of an earlier run's json")
     return p.parse_args(argv)
+
+
+def markdown(meta: dict, args: dict, rows: List[dict]) -> List[str]:
+    lines = [f"# Attention variants, {meta['gpu'] or meta['device']}, {meta['date']}, commit {meta['git_commit']}", "",
+             f"{'bf16' if meta['device'] == 'cuda' else 'float32'}, B * N = {args['tokens']}, H = {args['heads']}, D = {args['headdim']}; torch {meta['torch']}, "
+             f"flash-attn-4 {meta['flash_attn_4']}. cost: the variant's time over the same library's plain "
+             "attention, minus 1; speed vs FA4: FA4 ms / flashattn ms, both with the variant. "
+             f"Command: `{meta['command']}`.", ""]
+    lines += table_lines(rows)
+    notes = sorted({f"- N={r['seqlen']} causal={r['causal']}: {n}: {why}" for r in rows for n, why in r["status"].items()})
+    if notes:
+        lines += ["", "Notes:"] + notes
+    return lines
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_variants: needs a CUDA GPU")
+    if args.render:
+        with open(args.render) as f:
+            saved = json.load(f)
+        print("\n".join(markdown(saved["meta"], saved["args"], saved["rows"])))
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_variants: no CUDA GPU here (--device cpu tries the script on the CPU)")
         return 1
     torch.manual_seed(0)
-    meta = metadata("cuda")
+    meta = metadata(args.device)
     meta["command"] = "python benchmarks/bench_variants.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     rows = []
     for variant in args.variants:
         for seqlen in args.seqlen:
             for causal in (False, True):
-                rows.append(run_cell(variant, seqlen, causal, args))
+                rows.append(run_cell(variant, seqlen, causal, args, args.device))
                 print("\n".join(table_lines(rows[-1:])[2:]), flush=True)
-    lines = [f"# Attention variants, {meta['gpu']}, {meta['date']}, commit {meta['git_commit']}", "",
-             f"bf16, B * N = {args.tokens}, H = {args.heads}, D = {args.headdim}; torch {meta['torch']}, "
-             f"flash-attn-4 {meta['flash_attn_4']}. cost: the variant's time over the same library's plain "
-             "attention, minus 1; speed vs FA4: FA4 ms / flashattn ms, both with the variant.", ""]
-    lines += table_lines(rows)
-    notes = sorted({f"- N={r['seqlen']} causal={r['causal']}: {n}: {why}" for r in rows for n, why in r["status"].items()})
-    if notes:
-        lines += ["", "Notes:"] + notes
+    lines = markdown(meta, vars(args), rows)
     print("\n".join(lines))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
