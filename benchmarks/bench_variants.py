@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """The attention variants of today's models beside plain attention, flashattn beside FlashAttention-4.
 
-For each variant (``sink``: a learned sink logit per query head, gpt-oss's) and each (N, causal) cell of a
+For each variant (``sink``: a learned sink logit per query head, gpt-oss's; ``softcap``: scores capped to
+30 * tanh(score / 30), Gemma 2's form) and each (N, causal) cell of a
 B * N = ``--tokens`` grid at ``--heads`` x ``--headdim`` (bf16), four contenders are timed in rotating
 rounds (harness.rotating_medians): flashattn plain, flashattn with the variant, FlashAttention-4 plain and
-FlashAttention-4 with the variant (``flash_attn.cute.interface.flash_attn_func``, its ``learnable_sink``;
+FlashAttention-4 with the variant (``flash_attn.cute.interface.flash_attn_func``, its ``learnable_sink`` or
+``softcap``;
 n/a with the reason when it does not import or refuses the call). Modes: fwd, bwd (the backward alone, of
 one forward) and fwdbwd, each a median of CUDA-event timings (harness.time_ms); the backward computes
 the variant's own gradient too (the sink's) where it has one, as a training step does.
@@ -45,7 +47,7 @@ from harness import (  # noqa: E402  (benchmarks/harness.py)
     warm_up,
 )
 
-VARIANTS = ("sink",)
+VARIANTS = ("sink", "softcap")
 MODES = ("fwd", "bwd", "fwdbwd")
 
 
@@ -53,6 +55,8 @@ def variant_args(variant: str, heads: int, device) -> Dict[str, torch.Tensor]:
     """The keyword arguments (flashattn's and FlashAttention-4's names agree) that turn a variant on."""
     if variant == "sink":
         return {"learnable_sink": (torch.randn(heads, device=device) + 1.0).requires_grad_()}
+    if variant == "softcap":
+        return {"softcap": 30.0}
     raise ValueError(variant)
 
 
@@ -98,7 +102,8 @@ def reference_error(forward, q, k, v, causal: bool, extra) -> float:
         out = forward(q[:1], k[:1], v[:1]).float()
         sink = extra.get("learnable_sink")
         ref = attention_reference(q[:1].float(), k[:1].float(), v[:1].float(), None, causal, True,
-                                  sink=None if sink is None else sink.detach().float())
+                                  sink=None if sink is None else sink.detach().float(),
+                                  softcap=extra.get("softcap", 0.0))
     return (out - ref).abs().max().item()
 
 
@@ -125,7 +130,7 @@ def run_cell(variant, seqlen, causal, args, device="cuda") -> dict:
             del forwards[name]
     for mode in args.mode:
         def time_one(name, mode=mode):
-            leaves = (q, k, v) + (tuple(extra.values()) if "+" in name else ())
+            leaves = (q, k, v) + (tuple(t for t in extra.values() if isinstance(t, torch.Tensor)) if "+" in name else ())
             return time_ms(timed_call(forwards[name], mode, q, k, v, dout, leaves), args.warmup,
                            args.rep / args.rounds, device)
 

@@ -39,6 +39,9 @@ struct AttentionShape {
   // True when every row start of q/k/v (and do/o in the backward) is 16-byte aligned, so tiles
   // can be loaded with 16-byte copies; false selects the element-wise load path.
   bool rows_aligned_16;
+  // Score soft-capping (cuda/softcap.h), 0 without: scale / cap, with scale_log2 then cap * log2 e
+  // (scale stays the caller's: the backward's dq and dk are scaled by it).
+  float softcap_inner = 0.f;
 };
 
 // The diagonal a mask's causal form is tested on (find_causal_prefix_rows, cuda/api.h) and run at: bottom-right

@@ -11,15 +11,13 @@ from . import ops
 __all__ = ["check_devices", "check_sink", "check_tensor", "fa2_attention", "reject_unimplemented"]
 
 
-def reject_unimplemented(window_size, softcap, alibi_slopes) -> None:
+def reject_unimplemented(window_size, alibi_slopes) -> None:
     """Raises NotImplementedError for the flash_attn arguments whose features flashattn does not have yet."""
     if tuple(window_size) != (-1, -1):
         raise NotImplementedError(
             f"flashattn: window_size={tuple(window_size)} (sliding-window attention) is not implemented yet "
             "(only window_size=(-1, -1))"
         )
-    if softcap != 0.0:
-        raise NotImplementedError(f"flashattn: softcap={softcap} is not implemented yet (only softcap=0.0)")
     if alibi_slopes is not None:
         raise NotImplementedError("flashattn: alibi_slopes is not implemented yet (only alibi_slopes=None)")
 
@@ -95,17 +93,17 @@ def scale_or_default(softmax_scale, head_dim: int) -> float:
 
 
 def fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic, with_keep_mask, attn_mask=None,
-                  sink=None):
+                  sink=None, softcap=0.0):
     """ops.attention with the FlashAttention-2 API's defaults (scale, bottom-right causal mask):
     (out, softmax_lse, keep_mask), keep_mask the dropout keep-mask (batch, nheads, seqlen_q, seqlen_k)
     bool, True = kept, when with_keep_mask and dropout_p > 0, else None. sink: the attention sinks
-    (nheads,), or None."""
+    (nheads,), or None; softcap: the score cap (0.0: none)."""
     softmax_scale = scale_or_default(softmax_scale, q.size(-1))
     dropout_p = float(dropout_p)
     # Drawn here rather than inside ops.attention so that the keep-mask can be shown for the same state.
     rng_state = ops.draw_rng_state(q.device) if dropout_p > 0.0 else None
     out, softmax_lse = ops.attention(q, k, v, float(softmax_scale), bool(causal), True, bool(deterministic),
-                                     attn_mask, dropout_p, rng_state, sink=sink)
+                                     attn_mask, dropout_p, rng_state, sink=sink, softcap=float(softcap))
     keep_mask = None
     if with_keep_mask and rng_state is not None:
         keep_mask = ops.dropout_keep_mask(rng_state, q.size(0), q.size(2), q.size(1), k.size(1), dropout_p)

@@ -18,11 +18,11 @@ from ._fa2_common import check_devices, check_sink, check_tensor, fa2_attention,
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]
 
 
-def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs, learnable_sink):
+def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, softcap, deterministic, return_attn_probs, learnable_sink):
     check_devices(q, k, v)
     check_sink(learnable_sink, q, 2)
     out, softmax_lse, keep_mask = fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic,
-                                                return_attn_probs, sink=learnable_sink)
+                                                return_attn_probs, sink=learnable_sink, softcap=softcap)
     return (out, softmax_lse, keep_mask) if return_attn_probs else out
 
 
@@ -39,7 +39,8 @@ _FA2_ARGS_DOC = """
             ``j <= i + seqlen_k - seqlen_q``. When ``seqlen_q > seqlen_k`` the first
             ``seqlen_q - seqlen_k`` query rows see no key; their output is 0.
         window_size: must be ``(-1, -1)`` (no sliding window yet; other values raise NotImplementedError).
-        softcap: must be 0.0 (no score soft-capping yet; other values raise NotImplementedError).
+        softcap: 0.0 (none), or a cap > 0 of every scaled score: ``softcap * tanh(score / softcap)``
+            before the softmax (Gemma 2's attention soft-capping), with its exact backward.
         alibi_slopes: must be None (no ALiBi yet; other values raise NotImplementedError).
         deterministic: make the backward bitwise reproducible. By default the CUDA backward adds
             each key block's share of dq with atomics in whatever order the blocks run, so dq's last
@@ -90,11 +91,12 @@ def flash_attn_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_unimplemented(window_size, softcap, alibi_slopes)
+    reject_unimplemented(window_size, alibi_slopes)
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     check_tensor("k", k, 4, "(batch, seqlen_k, nheads_k, headdim)")
     check_tensor("v", v, 4, "(batch, seqlen_k, nheads_k, headdim)")
-    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs, learnable_sink)
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, softcap, deterministic, return_attn_probs,
+                       learnable_sink)
 
 
 flash_attn_func.__doc__ = (
@@ -122,10 +124,11 @@ def flash_attn_kvpacked_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_unimplemented(window_size, softcap, alibi_slopes)
+    reject_unimplemented(window_size, alibi_slopes)
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     k, v = unpack("kv", kv, 5, 2, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
-    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs, learnable_sink)
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, softcap, deterministic, return_attn_probs,
+                       learnable_sink)
 
 
 flash_attn_kvpacked_func.__doc__ = (
@@ -152,9 +155,10 @@ def flash_attn_qkvpacked_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_unimplemented(window_size, softcap, alibi_slopes)
+    reject_unimplemented(window_size, alibi_slopes)
     q, k, v = unpack("qkv", qkv, 5, 2, 3, "(batch, seqlen, 3, nheads, headdim)")
-    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs, learnable_sink)
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, softcap, deterministic, return_attn_probs,
+                       learnable_sink)
 
 
 flash_attn_qkvpacked_func.__doc__ = (

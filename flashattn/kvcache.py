@@ -85,12 +85,13 @@ def flash_attn_with_kvcache(
     the causal mask aligned to each sequence's own length. num_splits is accepted and ignored.
 
     Not implemented (they raise NotImplementedError): rotary embedding (rotary_cos, rotary_sin),
-    cache_batch_idx, cache_leftpad, block_table (paged caches), window_size, softcap, alibi_slopes.
+    cache_batch_idx, cache_leftpad, block_table (paged caches), window_size, alibi_slopes. softcap as in
+    :func:`flash_attn_func`.
 
     Returns out ``(batch, seqlen_q, nheads, headdim)``, and with ``return_softmax_lse=True`` also the
     log-sum-exp ``(batch, nheads, seqlen_q)`` float32 (-inf for a row that sees no key).
     """
-    reject_unimplemented(window_size, softcap, alibi_slopes)
+    reject_unimplemented(window_size, alibi_slopes)
     for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
                         ("cache_leftpad", cache_leftpad), ("block_table", block_table)):
         if value is not None:
@@ -140,5 +141,5 @@ def flash_attn_with_kvcache(
         visible = (keys < lengths[:, None])[:, None, None, :]  # [batch, 1, 1, seqlen_cache]
     mask = visible.expand(batch, nheads, seqlen_q, seqlen_cache)
     # The causal mask is in `mask`, aligned to each sequence's own length.
-    out, lse, _ = fa2_attention(q, k_cache, v_cache, 0.0, softmax_scale, False, False, False, mask)
+    out, lse, _ = fa2_attention(q, k_cache, v_cache, 0.0, softmax_scale, False, False, False, mask, softcap=softcap)
     return (out, lse) if return_softmax_lse else out

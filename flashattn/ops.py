@@ -3,7 +3,7 @@
 Importing this module loads the compiled extension ``flashattn._C``, whose C++ code registers three ops
 in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/torch/library.cpp``):
 
-``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None, deterministic=False, sink=None) -> (out, lse)``
+``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None, deterministic=False, sink=None, softcap=0.0) -> (out, lse)``
     q ``[B, Lq, Hq, D]``, k and v ``[B, Lk, Hk, D]`` (any strides, contiguous last dim, Hq a multiple
     of Hk, 1 <= D <= 256). out ``[B, Lq, Hq, D]`` contiguous in q's dtype; lse ``[B, Hq, Lq]``, the
     natural-log log-sum-exp of each row's scaled (and masked) scores, float32 (float64 for float64
@@ -25,9 +25,12 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     reproducible. ``sink``, a ``(Hq,)`` floating tensor on q's device, is an attention sink per query head
     (gpt-oss's learned sinks): each row's softmax runs over its scores and ``sink[h]``, whose probability
     multiplies no value, so the row's probabilities sum to less than 1; lse includes it (a row that sees
-    no key gets out 0 and lse ``sink[h]``). Autograd reaches a sink that requires grad.
+    no key gets out 0 and lse ``sink[h]``). Autograd reaches a sink that requires grad. ``softcap`` > 0
+    caps every scaled score to ``softcap * tanh(score / softcap)`` (Gemma 2) before the mask and the
+    softmax; 0 leaves the scores alone. Not with a floating ``attn_mask`` (the CUDA backward recovers the
+    tanh from the probability, which an additive term would spoil): boolean masks only.
 
-``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None) -> (dq, dk, dv)``
+``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None, softcap=0.0) -> (dq, dk, dv)``
     Gradients of fwd's out; dq like q, dk/dv like k (summed over each group of query heads). With
     dropout, ``dropout_p`` and ``rng_state`` must be the forward's: the keep-mask is regenerated, never
     stored. With a
@@ -40,13 +43,13 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     The CPU implementation is always deterministic; it accepts the flag and ignores it. ``fwd`` is
     bitwise reproducible on both. With the forward's ``sink``, ``dsink`` (a contiguous ``(Hq,)`` float32
     tensor) is overwritten with the sink's gradient, ``-sum over h's rows of exp(sink[h] - lse) *
-    rowsum(dout * out)``.
+    rowsum(dout * out)``. ``softcap`` must be the forward's.
 
-``torch.ops.flashattn.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None) -> (out, lse)``
-``torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, sink=None, dsink=None) -> (dq, dk, dv)``
+``torch.ops.flashattn.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None, softcap=0.0) -> (out, lse)``
+``torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, sink=None, dsink=None, softcap=0.0) -> (dq, dk, dv)``
     A variable-length batch (:mod:`flashattn.varlen`): q ``(total_q, Hq, D)``, k/v ``(total_k, Hk, D)``,
     int32 offsets ``(batch + 1,)`` and optional used lengths ``(batch,)`` on q's device; out like q,
-    lse ``(Hq, total_q)``; ``sink`` / ``dsink`` as in fwd / bwd. On CUDA, sm_90 GPUs at head dims 33..128 only. varlen_fwd has autograd (csrc/torch/varlen_autograd.cpp).
+    lse ``(Hq, total_q)``; ``sink`` / ``dsink`` and ``softcap`` as in fwd / bwd. On CUDA, sm_90 GPUs at head dims 33..128 only. varlen_fwd has autograd (csrc/torch/varlen_autograd.cpp).
     The offsets must start at 0, never decrease and end at the packed row count, seqused within each
     sequence, and no sequence longer than ``max_seqlen_q`` / ``max_seqlen_k`` where given (-1: any):
     checked where the op reads them, at once on the CPU, on CUDA by the kernel that builds the
@@ -64,6 +67,8 @@ an ``rng_state`` for dropout; :func:`draw_rng_state` and :func:`dropout_keep_mas
 helpers.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -199,6 +204,13 @@ def _check_sink_meta(op, q, heads_q, sink, dsink=None):
                              f"{dsink.dtype} and shape {tuple(dsink.shape)}")
 
 
+def _check_softcap_meta(op, softcap, attn_mask=None):
+    torch._check(math.isfinite(softcap) and softcap >= 0.0,
+                 lambda: f"{op}: softcap must be a finite value >= 0 (0: no cap), got {softcap}")
+    torch._check(softcap == 0.0 or attn_mask is None or attn_mask.dtype == torch.bool,
+                 lambda: f"{op}: softcap with a floating (additive) attn_mask is not supported; pass a boolean mask")
+
+
 def _check_dropout_meta(op, q, dropout_p, rng_state):
     torch._check(0.0 <= dropout_p < 1.0, lambda: f"{op}: dropout_p must be in [0, 1), got {dropout_p}")
     if dropout_p == 0.0:
@@ -212,11 +224,12 @@ def _check_dropout_meta(op, q, dropout_p, rng_state):
 
 @torch.library.register_fake("flashattn::fwd")
 def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None,
-              deterministic=False, sink=None):
+              deterministic=False, sink=None, softcap=0.0):
     _check_qkv_meta(q, k, v)
     _check_mask_meta("flashattn.fwd", q, k, attn_mask)
     _check_dropout_meta("flashattn.fwd", q, dropout_p, rng_state)
     _check_sink_meta("flashattn.fwd", q, q.size(2), sink)
+    _check_softcap_meta("flashattn.fwd", softcap, attn_mask)
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
     lse = q.new_empty((batch, heads_q, seqlen_q), dtype=_lse_dtype(q.dtype))
@@ -225,23 +238,24 @@ def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dr
 
 @torch.library.register_fake("flashattn::fwd_heads_first")
 def _fwd_heads_first_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0,
-                          rng_state=None, deterministic=False, sink=None):
+                          rng_state=None, deterministic=False, sink=None, softcap=0.0):
     torch._check(
         q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
         lambda: f"flashattn.fwd_heads_first: q, k and v must be 4-D (B, H, L, E), got {q.dim()}, {k.dim()} and "
                 f"{v.dim()} dims",
     )
     return _fwd_fake(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, is_causal, causal_bottom_right,
-                     attn_mask, dropout_p, rng_state, deterministic, sink)
+                     attn_mask, dropout_p, rng_state, deterministic, sink, softcap)
 
 
 @torch.library.register_fake("flashattn::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None,
-              dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None):
+              dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None, softcap=0.0):
     _check_qkv_meta(q, k, v)
     _check_mask_meta("flashattn.bwd", q, k, attn_mask)
     _check_dropout_meta("flashattn.bwd", q, dropout_p, rng_state)
     _check_sink_meta("flashattn.bwd", q, q.size(2), sink, dsink)
+    _check_softcap_meta("flashattn.bwd", softcap, attn_mask)
     if dmask is not None:
         torch._check(
             attn_mask is not None and attn_mask.dtype != torch.bool,
@@ -299,18 +313,20 @@ def _check_varlen_meta(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, sequs
 
 @torch.library.register_fake("flashattn::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right,
-                     deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None):
+                     deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None, softcap=0.0):
     _check_varlen_meta("flashattn.varlen_fwd", q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     _check_sink_meta("flashattn.varlen_fwd", q, q.size(1), sink)
+    _check_softcap_meta("flashattn.varlen_fwd", softcap)
     return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=_lse_dtype(q.dtype))
 
 
 @torch.library.register_fake("flashattn::varlen_bwd")
 def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal,
-                     causal_bottom_right, deterministic=False, sink=None, dsink=None):
+                     causal_bottom_right, deterministic=False, sink=None, dsink=None, softcap=0.0):
     op = "flashattn.varlen_bwd"
     _check_varlen_meta(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     _check_sink_meta(op, q, q.size(1), sink, dsink)
+    _check_softcap_meta(op, softcap)
     torch._check(dout.shape == q.shape, lambda: f"{op}: dout must have q's shape {tuple(q.shape)}, got {tuple(dout.shape)}")
     torch._check(out.shape == q.shape, lambda: f"{op}: out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
     torch._check(tuple(lse.shape) == (q.size(1), q.size(0)),
@@ -335,9 +351,10 @@ def dropout_keep_mask(rng_state: torch.Tensor, batch: int, heads: int, seqlen_q:
 
 
 def attention(q, k, v, scale: float, is_causal: bool, causal_bottom_right: bool, deterministic: bool = False,
-              attn_mask=None, dropout_p: float = 0.0, rng_state=None, generator=None, sink=None):
+              attn_mask=None, dropout_p: float = 0.0, rng_state=None, generator=None, sink=None, softcap: float = 0.0):
     """``fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, deterministic,
-    sink) -> (out, lse)``, with autograd (a floating ``attn_mask`` or a ``sink`` that requires grad gets one).
+    sink, softcap) -> (out, lse)``, with autograd (a floating ``attn_mask`` or a ``sink`` that requires grad
+    gets one).
 
     With ``deterministic=True`` the backward runs ``bwd(..., deterministic=True)`` (bitwise reproducible
     gradients on CUDA). With ``dropout_p > 0`` and no ``rng_state``, one is drawn with
@@ -351,4 +368,4 @@ def attention(q, k, v, scale: float, is_causal: bool, causal_bottom_right: bool,
     elif rng_state is None:
         rng_state = draw_rng_state(q.device, generator)
     return fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, bool(deterministic),
-               sink)
+               sink, float(softcap))

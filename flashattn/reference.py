@@ -39,6 +39,7 @@ def attention_reference(
     dropout_p: float = 0.0,
     dropout_mask: Optional[torch.Tensor] = None,
     sink: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
 ):
     """softmax(q k^T * scale) v in the ``(B, S, H, D)`` layout of the flashattn ops.
 
@@ -64,6 +65,8 @@ def attention_reference(
         sink: ``[Hq]`` attention-sink logits: each row's softmax runs over its scores and ``sink[h]``, as
             an extra column whose probability is then dropped (it multiplies no value). The lse
             includes it, and a row that sees no key gets out 0 and lse ``sink[h]``. Autograd reaches it.
+        softcap: > 0 caps the scaled scores to ``softcap * tanh(score / softcap)`` before the mask and
+            the softmax (0: no cap).
 
     A query row that sees no key (bottom-right causal with Lq > Lk, Lk == 0, or every key masked)
     gets a zero output row and an lse of -inf, with zero gradients; no NaN is produced.
@@ -94,6 +97,8 @@ def attention_reference(
         v_ = v_.repeat_interleave(group, dim=2)
 
     scores = torch.einsum("bqhd,bkhd->bhqk", q_, k_) * scale  # [B, Hq, Lq, Lk]
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if is_causal:
         visible = causal_visibility(seqlen_q, seqlen_k, causal_bottom_right, device=q.device)
     else:

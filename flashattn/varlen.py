@@ -154,7 +154,7 @@ def _padded_layout(cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k, max_seqlen_
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-            deterministic, return_attn_probs, block_table, seqused_q=None, seqused_k=None, sink=None):
+            deterministic, return_attn_probs, block_table, seqused_q=None, seqused_k=None, sink=None, softcap=0.0):
     if block_table is not None:
         raise NotImplementedError("flashattn: block_table (paged KV cache) is not implemented yet (only None)")
     check_devices(q, k, v)
@@ -185,7 +185,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
             limits.append(max_seqlen)
         scale = scale_or_default(softmax_scale, q.size(-1))
         out, softmax_lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale,
-                                          bool(causal), True, bool(deterministic), *limits, sink)
+                                          bool(causal), True, bool(deterministic), *limits, sink, float(softcap))
         return (out, softmax_lse, None) if return_attn_probs else out
     lengths_q = _assert_offsets("cu_seqlens_q", "max_seqlen_q", cu_seqlens_q, max_seqlen_q, total_q)
     lengths_k = _assert_offsets("cu_seqlens_k", "max_seqlen_k", cu_seqlens_k, max_seqlen_k, k.size(0))
@@ -204,7 +204,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     v_pad = _gather_padded(v, cu_seqlens_k, lay.offset_k)
     batch = lay.offset_q.size(0)
     out_pad, lse_pad, keep_mask = fa2_attention(q_pad, k_pad, v_pad, dropout_p, softmax_scale, causal, deterministic,
-                                                return_attn_probs, lay.key_mask, sink)
+                                                return_attn_probs, lay.key_mask, sink, softcap)
     positions = lay.positions_q
     out = out_pad.reshape((batch * max_seqlen_q,) + tuple(q.shape[1:])).index_select(0, positions)
     if not return_attn_probs:
@@ -296,12 +296,12 @@ def flash_attn_varlen_func(
     seqused_k: Optional[torch.Tensor] = None,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_unimplemented(window_size, softcap, alibi_slopes)
+    reject_unimplemented(window_size, alibi_slopes)
     check_tensor("q", q, 3, "(total_q, nheads, headdim)")
     check_tensor("k", k, 3, "(total_k, nheads_k, headdim)")
     check_tensor("v", v, 3, "(total_k, nheads_k, headdim)")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink)
+                   deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink, softcap)
 
 
 flash_attn_varlen_func.__doc__ = (
@@ -333,11 +333,11 @@ def flash_attn_varlen_kvpacked_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_unimplemented(window_size, softcap, alibi_slopes)
+    reject_unimplemented(window_size, alibi_slopes)
     check_tensor("q", q, 3, "(total_q, nheads, headdim)")
     k, v = unpack("kv", kv, 4, 1, 2, "(total_k, 2, nheads_k, headdim)")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, None, sink=learnable_sink)
+                   deterministic, return_attn_probs, None, sink=learnable_sink, softcap=softcap)
 
 
 flash_attn_varlen_kvpacked_func.__doc__ = (
@@ -364,10 +364,10 @@ def flash_attn_varlen_qkvpacked_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_unimplemented(window_size, softcap, alibi_slopes)
+    reject_unimplemented(window_size, alibi_slopes)
     q, k, v = unpack("qkv", qkv, 4, 1, 3, "(total, 3, nheads, headdim)")
     return _varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, None, sink=learnable_sink)
+                   deterministic, return_attn_probs, None, sink=learnable_sink, softcap=softcap)
 
 
 flash_attn_varlen_qkvpacked_func.__doc__ = (

@@ -68,16 +68,18 @@ class Case:
     mask: str = "none"
     dropout_p: float = 0.0  # with a fixed rng_state, so the CPU and GPU keep-masks are the same
     sink: bool = False  # attention sinks (one logit per query head) in fwd, and their gradient in bwd
+    softcap: float = 0.0  # scores capped to softcap * tanh(score / softcap) (0: none)
 
 
 def _case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout="contiguous", mask="none",
-          dropout_p=0.0, sink=False):
+          dropout_p=0.0, sink=False, softcap=0.0):
     dtype_name = "fp16" if dtype == F16 else "bf16"
     name = (f"b{batch}-q{seqlen_q}-k{seqlen_k}-h{heads_q}/{heads_kv}-d{head_dim}-{dtype_name}-{causal}"
             + ("" if layout == "contiguous" else f"-{layout}") + ("" if mask == "none" else f"-{mask}mask")
-            + ("" if dropout_p == 0.0 else f"-dropout{dropout_p}") + ("-sink" if sink else ""))
+            + ("" if dropout_p == 0.0 else f"-dropout{dropout_p}") + ("-sink" if sink else "")
+            + ("" if softcap == 0.0 else f"-softcap{softcap:g}"))
     return Case(name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout, mask, dropout_p,
-                sink)
+                sink, softcap)
 
 
 # memcheck, initcheck, synccheck: seqlen 1, 17, 97, 1025, Lq != Lk both ways, every compiled head-dim
@@ -128,6 +130,10 @@ FULL_CASES = [
     # attention sinks: the forwards' epilogues (rows without keys among them) and the gradient's reduction
     _case(1, 300, 97, 4, 2, 64, BF16, "bottom_right", sink=True),
     _case(1, 200, 300, 2, 1, 256, F16, "none", mask="float", sink=True),
+    # score soft-capping: the tanh after every QK^T product and the backward's chain factor
+    _case(1, 300, 97, 4, 2, 64, BF16, "bottom_right", softcap=2.0),
+    _case(1, 200, 300, 2, 1, 256, F16, "top_left", mask="bool", dropout_p=0.2, softcap=2.0),
+    _case(2, 97, 300, 2, 1, 128, BF16, "none", mask="prefix", softcap=2.0),
 ]
 
 # racecheck (the slowest tool): one short case per head-dim tile, long enough to cross the query and
@@ -153,6 +159,7 @@ RACE_CASES = [
     _case(1, 129, 300, 2, 1, 256, F16, "top_left", mask="bool", dropout_p=0.2),  # the masked wide backward
     _case(1, 256, 300, 2, 1, 128, BF16, "none", "bhsd"),  # K/V multicast, both tiles' rows full
     _case(1, 150, 129, 2, 1, 128, F16, "bottom_right", sink=True),
+    _case(1, 129, 150, 2, 1, 64, BF16, "none", dropout_p=0.2, softcap=2.0),
 ]
 
 # The sm90 forward's K/V multicast (clusters of two CTAs): the cases of the lists above that run it
@@ -262,10 +269,11 @@ class Expected:
             scale, is_causal, bottom_right = _args(case)
             p, rng = _dropout(case, index, "cpu")
             sink = _sink(case, "cpu")
-            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng, False, sink)
+            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng, False, sink,
+                                               case.softcap)
             dmask, dsink = _dmask(mask), _dsink(sink)
             grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right, False, mask, dmask,
-                                            p, rng, sink, dsink)
+                                            p, rng, sink, dsink, case.softcap)
             self._cache[index] = (out, lse, grads + tuple(t for t in (dmask, dsink) if t is not None))
         return self._cache[index]
 
@@ -305,12 +313,14 @@ def run_item(phase: str, index: int, case: Case, expected: Expected, device) -> 
     flashattn.plan.set_options(force_sm80=phase.endswith("-sm80"))
     try:
         if phase.startswith("fwd"):
-            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng, False, sink)
+            out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng, False, sink,
+                                               case.softcap)
         else:
             out, lse = out_cpu.to(device), lse_cpu.to(device)
             dmask, dsink = _dmask(mask), _dsink(sink)
             grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right,
-                                            phase == "bwd-deterministic", mask, dmask, p, rng, sink, dsink)
+                                            phase == "bwd-deterministic", mask, dmask, p, rng, sink, dsink,
+                                            case.softcap)
             grads = grads + tuple(t for t in (dmask, dsink) if t is not None)
     finally:
         flashattn.plan.set_options(force_sm80=False)

@@ -509,7 +509,6 @@ def test_raw_op_rejects_non_contiguous_last_dim():
 
 @pytest.mark.parametrize("kwargs, name", [
     ({"window_size": (8, 0)}, "window_size"),
-    ({"softcap": 30.0}, "softcap"),
     ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
 ])
 @pytest.mark.parametrize("api", ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"])
@@ -590,11 +589,11 @@ class _BwdCalls(TorchDispatchMode):
 def test_bwd_schema_has_the_optional_arguments_last():
     schema = torch.ops.flashattn.bwd.default._schema
     names = [a.name for a in schema.arguments]
-    assert names[-8:] == ["causal_bottom_right", "deterministic", "attn_mask", "dmask", "dropout_p", "rng_state",
-                          "sink", "dsink"]
-    assert [schema.arguments[i].default_value for i in range(-7, 0)] == [False, None, None, 0.0, None, None, None]
-    assert schema.arguments[-5].alias_info.is_write  # dmask is written in place
-    assert schema.arguments[-1].alias_info.is_write  # and dsink
+    assert names[-9:] == ["causal_bottom_right", "deterministic", "attn_mask", "dmask", "dropout_p", "rng_state",
+                          "sink", "dsink", "softcap"]
+    assert [schema.arguments[i].default_value for i in range(-8, 0)] == [False, None, None, 0.0, None, None, None, 0.0]
+    assert schema.arguments[-6].alias_info.is_write  # dmask is written in place
+    assert schema.arguments[-2].alias_info.is_write  # and dsink
 
 
 @pytest.mark.parametrize("causal, bottom_right", [(False, False), (True, False), (True, True)])

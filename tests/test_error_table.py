@@ -171,7 +171,6 @@ def _old_gpu(mp):
 
 _UNIMPLEMENTED = {
     "window": {"window_size": (8, 0)},
-    "softcap": {"softcap": 30.0},
     "alibi": {"alibi_slopes": torch.ones(4)},
 }
 
@@ -326,6 +325,7 @@ def _bwd_lse_on_cpu():
 # Implemented, but out of range: the op raises.
 _OUT_OF_RANGE = {
     "dropout-one": {"dropout_p": 1.0},
+    "softcap-negative": {"softcap": -1.0},
 }
 
 for _name, _kwargs in {**_UNIMPLEMENTED, **_OUT_OF_RANGE}.items():

@@ -233,10 +233,10 @@ def test_dropout_in_training_runs_on_the_kernels(monkeypatch):
     replay = iter(states)
 
     def reference_attention(q, k, v, scale, is_causal, bottom_right, deterministic=False, attn_mask=None,
-                            dropout_p=0.0, rng_state=None, generator=None, sink=None):
+                            dropout_p=0.0, rng_state=None, generator=None, sink=None, softcap=0.0):
         keep = flashattn.ops.dropout_keep_mask(next(replay), q.size(0), q.size(2), q.size(1), k.size(1), dropout_p)
         return attention_reference(q, k, v, scale, is_causal, bottom_right, return_lse=True, attn_mask=attn_mask,
-                                   dropout_p=dropout_p, dropout_mask=keep, sink=sink)
+                                   dropout_p=dropout_p, dropout_mask=keep, sink=sink, softcap=softcap)
 
     monkeypatch.setattr(flashattn.ops, "attention", reference_attention)
     ref_logits, ref_grads = _loss_and_grads(ours, input_ids)
@@ -321,11 +321,37 @@ def test_sinks_with_a_fallback_reason_are_refused():
         fa_hf.flashattn_attention_forward(module, q, k, v, None, dropout=1.5, s_aux=torch.zeros(2))
 
 
-def test_softcap_is_refused():
+def test_gemma2_style_softcap_matches_eager():
+    """A tiny Gemma-2-style model (attention logits soft-capped at 50, a sliding-window layer beside a
+    global one, query_pre_attn_scalar's scaling, grouped-query attention): logits and gradients as with
+    transformers' eager attention, softcap on the kernels."""
+    if not hasattr(transformers, "Gemma2Config"):
+        pytest.skip("this transformers has no Gemma 2")
+    config = transformers.Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
+                                       max_position_embeddings=256, sliding_window=8, query_pre_attn_scalar=24,
+                                       attn_logit_softcapping=5.0, final_logit_softcapping=None, pad_token_id=0)
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=NAME)
+    ours.load_state_dict(ref.state_dict())
+    ref.eval()
+    ours.eval()
+    input_ids = torch.randint(1, 128, (2, 21))
+    ref_logits, ref_grads = _loss_and_grads(ref, input_ids)
+    logits, grads = _loss_and_grads(ours, input_ids)
+    assert fa_hf.path_counts[fa_hf.FALLBACK] == 0
+    torch.testing.assert_close(logits, ref_logits, **F32_TOL)
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], **F32_TOL, msg=lambda m: f"{name}: {m}")
+
+
+def test_softcap_with_a_floating_mask_is_refused():
     module = torch.nn.Module()
     q = k = v = torch.randn(1, 2, 4, 8)
-    with pytest.raises(ValueError, match="softcap"):
-        fa_hf.flashattn_attention_forward(module, q, k, v, None, softcap=30.0)
+    bias = torch.randn(1, 1, 4, 4)
+    with pytest.raises(ValueError, match="softcap with a floating attention mask"):
+        fa_hf.flashattn_attention_forward(module, q, k, v, bias, softcap=30.0)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -19,20 +19,22 @@ namespace cpu {
 // else float32; -inf for such a row). With dropout_p > 0, rng_state (a [2] int64 CPU tensor: seed,
 // offset) picks the keep-mask of common/dropout.h: out = (P * Z / (1 - p)) V, lse unchanged. sink, a
 // (Hq,) tensor of logits (torch/sink.h), joins each row's softmax denominator: lse includes it and a
-// row without keys gets lse = sink.
+// row without keys gets lse = sink. softcap > 0 caps every scaled score to softcap * tanh(score /
+// softcap) before the mask and the softmax (0: none).
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        double scale, bool is_causal, int64_t causal_offset,
                                        const std::optional<at::Tensor>& attn_mask = std::nullopt,
                                        double dropout_p = 0.0,
                                        const std::optional<at::Tensor>& rng_state = std::nullopt,
-                                       const std::optional<at::Tensor>& sink = std::nullopt);
+                                       const std::optional<at::Tensor>& sink = std::nullopt, double softcap = 0.0);
 
 // Gradients of fwd's out: dq like q, dk/dv like k (summed over each query-head group), contiguous.
 // attn_mask must be the forward's. dmask (floating masks only): a contiguous, zero-filled
 // [B, Hq, Lq, Lk] tensor of the mask's dtype that receives the mask's gradient, which is that of the
 // pre-softmax score: dS_ij = P_ij (dP_ij - delta_i). Excluded elements, and rows that see no key,
 // stay 0. dropout_p and rng_state must be the forward's (the keep-mask is regenerated); dP then carries
-// the keep factor Z / (1 - p).
+// the keep factor Z / (1 - p). softcap must be the forward's; dS then carries the cap's chain factor
+// 1 - (capped score / softcap)^2.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q,
                                                    const at::Tensor& k, const at::Tensor& v,
                                                    const at::Tensor& out, const at::Tensor& lse, double scale,
@@ -40,7 +42,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    const std::optional<at::Tensor>& attn_mask = std::nullopt,
                                                    const std::optional<at::Tensor>& dmask = std::nullopt,
                                                    double dropout_p = 0.0,
-                                                   const std::optional<at::Tensor>& rng_state = std::nullopt);
+                                                   const std::optional<at::Tensor>& rng_state = std::nullopt,
+                                                   double softcap = 0.0);
 
 // The dropout keep-mask of common/dropout.h for rng_state (seed, offset): [batch, heads, seqlen_q,
 // seqlen_k] bool on rng_state's device, True where the probability is kept.

@@ -52,6 +52,7 @@ struct BwdProblem {
   int64_t seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   int64_t group;  // query heads per key/value head
   acc_t scale;
+  acc_t softcap;  // the forward's score cap (0: none)
   KeyLimit keys;
   MaskView<scalar_t> mask;       // [B, Hq, Lq, Lk] any strides, or none
   MaskGradView<scalar_t> dmask;  // [B, Hq, Lq, Lk] contiguous, zero-filled by the caller, or none
@@ -81,6 +82,7 @@ struct BwdScratch {
   std::vector<acc_t> bias;     // [kBlockK]     one query row's additive mask (with a mask only)
   std::vector<acc_t> drop;     // [kBlockK]     one query row's dropout factors (with dropout only)
   std::vector<acc_t> kept_probs;  // [kBlockK]  P_ij times the dropout factor (with dropout only)
+  std::vector<acc_t> chain;       // [kBlockK]  d capped score / d score (with a score cap only)
 
   BwdScratch(int64_t group, int64_t seqlen_q, int64_t head_dim)
       : q_rows(group * seqlen_q * head_dim),
@@ -98,7 +100,8 @@ struct BwdScratch {
         dscores(kBlockK),
         bias(kBlockK),
         drop(kBlockK),
-        kept_probs(kBlockK) {}
+        kept_probs(kBlockK),
+        chain(kBlockK) {}
 };
 
 // Whether exp(score - lse) is too coarse for a row: lse is rounded to acc_t, so P carries a relative
@@ -131,7 +134,7 @@ void renormalize_row(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_t
       const scalar_t* k_row = p.k.row(b, k0 + j, kv_head);  // [D]
       acc_t dot = 0;  // summed over d in order, as row_times_tile_transposed does
       for (int64_t d = 0; d < D; ++d) dot += q_row[d] * static_cast<acc_t>(k_row[d]);
-      scores[j] = dot * p.scale;
+      scores[j] = soft_capped(dot * p.scale, p.softcap);
     }
     if (p.mask.present()) {
       p.mask.load_row(s.bias.data(), b, h, i, k0, n);
@@ -180,8 +183,8 @@ void load_query_group(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_
 // dS = 0 and are left out of the sums. drop: the row's dropout factors (1 / (1 - p) or 0), or null
 // without dropout: they weight dO into dv and scale dP, as the forward weighted V.
 template <typename acc_t>
-void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim, acc_t scale, const acc_t* bias,
-                  const acc_t* drop) {
+void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim, acc_t scale, acc_t softcap,
+                  const acc_t* bias, const acc_t* drop) {
   const acc_t* q_row = s.q_rows.data() + row * head_dim;        // [D]
   const acc_t* dout_row = s.dout_rows.data() + row * head_dim;  // [D]
   acc_t* dq_row = s.dq_acc.data() + row * head_dim;             // [D]
@@ -190,6 +193,16 @@ void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim
   acc_t* dscores = s.dscores.data();
 
   row_times_tile_transposed(probs, q_row, s.kT_tile.data(), n, head_dim);
+  const bool capped = softcap != acc_t(0);
+  if (capped) {
+    // The cap's chain factor 1 - tanh^2, and the capped score in place of the dot product.
+    for (int64_t j = 0; j < n; ++j) {
+      const acc_t t = std::tanh(probs[j] * scale / softcap);
+      s.chain[j] = acc_t(1) - t * t;
+      probs[j] = softcap * t;
+    }
+    scale = acc_t(1);
+  }
   if (bias == nullptr) {
     for (int64_t j = 0; j < n; ++j) probs[j] = std::exp(probs[j] * scale - lse);
   } else {
@@ -212,12 +225,18 @@ void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim
   }
   if (bias == nullptr) {
     for (int64_t j = 0; j < n; ++j) dscores[j] = probs[j] * (dscores[j] - delta);
+    if (capped) {
+      for (int64_t j = 0; j < n; ++j) dscores[j] *= s.chain[j];
+    }
     add_outer(s.dv_acc.data(), v_weights, dout_row, n, head_dim);
     add_outer(s.dk_acc.data(), dscores, q_row, n, head_dim);
     add_weighted_rows(dq_row, dscores, s.k_tile.data(), n, head_dim);
   } else {
     constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
     for (int64_t j = 0; j < n; ++j) dscores[j] = bias[j] == kNegInf ? acc_t(0) : probs[j] * (dscores[j] - delta);
+    if (capped) {
+      for (int64_t j = 0; j < n; ++j) dscores[j] *= s.chain[j];
+    }
     add_outer_kept(s.dv_acc.data(), v_weights, dout_row, bias, n, head_dim);
     add_outer_kept(s.dk_acc.data(), dscores, q_row, bias, n, head_dim);
     add_weighted_kept_rows(dq_row, dscores, s.k_tile.data(), bias, n, head_dim);
@@ -257,7 +276,7 @@ void bwd_key_block(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_t>>
         p.dropout.factor_row(s.drop.data(), b * p.heads_q + h, i, k0, n);
         drop = s.drop.data();
       }
-      backprop_row(s, g * Lq + i, n, D, p.scale, bias, drop);
+      backprop_row(s, g * Lq + i, n, D, p.scale, p.softcap, bias, drop);
       if (p.dmask.present()) p.dmask.store_row(s.dscores.data(), b, h, i, k0, n);
     }
   }
@@ -295,7 +314,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    double scale, bool is_causal, int64_t causal_offset,
                                                    const std::optional<at::Tensor>& attn_mask,
                                                    const std::optional<at::Tensor>& dmask, double dropout_p,
-                                                   const std::optional<at::Tensor>& rng_state) {
+                                                   const std::optional<at::Tensor>& rng_state, double softcap) {
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2), head_dim = q.size(3);
   const int64_t seqlen_k = k.size(1), heads_kv = k.size(2);
   at::Tensor dq = at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
@@ -328,6 +347,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                            head_dim,
                            heads_q / heads_kv,
                            static_cast<acc_t>(scale),
+                           static_cast<acc_t>(softcap),
                            KeyLimit{is_causal, causal_offset, seqlen_k},
                            mask_view<scalar_t>(attn_mask),
                            mask_grad_view<scalar_t>(dmask, heads_q, seqlen_q, seqlen_k),

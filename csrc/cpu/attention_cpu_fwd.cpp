@@ -42,6 +42,7 @@ struct FwdProblem {
   MaskView<scalar_t> mask;  // [B, Hq, Lq, Lk] any strides, or none
   DropoutRows dropout;      // disabled without dropout
   const acc_t* sink;        // [Hq] logits, or nullptr
+  acc_t softcap;            // scores capped to softcap * tanh(score / softcap); 0: none
 };
 
 // Working memory of one query block, allocated once per thread and reused across its tasks.
@@ -80,19 +81,19 @@ acc_t nan_propagating_max(acc_t a, acc_t b) {
 // dropout factors for those keys (1 / (1 - p) or 0), or null without dropout; they weight V only.
 template <typename acc_t>
 void fold_tile_into_row(const acc_t* q_row, const acc_t* kT_tile, const acc_t* v_tile, const acc_t* bias,
-                        const acc_t* drop, int64_t n, int64_t head_dim, acc_t scale, acc_t* probs, acc_t& row_max,
-                        acc_t& row_sum, acc_t* out_acc_row) {
+                        const acc_t* drop, int64_t n, int64_t head_dim, acc_t scale, acc_t softcap, acc_t* probs,
+                        acc_t& row_max, acc_t& row_sum, acc_t* out_acc_row) {
   constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
   row_times_tile_transposed(probs, q_row, kT_tile, n, head_dim);
   acc_t tile_max = kNegInf;
   if (bias == nullptr) {
     for (int64_t j = 0; j < n; ++j) {
-      probs[j] *= scale;
+      probs[j] = soft_capped(probs[j] * scale, softcap);
       tile_max = nan_propagating_max(tile_max, probs[j]);
     }
   } else {
     for (int64_t j = 0; j < n; ++j) {
-      probs[j] = masked_score(probs[j] * scale, bias[j]);
+      probs[j] = masked_score(soft_capped(probs[j] * scale, softcap), bias[j]);
       tile_max = nan_propagating_max(tile_max, probs[j]);
     }
   }
@@ -183,7 +184,7 @@ void fwd_query_block(const FwdProblem<scalar_t>& p, FwdScratch<acc_type<scalar_t
         drop = s.drop.data();
       }
       fold_tile_into_row(s.q_tile.data() + r * D, s.kT_tile.data(), s.v_tile.data(), bias, drop, n, D, p.scale,
-                         s.probs.data(), s.row_max[r], s.row_sum[r], s.out_acc.data() + r * D);
+                         p.softcap, s.probs.data(), s.row_max[r], s.row_sum[r], s.out_acc.data() + r * D);
     }
   }
   write_query_block(p, s, b, h, q0, rows);
@@ -211,7 +212,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                                        bool is_causal, int64_t causal_offset,
                                        const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                        const std::optional<at::Tensor>& rng_state,
-                                       const std::optional<at::Tensor>& sink) {
+                                       const std::optional<at::Tensor>& sink, double softcap) {
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2), head_dim = q.size(3);
   const int64_t seqlen_k = k.size(1), heads_kv = k.size(2);
   const at::ScalarType lse_dtype = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -221,7 +222,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
   if (!attn_mask.has_value() && dropout_p == 0.0 && fwd_plain_serves(q.scalar_type())) {
     const at::Tensor sink_f = sink.has_value() ? sink->detach().to(at::kFloat).contiguous() : at::Tensor();
     fwd_plain(q, k, v, out, lse, scale, KeyLimit{is_causal, causal_offset, seqlen_k},
-              sink_f.defined() ? sink_f.data_ptr<float>() : nullptr);
+              sink_f.defined() ? sink_f.data_ptr<float>() : nullptr, softcap);
     return {out, lse};
   }
 
@@ -242,7 +243,8 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                            KeyLimit{is_causal, causal_offset, seqlen_k},
                            mask_view<scalar_t>(attn_mask),
                            dropout_rows(dropout_p, rng_state),
-                           sink_acc.defined() ? sink_acc.data_ptr<acc_t>() : nullptr};
+                           sink_acc.defined() ? sink_acc.data_ptr<acc_t>() : nullptr,
+                           static_cast<acc_t>(softcap)};
     run_fwd(p, batch);
   });
   return {out, lse};

@@ -53,8 +53,8 @@ at::Tensor matrix(const at::Tensor& buffer, int64_t rows, int64_t cols) {
 }
 
 void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                     const at::Tensor& lse, double scale, const KeyLimit& keys, const float* sink, PlainScratch& s,
-                     int64_t b, int64_t h, int64_t q0) {
+                     const at::Tensor& lse, double scale, const KeyLimit& keys, const float* sink, double softcap,
+                     PlainScratch& s, int64_t b, int64_t h, int64_t q0) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t head_dim = q.size(3);
   const int64_t rows = std::min(kPlainBlockQ, q.size(1) - q0);
@@ -73,6 +73,7 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     const at::Tensor v_tile = matrix(s.v_tile, cols, head_dim).copy_(values_b.narrow(0, k0, cols));
     at::Tensor scores = matrix(s.scores, rows, cols);
     at::mm_out(scores, q_tile, k_tile.t());
+    if (softcap != 0.0) scores.div_(softcap).tanh_().mul_(softcap);
     if (keys.is_causal && keys.key_end(q0) < k0 + cols) mask_causal_tile(scores, keys, q0, k0);
     // NaN-propagating max (amax, maximum): a NaN score reaches out and lse.
     const at::Tensor new_max = at::maximum(row_max, scores.amax(1));
@@ -105,7 +106,7 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }  // namespace
 
 void fwd_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-               const at::Tensor& lse, double scale, const KeyLimit& keys, const float* sink) {
+               const at::Tensor& lse, double scale, const KeyLimit& keys, const float* sink, double softcap) {
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2);
   const int64_t q_blocks = (seqlen_q + kPlainBlockQ - 1) / kPlainBlockQ;
   // Each task, a (batch, query head, query block), writes its own rows of out and lse.
@@ -116,7 +117,7 @@ void fwd_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     PlainScratch scratch(q.size(3));
     for (int64_t t = begin; t < end; ++t) {
       const int64_t q_block = t % q_blocks, h = (t / q_blocks) % heads_q, b = t / (q_blocks * heads_q);
-      fwd_plain_block(qd, kd, vd, out, lse, scale, keys, sink, scratch, b, h, q_block * kPlainBlockQ);
+      fwd_plain_block(qd, kd, vd, out, lse, scale, keys, sink, softcap, scratch, b, h, q_block * kPlainBlockQ);
     }
   });
 }

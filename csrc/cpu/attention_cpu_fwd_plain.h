@@ -18,9 +18,10 @@ namespace detail {
 inline bool fwd_plain_serves(at::ScalarType dtype) { return dtype == at::kHalf || dtype == at::kBFloat16; }
 
 // out [B, Lq, Hq, D] (q's dtype) and lse [B, Hq, Lq] (float32), written in place; q [B, Lq, Hq, D],
-// k / v [B, Lk, Hk, D], any strides; sink [Hq] logits joining each row's denominator, or nullptr.
+// k / v [B, Lk, Hk, D], any strides; sink [Hq] logits joining each row's denominator, or nullptr;
+// softcap > 0 caps the scaled scores to softcap * tanh(score / softcap).
 void fwd_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-               const at::Tensor& lse, double scale, const KeyLimit& keys, const float* sink);
+               const at::Tensor& lse, double scale, const KeyLimit& keys, const float* sink, double softcap);
 
 }  // namespace detail
 }  // namespace cpu

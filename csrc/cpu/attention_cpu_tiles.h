@@ -46,6 +46,12 @@ RowsView<T> rows_view(const at::Tensor& t) {
   return {static_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1), t.stride(2)};
 }
 
+// A scaled score soft-capped to cap * tanh(score / cap) (Gemma 2), or unchanged for cap 0.
+template <typename acc_t>
+acc_t soft_capped(acc_t score, acc_t cap) {
+  return cap == acc_t(0) ? score : cap * std::tanh(score / cap);
+}
+
 // The causal mask (common/mask.h, shared with the GPU kernels) reduced to what the loops need:
 // query i sees exactly the keys [0, key_end(i)).
 struct KeyLimit {

@@ -25,6 +25,7 @@
 #include "cuda/bwd_aux.cuh"
 #include "cuda/gpu_scope.h"
 #include "cuda/mask_view.h"
+#include "cuda/softcap.h"
 #include "params.h"
 #include "sm80/fragments.h"
 #include "sm80/kernel_configs.h"
@@ -206,6 +207,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
           delta[j][c] = delta_tile[q_local];
         }
       }
+      const bool softcapped = s.softcap_inner != 0.f;  // cuda/softcap.h
+      if (softcapped) {
+#pragma unroll
+        for (int mt = 0; mt < kSMTiles; ++mt) {
+#pragma unroll
+          for (int j = 0; j < kSNTiles; ++j) softcap_scores(s_acc[mt][j], s.softcap_inner);
+        }
+      }
       if (mask_needed) {
         // P^T = exp2(S^T + mask - LSE) where the key is visible, else 0.
 #pragma unroll
@@ -292,8 +301,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
               dp0 *= z0;
               dp1 *= z1;
             }
-            const float ds0 = p0 * (dp0 - delta[j][0]);
-            const float ds1 = p1 * (dp1 - delta[j][1]);
+            float ds0 = p0 * (dp0 - delta[j][0]);
+            float ds1 = p1 * (dp1 - delta[j][1]);
+            if (softcapped) {  // the chain through cap * tanh
+              ds0 *= softcap_grad(p0, lse_log2[j][0], 1.f / s.scale_log2);
+              ds1 *= softcap_grad(p1, lse_log2[j][1], 1.f / s.scale_log2);
+            }
             *reinterpret_cast<uint32_t*>(p_smem + row * kPStride + col) = Ops::pack(kept0, kept1);
             *reinterpret_cast<uint32_t*>(ds_smem + row * kPStride + col) = Ops::pack(ds0, ds1);
           }

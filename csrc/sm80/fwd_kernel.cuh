@@ -20,6 +20,7 @@
 #include "common/mask.h"
 #include "cuda/mask_view.h"
 #include "cuda/sink.h"
+#include "cuda/softcap.h"
 #include "params.h"
 #include "sm80/fragments.h"
 #include "sm80/kernel_configs.h"
@@ -166,8 +167,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
         },
         [&](uint32_t(&b)[4], int np, int ks) { load_b_from_rows_nk<kStride>(b, k_tile, np * 16, ks * 16, lane); });
 
-    // Scale into base-2 units, then mask keys past the end or beyond the causal diagonal (only the
-    // blocks that need it pay for the test).
+    // Scale into base-2 units (soft-capped first, cuda/softcap.h), then mask keys past the end or
+    // beyond the causal diagonal (only the blocks that need it pay for the test).
+    if (s.softcap_inner != 0.f) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j) softcap_scores(s_acc[mt][j], s.softcap_inner);
+      }
+    }
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll

@@ -38,12 +38,18 @@ __device__ __forceinline__ uint32_t backward_keep_bits(const DropoutRow& rng, in
 
 // With dropout, P^T (s) becomes what dV sees, P Z / (1 - p), and dP^T (dp) becomes dS^T =
 // P (dP Z / (1 - p) - delta), Z the keep-mask (the LSE and delta are the undropped ones).
+// chain(i, p): a factor dS^T's element i (undropped probability p) is multiplied by (soft-capping's).
+struct NoChain {
+  __device__ __forceinline__ float operator()(int, float) const { return 1.f; }
+};
+
+template <typename Chain = NoChain>
 __device__ __forceinline__ void apply_backward_dropout(float (&s)[32], float (&dp)[32], const float (&delta)[16],
-                                                       uint32_t keep, float keep_scale) {
+                                                       uint32_t keep, float keep_scale, Chain chain = {}) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const float z = ((keep >> i) & 1u) ? keep_scale : 0.f;
-    dp[i] = s[i] * fmaf(dp[i], z, -delta[2 * (i / 4) + i % 2]);
+    dp[i] = s[i] * fmaf(dp[i], z, -delta[2 * (i / 4) + i % 2]) * chain(i, s[i]);
     s[i] *= z;
   }
 }

@@ -46,6 +46,7 @@
 #include "cuda/varlen.h"
 #include "cuda/varlen_schedule.h"
 #include "cuda/mask_view.h"
+#include "cuda/softcap.h"
 #include "sm90/bwd_config.h"
 #include "sm90/bwd_dropout.h"
 #include "sm90/class_bits.h"
@@ -700,6 +701,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     load_query_columns(lse, stats);
     wgmma_wait<1>();  // S^T is ready; dP^T may still run while P^T is computed
     fence_registers(s);
+    const bool softcapped = sh.softcap_inner != 0.f;  // cuda/softcap.h
+    if (softcapped) softcap_scores(s, sh.softcap_inner);
     // P^T; keys this query may not see get 0 (only blocks on the causal diagonal or past the end).
     const MaskView<T> mask = kMasked ? walk.mask(step) : MaskView<T>();
     const bool needs_mask = key0 + 64 > keys_end || (sh.is_causal && key0 + 63 > m0 + sh.causal_offset);
@@ -757,10 +760,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     wgmma_wait<0>();
     fence_registers(dp);
     if constexpr (kDropout) {
-      apply_backward_dropout(s, dp, delta, keep, p.dropout.keep_scale);
+      if (softcapped) {
+        // The chain through the cap needs the undropped P and the LSE, read back from the stage rather
+        // than kept live across the dP^T wait.
+        float lse_again[kBlockM / 4];
+        load_query_columns(lse_again, stats);
+        const float inv_scale_log2 = 1.f / sh.scale_log2;
+        apply_backward_dropout(s, dp, delta, keep, p.dropout.keep_scale, [&](int i, float prob) {
+          return softcap_grad(prob, lse_again[2 * (i / 4) + i % 2], inv_scale_log2);
+        });
+      } else {
+        apply_backward_dropout(s, dp, delta, keep, p.dropout.keep_scale);
+      }
     } else {
 #pragma unroll
       for (int i = 0; i < kScores; ++i) dp[i] = s[i] * (dp[i] - delta[2 * (i / 4) + i % 2]);  // dS^T
+      if (softcapped) {
+        // The chain through the cap, in a pass of its own (delta is dead by then) with the LSE read back
+        // from the stage: the plain kernel has no registers to keep both live across the dP^T wait.
+        float lse_again[kBlockM / 4];
+        load_query_columns(lse_again, stats);
+        const float inv_scale_log2 = 1.f / sh.scale_log2;
+#pragma unroll
+        for (int i = 0; i < kScores; ++i) dp[i] *= softcap_grad(s[i], lse_again[2 * (i / 4) + i % 2], inv_scale_log2);
+      }
     }
 
     if constexpr (kMasked) {

@@ -29,6 +29,7 @@
 #include "common/dropout.h"
 #include "cuda/element_ops.h"
 #include "cuda/mask_view.h"
+#include "cuda/softcap.h"
 #include "sm90/bwd_config.h"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/fragments.h"
@@ -194,6 +195,8 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
     const float lse[2] = {stats[r0], stats[r0 + 8]};
     wgmma_wait<1>();
     fence_registers(s);
+    const bool softcapped = sh.softcap_inner != 0.f;  // cuda/softcap.h
+    if (softcapped) softcap_scores(s, sh.softcap_inner);
     if (mask_needed) {
       // With the attention mask: exp2(S scale + mask - LSE), all in base-2 units; its loads issued
       // together (MaskView::load_terms).
@@ -233,7 +236,13 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
       for (int i = 0; i < kKeys / 2; ++i) {
         const float z = ((keep >> i) & 1u) ? p.dropout.keep_scale : 0.f;
         dp[i] = s[i] * fmaf(dp[i], z, -delta[(i % 4) / 2]);
+        if (softcapped) dp[i] *= softcap_grad(s[i], lse[(i % 4) / 2], 1.f / sh.scale_log2);
         s[i] *= z;
+      }
+    } else if (softcapped) {
+#pragma unroll
+      for (int i = 0; i < kKeys / 2; ++i) {  // dS through the cap
+        dp[i] = s[i] * (dp[i] - delta[(i % 4) / 2]) * softcap_grad(s[i], lse[(i % 4) / 2], 1.f / sh.scale_log2);
       }
     } else {
 #pragma unroll

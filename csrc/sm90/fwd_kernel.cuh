@@ -47,6 +47,7 @@
 #include "common/dropout.h"
 #include "common/mask.h"
 #include "cuda/sink.h"
+#include "cuda/softcap.h"
 #include "params.h"
 #include "sm90/fragments.h"
 #include "sm90/fwd_config.h"
@@ -246,6 +247,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       return sh.scale_log2;
     };
     const bool dropout = kMasked && p.dropout.enabled;
+    const bool softcapped = sh.softcap_inner != 0.f;  // cuda/softcap.h: before any mask
     const DropoutRow rng = dropout ? DropoutRow(p.dropout, t.batch, sh.heads_q, t.head) : DropoutRow{};
     auto apply_dropout = [&](float(&scores)[kBlockN / 2], int block) {
       if constexpr (kMasked) {
@@ -278,6 +280,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           // The tile's last QK^T GEMM is done.
           if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
         }
+        if (softcapped) softcap_scores(s0, sh.softcap_inner);
         softmax.update(s0, apply_masks(s0, block, block_needs, block_key_end), correction);
         apply_dropout(s0, block);
         release_next_consumer();
@@ -329,6 +332,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
         }
         bool moved;
+        if constexpr (kTail) {
+          if (softcapped) softcap_scores(s_tail, sh.softcap_inner);
+        } else {
+          if (softcapped) softcap_scores(s, sh.softcap_inner);
+        }
         if constexpr (kTail) {  // unmasked launches only: the length mask
           mask_scores<kTailN>(s_tail, block * kBlockN, row0, lane, sh, row_key_end);
           moved = softmax.update(s_tail, sh.scale_log2, correction);

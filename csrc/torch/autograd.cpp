@@ -29,12 +29,12 @@ using torch::autograd::variable_list;
 using FwdSignature = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                         double, bool, bool, const std::optional<at::Tensor>&,
                                                         double, const std::optional<at::Tensor>&, bool,
-                                                        const std::optional<at::Tensor>&);
+                                                        const std::optional<at::Tensor>&, double);
 using BwdSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, double, bool, bool, bool, const std::optional<at::Tensor>&,
     const std::optional<at::Tensor>&, double, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&);
+    const std::optional<at::Tensor>&, double);
 
 std::optional<at::Tensor> present(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
@@ -64,10 +64,10 @@ std::tuple<at::Tensor, at::Tensor> fwd_heads_first(const at::Tensor& q, const at
                                                    double scale, bool is_causal, bool causal_bottom_right,
                                                    const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                                    const std::optional<at::Tensor>& rng_state, bool deterministic,
-                                                   const std::optional<at::Tensor>& sink) {
+                                                   const std::optional<at::Tensor>& sink, double softcap) {
   check_heads_first(q, k, v);
   return fwd_op().call(kernel_layout(q), kernel_layout(k), kernel_layout(v), scale, is_causal, causal_bottom_right,
-                       attn_mask, dropout_p, rng_state, deterministic, sink);
+                       attn_mask, dropout_p, rng_state, deterministic, sink, softcap);
 }
 
 // heads_first: q, k, v (and the gradients returned for them) in (B, H, L, E), else (B, L, H, E).
@@ -77,15 +77,16 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
                                double scale, bool is_causal, bool causal_bottom_right,
                                const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                const std::optional<at::Tensor>& rng_state, bool deterministic,
-                               const std::optional<at::Tensor>& sink, bool heads_first) {
+                               const std::optional<at::Tensor>& sink, double softcap, bool heads_first) {
     at::Tensor out, lse;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       std::tie(out, lse) = heads_first ? fwd_heads_first(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-                                                         dropout_p, rng_state, deterministic, sink)
+                                                         dropout_p, rng_state, deterministic, sink, softcap)
                                        : fwd_op().call(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-                                                       dropout_p, rng_state, deterministic, sink);
+                                                       dropout_p, rng_state, deterministic, sink, softcap);
     }
+    ctx->saved_data["softcap"] = softcap;
     // The inputs as given (the backward makes the kernels' views again); rng_state is saved, not its
     // values: the backward regenerates the forward's keep-mask from it.
     ctx->save_for_backward({q, k, v, out, lse, attn_mask.value_or(at::Tensor()), rng_state.value_or(at::Tensor()),
@@ -133,16 +134,17 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
                                 ctx->saved_data["causal_bottom_right"].toBool(),
                                 ctx->saved_data["deterministic"].toBool(),
                                 present(attn_mask), present(dmask), ctx->saved_data["dropout_p"].toDouble(),
-                                present(rng_state), present(sink), present(dsink));
+                                present(rng_state), present(sink), present(dsink),
+                                ctx->saved_data["softcap"].toDouble());
     if (heads_first) {  // back to the inputs' (B, H, L, E)
       dq = dq.transpose(1, 2);
       dk = dk.transpose(1, 2);
       dv = dv.transpose(1, 2);
     }
     // One gradient per forward argument: q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-    // dropout_p, rng_state, deterministic, sink, heads_first.
+    // dropout_p, rng_state, deterministic, sink, softcap, heads_first.
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), dmask, at::Tensor(), at::Tensor(), at::Tensor(),
-            dsink.defined() ? dsink.to(sink.scalar_type()) : at::Tensor(), at::Tensor()};
+            dsink.defined() ? dsink.to(sink.scalar_type()) : at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -150,9 +152,9 @@ std::tuple<at::Tensor, at::Tensor> fwd_autograd(const at::Tensor& q, const at::T
                                                 double scale, bool is_causal, bool causal_bottom_right,
                                                 const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                                 const std::optional<at::Tensor>& rng_state, bool deterministic,
-                                                const std::optional<at::Tensor>& sink) {
+                                                const std::optional<at::Tensor>& sink, double softcap) {
   const variable_list outputs = FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-                                                   dropout_p, rng_state, deterministic, sink, false);
+                                                   dropout_p, rng_state, deterministic, sink, softcap, false);
   return {outputs[0], outputs[1]};
 }
 
@@ -163,9 +165,9 @@ std::tuple<at::Tensor, at::Tensor> fwd_heads_first_autograd(const at::Tensor& q,
                                                             double dropout_p,
                                                             const std::optional<at::Tensor>& rng_state,
                                                             bool deterministic,
-                                                            const std::optional<at::Tensor>& sink) {
+                                                            const std::optional<at::Tensor>& sink, double softcap) {
   const variable_list outputs = FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-                                                   dropout_p, rng_state, deterministic, sink, true);
+                                                   dropout_p, rng_state, deterministic, sink, softcap, true);
   return {outputs[0], outputs[1]};
 }
 

@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cmath>
+
 #include <string>
 
 namespace flashattn {
@@ -155,6 +157,13 @@ void check_keep_mask_args(const at::Tensor& rng_state, int64_t batch, int64_t he
                   rng_state.is_contiguous(),
               op, ": rng_state must be a contiguous [2] int64 tensor (seed, offset), got dtype ",
               rng_state.scalar_type(), " and shape ", to_text(rng_state.sizes()));
+}
+
+void check_softcap(const char* op, double softcap, const std::optional<at::Tensor>& attn_mask) {
+  TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be a finite value >= 0 (0: no cap), got ",
+              std::to_string(softcap));
+  TORCH_CHECK(softcap == 0.0 || !attn_mask.has_value() || attn_mask->scalar_type() == at::kBool, op,
+              ": softcap with a floating (additive) attn_mask is not supported; pass a boolean mask");
 }
 
 CheckedShape check_fwd_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal_bottom_right,

@@ -54,6 +54,11 @@ void check_dropout(const char* op, double dropout_p, const std::optional<at::Ten
 void check_keep_mask_args(const at::Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
                           int64_t seqlen_k, double dropout_p);
 
+// Checks softcap (0: none, else the cap of every scaled score, softcap * tanh(score / softcap)): finite and
+// >= 0, and not with a floating attn_mask (the CUDA backward recovers tanh from P, which an additive
+// mask's term would spoil).
+void check_softcap(const char* op, double softcap, const std::optional<at::Tensor>& attn_mask);
+
 // Every argument check of the fwd op, in the order both devices' implementations run them: q/k/v,
 // attn_mask, dropout. Returns the checked shape.
 CheckedShape check_fwd_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal_bottom_right,

@@ -22,12 +22,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    const std::optional<at::Tensor>& dmask, double dropout_p,
                                                    const std::optional<at::Tensor>& rng_state,
                                                    const std::optional<at::Tensor>& sink,
-                                                   const std::optional<at::Tensor>& dsink) {
+                                                   const std::optional<at::Tensor>& dsink, double softcap) {
   const char* op = "flashattn.bwd";
   const CheckedShape s =
       check_bwd_args(dout, q, k, v, out, lse_in, causal_bottom_right, attn_mask, dmask, dropout_p, rng_state);
   check_sink(op, sink, q, s.heads_q);
   check_dsink(op, dsink, sink, q, s.heads_q);
+  check_softcap(op, softcap, attn_mask);
   const c10::cuda::CUDAGuard device_guard(q.device());
   check_cuda_device(op, q);
 
@@ -57,7 +58,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   const at::Tensor& dout_read = rebalance_rows ? dout_rescaled : dout;
 
   BwdParams p;
-  p.shape = make_shape(s, q, scale, is_causal);
+  p.shape = with_softcap(make_shape(s, q, scale, is_causal), softcap);
   p.shape.rows_aligned_16 = rows_aligned_16(q) && rows_aligned_16(k) && rows_aligned_16(v) &&
                             rows_aligned_16(out) && rows_aligned_16(dout) && rows_aligned_16(dout_read);
   p.dropout = make_dropout(dropout_p, rng_state);

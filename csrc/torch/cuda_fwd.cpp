@@ -26,12 +26,12 @@ constexpr int64_t kKeysPerPass = int64_t{1} << 20;
 // One forward pass of q over k and v (some key range of the caller's) into out and lse; sink: [Hq] float32
 // on the device, or nullptr.
 void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s, double scale,
-              bool is_causal, const std::optional<at::Tensor>& attn_mask, const DropoutParams& dropout,
-              const float* sink, at::Tensor& out, at::Tensor& lse) {
+              bool is_causal, double softcap, const std::optional<at::Tensor>& attn_mask,
+              const DropoutParams& dropout, const float* sink, at::Tensor& out, at::Tensor& lse) {
   FwdParams p;
   p.dropout = dropout;
   p.sink = sink;
-  p.shape = make_shape(s, q, scale, is_causal);
+  p.shape = with_softcap(make_shape(s, q, scale, is_causal), softcap);
   p.shape.rows_aligned_16 = rows_aligned_16(q) && rows_aligned_16(k) && rows_aligned_16(v);
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -80,7 +80,7 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 // lse = log(sum_r exp(lse_r)) and out = sum_r exp(lse_r - lse) out_r, in float32; a sink joins the
 // merged pair once, at the end.
 void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s,
-                       double scale, bool is_causal, const std::optional<at::Tensor>& attn_mask,
+                       double scale, bool is_causal, double softcap, const std::optional<at::Tensor>& attn_mask,
                        const DropoutParams& dropout, const std::optional<at::Tensor>& sink, at::Tensor& out,
                        at::Tensor& lse) {
   at::Tensor out_sum = at::zeros(out.sizes(), out.options().dtype(at::kFloat));  // [B, Lq, Hq, D]
@@ -96,8 +96,8 @@ void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     if (attn_mask.has_value()) range_mask = attn_mask->narrow(3, k0, keys);
     DropoutParams range_dropout = dropout;
     range_dropout.key_base = static_cast<uint32_t>(k0);  // a multiple of 32 (kKeysPerPass), as key_base must be
-    fwd_pass(q, k.narrow(1, k0, keys), v.narrow(1, k0, keys), range, scale, is_causal, range_mask, range_dropout,
-             nullptr, range_out, range_lse);
+    fwd_pass(q, k.narrow(1, k0, keys), v.narrow(1, k0, keys), range, scale, is_causal, softcap, range_mask,
+             range_dropout, nullptr, range_out, range_lse);
     // A row that saw no key so far and none in this range stays -inf with weight 0 (not NaN);
     // a NaN anywhere stays NaN.
     const at::Tensor merged = at::logaddexp(lse_sum, range_lse);
@@ -119,10 +119,11 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                                        bool is_causal, bool causal_bottom_right,
                                        const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                        const std::optional<at::Tensor>& rng_state, bool /*deterministic*/,
-                                       const std::optional<at::Tensor>& sink_in) {
+                                       const std::optional<at::Tensor>& sink_in, double softcap) {
   const char* op = "flashattn.fwd";
   const CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
   check_sink(op, sink_in, q, s.heads_q);
+  check_softcap(op, softcap, attn_mask);
   const DropoutParams dropout = make_dropout(dropout_p, rng_state);
   const c10::cuda::CUDAGuard device_guard(q.device());
   check_cuda_device(op, q);
@@ -138,10 +139,10 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
     lse.fill_(-std::numeric_limits<float>::infinity());
     if (sink.has_value()) join_sink(out, lse, *sink);
   } else if (s.seqlen_k > kKeysPerPass) {
-    fwd_in_key_ranges(q, k, v, s, scale, is_causal, attn_mask, dropout, sink, out, lse);
+    fwd_in_key_ranges(q, k, v, s, scale, is_causal, softcap, attn_mask, dropout, sink, out, lse);
   } else {
-    fwd_pass(q, k, v, s, scale, is_causal, attn_mask, dropout, sink.has_value() ? sink->data_ptr<float>() : nullptr,
-             out, lse);
+    fwd_pass(q, k, v, s, scale, is_causal, softcap, attn_mask, dropout,
+             sink.has_value() ? sink->data_ptr<float>() : nullptr, out, lse);
   }
   return {out, lse};
 }

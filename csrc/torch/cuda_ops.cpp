@@ -71,6 +71,13 @@ AttentionShape make_shape(const CheckedShape& s, const at::Tensor& q, double sca
   return shape;
 }
 
+AttentionShape with_softcap(AttentionShape shape, double softcap) {
+  if (softcap == 0.0) return shape;
+  shape.softcap_inner = static_cast<float>(shape.scale / softcap);
+  shape.scale_log2 = static_cast<float>(softcap * 1.4426950408889634);
+  return shape;
+}
+
 bool has_work(const CheckedShape& s) { return s.batch > 0 && s.heads_q > 0 && s.seqlen_q > 0 && s.seqlen_k > 0; }
 
 void check_smem_fit(const SmemFit& fit, const char* op, int head_dim) {

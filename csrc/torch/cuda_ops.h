@@ -20,7 +20,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                                        bool is_causal, bool causal_bottom_right,
                                        const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                        const std::optional<at::Tensor>& rng_state, bool deterministic,
-                                       const std::optional<at::Tensor>& sink);
+                                       const std::optional<at::Tensor>& sink, double softcap);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
@@ -29,7 +29,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    const std::optional<at::Tensor>& dmask, double dropout_p,
                                                    const std::optional<at::Tensor>& rng_state,
                                                    const std::optional<at::Tensor>& sink,
-                                                   const std::optional<at::Tensor>& dsink);
+                                                   const std::optional<at::Tensor>& dsink, double softcap);
 
 at::Tensor dropout_keep_mask(const at::Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
                              int64_t seqlen_k, double dropout_p);
@@ -51,6 +51,9 @@ void check_cuda_device(const char* op, const at::Tensor& q);
 DeviceInfo device_info(const at::Tensor& q);
 
 AttentionShape make_shape(const CheckedShape& s, const at::Tensor& q, double scale, bool is_causal);
+
+// The shape with its scores soft-capped at softcap (cuda/softcap.h; 0 leaves it as it is).
+AttentionShape with_softcap(AttentionShape shape, double softcap);
 
 bool has_work(const CheckedShape& s);
 

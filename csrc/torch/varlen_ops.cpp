@@ -114,10 +114,12 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at:
                                                   const std::optional<at::Tensor>& seqused_k, double scale,
                                                   bool is_causal, bool causal_bottom_right,
                                                   bool /*deterministic: the backward's*/, int64_t max_seqlen_q,
-                                                  int64_t max_seqlen_k, const std::optional<at::Tensor>& sink) {
+                                                  int64_t max_seqlen_k, const std::optional<at::Tensor>& sink,
+                                                  double softcap) {
   const char* op = "flashattn.varlen_fwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_sink(op, sink, q, s.packed.heads_q);
+  check_softcap(op, softcap, std::nullopt);
   check_cpu_offsets(op, s, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   const at::ScalarType lse_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor out = at::zeros(q.sizes(), q.options());
@@ -131,7 +133,7 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at:
     auto [o, l] = cpu::fwd(q.narrow(0, span.q_begin, span.len_q).unsqueeze(0),
                            k.narrow(0, span.k_begin, span.len_k).unsqueeze(0),
                            v.narrow(0, span.k_begin, span.len_k).unsqueeze(0), scale, is_causal, offset,
-                           std::nullopt, 0.0, std::nullopt, sink);
+                           std::nullopt, 0.0, std::nullopt, sink, softcap);
     out.narrow(0, span.q_begin, span.len_q).copy_(o[0]);
     lse.narrow(1, span.q_begin, span.len_q).copy_(l[0]);
   }
@@ -143,12 +145,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     const at::Tensor& lse, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
     const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k, double scale,
     bool is_causal, bool causal_bottom_right, bool /*deterministic: the CPU backward always is*/,
-    const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& dsink) {
+    const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& dsink, double softcap) {
   const char* op = "flashattn.varlen_bwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_varlen_bwd_inputs(op, dout, q, out, lse, s);
   check_sink(op, sink, q, s.packed.heads_q);
   check_dsink(op, dsink, sink, q, s.packed.heads_q);
+  check_softcap(op, softcap, std::nullopt);
   check_cpu_offsets(op, s, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, -1, -1);
   if (dsink.has_value()) dsink->copy_(sink_gradient_of_rows(*sink, dout.unsqueeze(0), out.unsqueeze(0), lse.unsqueeze(0)));
   at::Tensor dq = at::zeros(q.sizes(), q.options());
@@ -161,7 +164,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     auto rows_q = [&](const at::Tensor& t) { return t.narrow(0, span.q_begin, span.len_q).unsqueeze(0); };
     auto rows_k = [&](const at::Tensor& t) { return t.narrow(0, span.k_begin, span.len_k).unsqueeze(0); };
     auto [g_q, g_k, g_v] = cpu::bwd(rows_q(dout), rows_q(q), rows_k(k), rows_k(v), rows_q(out),
-                                    lse.narrow(1, span.q_begin, span.len_q).unsqueeze(0), scale, is_causal, offset);
+                                    lse.narrow(1, span.q_begin, span.len_q).unsqueeze(0), scale, is_causal, offset,
+                                    std::nullopt, std::nullopt, 0.0, std::nullopt, softcap);
     dq.narrow(0, span.q_begin, span.len_q).copy_(g_q[0]);
     dk.narrow(0, span.k_begin, span.len_k).copy_(g_k[0]);
     dv.narrow(0, span.k_begin, span.len_k).copy_(g_v[0]);
@@ -221,15 +225,17 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
                                                    const std::optional<at::Tensor>& seqused_k, double scale,
                                                    bool is_causal, bool causal_bottom_right,
                                                    bool /*deterministic: the backward's*/, int64_t max_seqlen_q,
-                                                   int64_t max_seqlen_k, const std::optional<at::Tensor>& sink_in) {
+                                                   int64_t max_seqlen_k, const std::optional<at::Tensor>& sink_in,
+                                                   double softcap) {
   const char* op = "flashattn.varlen_fwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_sink(op, sink_in, q, s.packed.heads_q);
+  check_softcap(op, softcap, std::nullopt);
   const at::Tensor sink = sink_in.has_value() ? sink_values(*sink_in) : at::Tensor();
   const c10::cuda::CUDAGuard device_guard(q.device());
   const at::Tensor q4 = as_batch_of_one(q), k4 = as_batch_of_one(k), v4 = as_batch_of_one(v);
   FwdParams p;
-  p.shape = varlen_shape(s, q, scale, is_causal);
+  p.shape = cuda_ops::with_softcap(varlen_shape(s, q, scale, is_causal), softcap);
   p.shape.rows_aligned_16 = cuda_ops::rows_aligned_16(q4) && cuda_ops::rows_aligned_16(k4) && cuda_ops::rows_aligned_16(v4);
   const bool tma = cuda_ops::tma_describable(q4) && cuda_ops::tma_describable(k4) && cuda_ops::tma_describable(v4);
   check_varlen_gpu(op, q, p.shape, tma && p.shape.rows_aligned_16);
@@ -273,17 +279,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     const at::Tensor& lse_in, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
     const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k, double scale,
     bool is_causal, bool causal_bottom_right, bool deterministic, const std::optional<at::Tensor>& sink,
-    const std::optional<at::Tensor>& dsink) {
+    const std::optional<at::Tensor>& dsink, double softcap) {
   const char* op = "flashattn.varlen_bwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_varlen_bwd_inputs(op, dout, q, out, lse_in, s);
   check_sink(op, sink, q, s.packed.heads_q);
   check_dsink(op, dsink, sink, q, s.packed.heads_q);
+  check_softcap(op, softcap, std::nullopt);
   const c10::cuda::CUDAGuard device_guard(q.device());
   const at::Tensor q4 = as_batch_of_one(q), k4 = as_batch_of_one(k), v4 = as_batch_of_one(v);
   const at::Tensor out4 = as_batch_of_one(out), dout4 = as_batch_of_one(dout);
   BwdParams p;
-  p.shape = varlen_shape(s, q, scale, is_causal);
+  p.shape = cuda_ops::with_softcap(varlen_shape(s, q, scale, is_causal), softcap);
   p.shape.rows_aligned_16 = cuda_ops::rows_aligned_16(q4) && cuda_ops::rows_aligned_16(k4) &&
                             cuda_ops::rows_aligned_16(v4) && cuda_ops::rows_aligned_16(out4) &&
                             cuda_ops::rows_aligned_16(dout4);

@@ -45,10 +45,11 @@ What runs where. The model's attention module hands over query ``(B, Hq, S, D)``
   once per reason: a dropout probability outside [0, 1), inputs flashattn's kernels do not serve (float32
   CUDA tensors, head dims above 256, GPUs older than sm_80, a build without CUDA kernels, ...), a mask
   of another dtype than bool, float32 or the query's, ``position_bias``.
-* attention sinks (``s_aux``, gpt-oss's per-head sink logits) run on the same kernels, as their
-  ``learnable_sink``, gradient included; a call with sinks that would fall back raises ``ValueError``
-  instead (transformers' sdpa has no sinks);
-* ``softcap`` raises ``ValueError``: neither flashattn nor SDPA has it yet.
+* attention sinks (``s_aux``, gpt-oss's per-head sink logits) and score soft-capping (``softcap``,
+  Gemma 2's) run on the same kernels, gradients included; a call with either that would fall back
+  raises ``ValueError`` instead (transformers' sdpa has neither), and so does ``softcap`` with a
+  floating mask (the kernels cap scores under boolean masks only; the "fattn" mask function builds
+  boolean ones).
 
 The mask function registered for "fattn" (:func:`flashattn_mask`, transformers with
 ``AttentionMaskInterface``) returns None or the 2-dim padding mask for plain causal attention without a
@@ -261,8 +262,6 @@ def _dense_fallback_mask(query, key, attention_mask, packed, causal):
 
 def _plan(module, query, key, value, attention_mask, dropout, is_causal, kwargs) -> Tuple[Optional[str], str]:
     """(fallback reason or None, path) for one call."""
-    if kwargs.get("softcap") is not None:
-        raise ValueError(f"attn_implementation={ATTN_IMPLEMENTATION!r} does not support softcap; use 'eager'")
     if dropout and not 0.0 <= dropout < 1.0:
         return f"an attention dropout of {dropout} (outside [0, 1)) is not supported by flashattn", ""
     if kwargs.get("position_bias") is not None:
@@ -318,9 +317,14 @@ def flashattn_attention_forward(
         path = VARLEN_PACKED
     varlen_causal = bool(causal_module) and query.size(2) > 1
     sink = kwargs.get("s_aux")
-    if reason is not None and sink is not None:
-        raise ValueError(f"attn_implementation={ATTN_IMPLEMENTATION!r}: this call has attention sinks (s_aux), "
-                         f"which transformers' sdpa, its fallback, does not support, and {reason}; use 'eager'")
+    softcap = float(kwargs.get("softcap") or 0.0)
+    if reason is not None and (sink is not None or softcap):
+        raise ValueError(f"attn_implementation={ATTN_IMPLEMENTATION!r}: this call has attention sinks (s_aux) or "
+                         f"softcap, which transformers' sdpa, its fallback, does not support, and {reason}; "
+                         "use 'eager'")
+    if softcap and path == MASKED and attention_mask.dtype != torch.bool:
+        raise ValueError(f"attn_implementation={ATTN_IMPLEMENTATION!r}: softcap with a floating attention mask is "
+                         "not supported by flashattn's kernels (boolean masks are); use 'eager'")
     if reason is not None:
         _warn_fallback_once(reason)
         _count(FALLBACK)
@@ -347,7 +351,8 @@ def flashattn_attention_forward(
         # One row of packed documents: (1, S, H, D) -> (S, H, D) views, each document attends within itself.
         cu_q, cu_k, max_q, max_k = packed
         out = flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, dropout_p=float(dropout or 0.0),
-                                     softmax_scale=float(scaling), causal=varlen_causal, learnable_sink=sink)
+                                     softmax_scale=float(scaling), causal=varlen_causal, learnable_sink=sink,
+                                     softcap=softcap)
         return out.unsqueeze(0), None  # (1, S, Hq, D)
     if path == VARLEN_UNPADDED:
         # (B, kv_len) padding mask: the real tokens (T, H, D), per row; queries are the mask's last q_len columns.
@@ -356,7 +361,8 @@ def flashattn_attention_forward(
         out = flash_attn_varlen_func(packing.gather(q, layout_q), packing.gather(k, layout_k),
                                      packing.gather(v, layout_k), layout_q.cu_seqlens, layout_k.cu_seqlens,
                                      layout_q.max_seqlen, layout_k.max_seqlen, dropout_p=float(dropout or 0.0),
-                                     softmax_scale=float(scaling), causal=varlen_causal, learnable_sink=sink)
+                                     softmax_scale=float(scaling), causal=varlen_causal, learnable_sink=sink,
+                                     softcap=softcap)
         return packing.pad(out, layout_q), None  # (B, q_len, Hq, D), zeros at the pads
     causal = path in (CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT)
     mask = None
@@ -364,7 +370,7 @@ def flashattn_attention_forward(
         # (B or 1, H or 1, q_len, >= kv_len) -> a (B, Hq, q_len, kv_len) view, read in place.
         mask = attention_mask[..., : k.size(1)].expand(q.size(0), q.size(2), q.size(1), k.size(1))
     out, _ = ops.attention(q, k, v, float(scaling), causal, path == CAUSAL_BOTTOM_RIGHT, False, mask,
-                           float(dropout or 0.0), sink=sink)  # (B, S, Hq, D)
+                           float(dropout or 0.0), sink=sink, softcap=softcap)  # (B, S, Hq, D)
     return out, None
 
 
