@@ -70,8 +70,6 @@ def test_kvcache_argument_errors():
     cache = torch.randn(2, 10, 4, 16)
     new = torch.randn(2, 3, 4, 16)
     lengths = torch.tensor([2, 7], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="rotary_cos"):
-        flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), rotary_cos=torch.ones(10, 8))
     with pytest.raises(NotImplementedError, match="block_table"):
         flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), block_table=lengths)
     with pytest.raises(ValueError, match="k and v must be given together"):
@@ -88,3 +86,122 @@ def test_kvcache_argument_errors():
     # An append past the cache's end is checked on the device (the CPU raises at once).
     with pytest.raises(RuntimeError, match="cache_seqlens \\+ seqlen_new must be in"):
         flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), k=new, v=new, cache_seqlens=lengths + 1)
+
+
+# ---- rotary embedding, cache_batch_idx and cache_leftpad (FlashAttention-2's semantics) ----
+
+
+def _rotary_reference(x, cos, sin, positions, interleaved):
+    """x (B, S, H, D) rotated at positions (B, S), in float64, as complex multiplication: pairs (re, im) are
+    dims (2i, 2i + 1) when interleaved, else (i, i + rotary_dim / 2)."""
+    half = cos.size(1)
+    x = x.double()
+    angle = torch.atan2(sin.double(), cos.double())[positions].unsqueeze(2)  # (B, S, 1, half)
+    if interleaved:
+        pairs = torch.complex(x[..., 0:2 * half:2], x[..., 1:2 * half:2])
+    else:
+        pairs = torch.complex(x[..., :half], x[..., half:2 * half])
+    turned = pairs * torch.polar(torch.ones_like(angle), angle)
+    if interleaved:
+        rotated = torch.stack([turned.real, turned.imag], dim=-1).flatten(-2)
+    else:
+        rotated = torch.cat([turned.real, turned.imag], dim=-1)
+    return torch.cat([rotated, x[..., 2 * half:]], dim=-1)
+
+
+def _serving_reference(q, k_rows, v_rows, starts, ends, scale, causal):
+    """Per sequence b, float64: q[b] over keys starts[b]..ends[b] of its cache rows k_rows[b] / v_rows[b],
+    the causal diagonal aligned to ends[b] (query i sees key j <= ends[b] - seqlen_q + i)."""
+    from flashattn.reference import attention_reference
+    outs = []
+    seqlen_q, seqlen_cache = q.size(1), k_rows.size(1)
+    for b in range(q.size(0)):
+        keys = torch.arange(seqlen_cache)
+        visible = (keys >= starts[b]) & (keys < ends[b])
+        visible = visible[None].expand(seqlen_q, seqlen_cache)
+        if causal:
+            visible = visible & (keys[None] <= ends[b] - seqlen_q + torch.arange(seqlen_q)[:, None])
+        outs.append(attention_reference(q[b:b + 1].double(), k_rows[b:b + 1].double(), v_rows[b:b + 1].double(),
+                                        scale, attn_mask=visible[None, None].to(q.device)))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_kvcache_rotary_batch_idx_and_leftpad(device, causal, interleaved):
+    """New keys rotated at their cache rows and written to the rows cache_batch_idx picks, the queries
+    rotated at the same positions (causal) or all at cache_seqlens (not), keys before cache_leftpad never
+    attended (their cache rows hold huge values that would show); the other cache rows untouched."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    batch, cache_batch, seqlen_cache, heads_q, heads_kv, head_dim, rotary_dim = 3, 5, 64, 4, 2, 32, 16
+    seqlen_q, seqlen_new = (4, 4) if causal else (2, 3)
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device=device)
+    k_cache, v_cache = (torch.randn(cache_batch, seqlen_cache, heads_kv, head_dim, dtype=dtype, device=device)
+                        for _ in range(2))
+    k_new, v_new = (torch.randn(batch, seqlen_new, heads_kv, head_dim, dtype=dtype, device=device) for _ in range(2))
+    angle = torch.rand(seqlen_cache, rotary_dim // 2, device=device) * 6.283
+    cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+    cached = torch.tensor([10, 0, 40], dtype=torch.int32, device=device)
+    leftpad = torch.tensor([3, 0, 17], dtype=torch.int32, device=device)
+    rows = torch.tensor([4, 0, 2], dtype=torch.int32, device=device)
+    for b in range(batch):  # the left padding: values that would dominate any row that attended to them
+        k_cache[rows[b], :leftpad[b]] = 30.0
+        v_cache[rows[b], :leftpad[b]] = 1e3
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+
+    out = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                            cache_seqlens=cached, cache_batch_idx=rows, cache_leftpad=leftpad,
+                                            causal=causal, rotary_interleaved=interleaved)
+
+    steps = torch.arange(max(seqlen_q, seqlen_new), device=device)
+    pos_k = cached.long()[:, None] + steps[:seqlen_new]
+    pos_q = cached.long()[:, None] + (steps[:seqlen_q] if causal else 0 * steps[:seqlen_q])
+    k_rot = _rotary_reference(k_new, cos, sin, pos_k, interleaved)
+    q_rot = _rotary_reference(q, cos, sin, pos_q, interleaved)
+    k_expected, v_expected = k_before.double(), v_before.double()
+    for b in range(batch):
+        n = int(cached[b])
+        k_expected[rows[b], n:n + seqlen_new] = k_rot[b]
+        v_expected[rows[b], n:n + seqlen_new] = v_new[b].double()
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k_cache.double(), k_expected, **tol)
+    assert torch.equal(v_cache.double(), v_expected)
+    sel = rows.long()
+    ref = _serving_reference(q_rot, k_expected[sel], v_expected[sel], leftpad.tolist(),
+                             (cached + seqlen_new).tolist(), head_dim ** -0.5, causal)
+    torch.testing.assert_close(out.double(), ref, **(dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16
+                                                     else dict(atol=1e-4, rtol=1e-4)))
+
+
+def test_kvcache_serving_argument_errors():
+    q = torch.randn(2, 1, 4, 16)
+    cache = torch.randn(3, 10, 4, 16)
+    new = torch.randn(2, 1, 4, 16)
+    lengths = torch.tensor([2, 7], dtype=torch.int32)
+    cos = torch.ones(10, 4)
+    with pytest.raises(ValueError, match="rotary_cos and rotary_sin must be given together"):
+        flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), new, new, rotary_cos=cos, cache_seqlens=lengths,
+                                          cache_batch_idx=lengths * 0)
+    with pytest.raises(ValueError, match="apply to new k and v"):
+        flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), rotary_cos=cos, rotary_sin=cos,
+                                          cache_seqlens=lengths, cache_batch_idx=lengths * 0)
+    with pytest.raises(ValueError, match="rotary_dim <= headdim"):
+        flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), new, new, rotary_cos=torch.ones(10, 9),
+                                          rotary_sin=torch.ones(10, 9), cache_seqlens=lengths,
+                                          cache_batch_idx=lengths * 0)
+    with pytest.raises(ValueError, match="cache_batch_idx must be an int32 tensor"):
+        flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), cache_seqlens=lengths, cache_batch_idx=[0, 1])
+    with pytest.raises(ValueError, match="k_cache and v_cache must have the same shape"):
+        flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), cache_seqlens=lengths)  # batch 3 without the idx
+    # Values are checked on the device (the CPU raises at once).
+    with pytest.raises(RuntimeError, match="cache_batch_idx must be in"):
+        flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), cache_seqlens=lengths,
+                                          cache_batch_idx=torch.tensor([0, 3], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="cache_leftpad must be in"):
+        flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), cache_seqlens=lengths,
+                                          cache_batch_idx=lengths * 0, cache_leftpad=lengths + 1)
+    with pytest.raises(RuntimeError, match="a rotary position is past"):
+        flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), new, new, rotary_cos=torch.ones(5, 4),
+                                          rotary_sin=torch.ones(5, 4), cache_seqlens=lengths,
+                                          cache_batch_idx=lengths * 0)
