@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cpu/attention_cpu.h"
+#include "cpu/attention_cpu_bwd_plain.h"
 #include "cpu/attention_cpu_dropout.h"
 #include "cpu/attention_cpu_mask.h"
 #include "cpu/attention_cpu_tiles.h"
@@ -324,6 +325,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     // No query head reads any key: the gradients of k and v (if they have heads) are zero.
     dk.zero_();
     dv.zero_();
+    return {dq, dk, dv};
+  }
+
+  if (!attn_mask.has_value() && dropout_p == 0.0 && bwd_plain_serves(q.scalar_type(), lse)) {
+    bwd_plain(dout, q, k, v, out, lse, dq, dk, dv, scale, KeyLimit{is_causal, causal_offset, seqlen_k}, softcap);
     return {dq, dk, dv};
   }
 

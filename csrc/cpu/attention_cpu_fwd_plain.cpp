@@ -8,6 +8,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "cpu/attention_cpu_plain_tiles.h"
+
 #include <algorithm>
 #include <limits>
 
@@ -15,19 +17,6 @@ namespace flashattn {
 namespace cpu {
 namespace detail {
 namespace {
-
-constexpr int64_t kPlainBlockQ = 256;
-constexpr int64_t kPlainBlockK = 512;
-
-// Scores of keys past each row's causal limit become -inf.  scores: [rows, cols] contiguous
-void mask_causal_tile(const at::Tensor& scores, const KeyLimit& keys, int64_t q0, int64_t k0) {
-  const int64_t rows = scores.size(0), cols = scores.size(1);
-  float* s = scores.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = keys.visible_in_tile(q0 + r, k0, cols);
-    std::fill(s + r * cols + n, s + (r + 1) * cols, -std::numeric_limits<float>::infinity());
-  }
-}
 
 // Float32 working memory of one thread, reused across its tasks: a fresh tensor of a tile's size per
 // operation would cost page faults on every call (allocations this large are mapped and unmapped by
@@ -46,11 +35,6 @@ struct PlainScratch {
         v_tile(at::empty({kPlainBlockK * head_dim}, at::kFloat)),
         acc(at::empty({kPlainBlockQ * head_dim}, at::kFloat)) {}
 };
-
-// The first rows * cols elements of `buffer` as a contiguous [rows, cols] matrix.
-at::Tensor matrix(const at::Tensor& buffer, int64_t rows, int64_t cols) {
-  return buffer.narrow(0, 0, rows * cols).view({rows, cols});
-}
 
 void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                      const at::Tensor& lse, double scale, const KeyLimit& keys, const float* sink, double softcap,

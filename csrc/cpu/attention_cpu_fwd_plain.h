@@ -10,11 +10,11 @@ namespace flashattn {
 namespace cpu {
 namespace detail {
 
-// Whether fwd_plain serves inputs of this dtype. Not float32 (nor float64) yet: the backward, still
-// in the plain loops, recomputes the scores with other roundings than the gemm's, and on
-// ill-conditioned float32 inputs (scores near +-200) dV then erred 3.8x as much as float32 autograd
-// attention, past the tests' 3x, which the loops' forward (whose roundings the backward repeats)
-// meets. In 16-bit inputs the inputs' own rounding dominates both.
+// Whether fwd_plain serves inputs of this dtype: float16 and bfloat16. Not float64 (the tiles are
+// float32), nor float32 yet: there the loops' results with a neutral mask (all True, all 0) are the
+// same bits as without one (tests/test_cpu_masks.py), which the tiles' other roundings would break;
+// the tiled backward (attention_cpu_bwd_plain.h) would serve float32 as well (it recomputes the
+// scores over the forward's tiles with its roundings, and passed the ill-conditioned float32 cases).
 inline bool fwd_plain_serves(at::ScalarType dtype) { return dtype == at::kHalf || dtype == at::kBFloat16; }
 
 // out [B, Lq, Hq, D] (q's dtype) and lse [B, Hq, Lq] (float32), written in place; q [B, Lq, Hq, D],

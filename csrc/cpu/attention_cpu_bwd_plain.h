@@ -1,0 +1,28 @@
+// The CPU backward without a mask or dropout (attention_cpu_bwd_plain.cpp): the scores recomputed and
+// every product (S, dP, dV, dK, dQ) run as ATen gemms on float32 tiles, as the plain forward
+// (attention_cpu_fwd_plain.h) runs its own.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "cpu/attention_cpu_tiles.h"
+
+namespace flashattn {
+namespace cpu {
+namespace detail {
+
+// Whether bwd_plain serves a call: inputs of a dtype the plain forward serves (so that the backward
+// recomputes the scores with the forward's own roundings) whose lse is small enough everywhere for
+// exp(score - lse) to be precise (attention_cpu_bwd.cpp's lse_too_coarse rows need the loops).
+bool bwd_plain_serves(at::ScalarType dtype, const at::Tensor& lse);
+
+// dq [B, Lq, Hq, D], dk / dv [B, Lk, Hk, D] (the inputs' dtype), written in place, from dout / out /
+// q [B, Lq, Hq, D], k / v [B, Lk, Hk, D] (any strides) and lse [B, Hq, Lq] (float32, the forward's);
+// softcap as the forward's (0: none).
+void bwd_plain(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dq, const at::Tensor& dk,
+               const at::Tensor& dv, double scale, const KeyLimit& keys, double softcap);
+
+}  // namespace detail
+}  // namespace cpu
+}  // namespace flashattn
