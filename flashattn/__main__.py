@@ -180,10 +180,12 @@ support matrix
   varlen          flash_attn_varlen_* (cu_seqlens, max_seqlen, seqused_q/k): packed rows in place on
                   the CPU and on sm_90 at head dims 33..128 without dropout; elsewhere over a padded
                   copy of the batch (exact, the work and memory of batch * max_seqlen rows)
-  KV cache        flash_attn_with_kvcache: in-place appends at cache_seqlens, causal per sequence;
-                  no rotary embedding, cache_batch_idx, cache_leftpad or paged caches (block_table)
-  not supported   sliding windows, softcap, ALiBi, attention sinks, a value head dim different from
-                  the query's (scaled_dot_product_attention falls back for it)
+  KV cache        flash_attn_with_kvcache: in-place appends at cache_seqlens, causal per sequence,
+                  rotary embedding, cache_batch_idx, cache_leftpad; no paged caches (block_table)
+  variants        attention sinks (learnable_sink, transformers' s_aux) and softcap (not with a
+                  floating mask), forward and backward, every path
+  not supported   sliding windows, ALiBi, a value head dim different from the query's
+                  (scaled_dot_product_attention falls back for it)
   fallbacks       scaled_dot_product_attention passes to torch SDPA (one warning per reason): dropout_p
                   outside [0, 1), an attn_mask of another dtype or device, float32/float64 CUDA tensors,
                   head dim > 256, a value head dim different from the query's, GPUs older than sm_80, a
