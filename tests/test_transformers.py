@@ -321,6 +321,39 @@ def test_sinks_with_a_fallback_reason_are_refused():
         fa_hf.flashattn_attention_forward(module, q, k, v, None, dropout=1.5, s_aux=torch.zeros(2))
 
 
+def test_mistral_style_sliding_window_matches_eager():
+    """A tiny Mistral-style model whose sliding window (8) is shorter than the sequence (21): logits and
+    gradients as with transformers' eager attention (the window reaches the kernels as the mask
+    transformers builds for it)."""
+    if not hasattr(transformers, "MistralConfig"):
+        pytest.skip("this transformers has no Mistral")
+    config = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                        max_position_embeddings=256, sliding_window=8, pad_token_id=0)
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=NAME)
+    ours.load_state_dict(ref.state_dict())
+    ref.eval()
+    ours.eval()
+    input_ids = torch.randint(1, 128, (2, 21))
+    ref_logits, ref_grads = _loss_and_grads(ref, input_ids)
+    logits, grads = _loss_and_grads(ours, input_ids)
+    assert fa_hf.path_counts[fa_hf.FALLBACK] == 0
+    torch.testing.assert_close(logits, ref_logits, **F32_TOL)
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], **F32_TOL, msg=lambda m: f"{name}: {m}")
+    # The window matters here: full causal attention gives other logits.
+    full = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa")
+    full.config.sliding_window = None
+    for layer in full.model.layers:
+        layer.self_attn.sliding_window = None
+    full.load_state_dict(ref.state_dict())
+    full.eval()
+    with torch.no_grad():
+        assert not torch.allclose(full(input_ids).logits, ref_logits, rtol=1e-3, atol=1e-3)
+
+
 def test_gemma2_style_softcap_matches_eager():
     """A tiny Gemma-2-style model (attention logits soft-capped at 50, a sliding-window layer beside a
     global one, query_pre_attn_scalar's scaling, grouped-query attention): logits and gradients as with
