@@ -283,6 +283,30 @@ def test_scaling_argument_and_layout():
     torch.testing.assert_close(out, expected.transpose(1, 2), **F32_TOL)
 
 
+def _eager_pair(config, init=None):
+    """(eager model, "fattn" model) of a config with the same random weights (init(ref) may change some
+    first), both in eval mode."""
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
+    if init is not None:
+        init(ref)
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=NAME)
+    ours.load_state_dict(ref.state_dict())
+    return ref.eval(), ours.eval()
+
+
+def _assert_matches_eager(ref, ours, input_ids):
+    """Logits and every gradient of ours as ref's, with no fallback; returns ref's logits."""
+    ref_logits, ref_grads = _loss_and_grads(ref, input_ids)
+    logits, grads = _loss_and_grads(ours, input_ids)
+    assert fa_hf.path_counts[fa_hf.FALLBACK] == 0
+    torch.testing.assert_close(logits, ref_logits, **F32_TOL)
+    assert grads.keys() == ref_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], **F32_TOL, msg=lambda m: f"{name}: {m}")
+    return ref_logits
+
+
 def test_gpt_oss_style_sinks_and_sliding_window_match_eager():
     """A tiny gpt-oss-style model (learned attention sinks in every layer, a sliding-window layer beside a
     full one, grouped-query attention, random weights and sinks): logits and every gradient, the sinks'
@@ -294,24 +318,16 @@ def test_gpt_oss_style_sinks_and_sliding_window_match_eager():
                                        num_key_value_heads=2, head_dim=16, vocab_size=128, num_local_experts=4,
                                        num_experts_per_tok=2, sliding_window=8, max_position_embeddings=256,
                                        pad_token_id=0, layer_types=["sliding_attention", "full_attention"])
-    torch.manual_seed(0)
-    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            if name.endswith("sinks"):
-                p.normal_(0.0, 1.0)
-    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=NAME)
-    ours.load_state_dict(ref.state_dict())
-    ref.eval()
-    ours.eval()
-    input_ids = torch.randint(1, 128, (2, 21))
-    ref_logits, ref_grads = _loss_and_grads(ref, input_ids)
-    logits, grads = _loss_and_grads(ours, input_ids)
-    assert fa_hf.path_counts[fa_hf.FALLBACK] == 0
-    torch.testing.assert_close(logits, ref_logits, **F32_TOL)
-    assert any(name.endswith("sinks") for name in grads)
-    for name in grads:
-        torch.testing.assert_close(grads[name], ref_grads[name], **F32_TOL, msg=lambda m: f"{name}: {m}")
+
+    def random_sinks(model):
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("sinks"):
+                    p.normal_(0.0, 1.0)
+
+    ref, ours = _eager_pair(config, random_sinks)
+    assert any(name.endswith("sinks") for name, _ in ours.named_parameters())
+    _assert_matches_eager(ref, ours, torch.randint(1, 128, (2, 21)))
 
 
 def test_sinks_with_a_fallback_reason_are_refused():
@@ -330,19 +346,9 @@ def test_mistral_style_sliding_window_matches_eager():
     config = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
                                         max_position_embeddings=256, sliding_window=8, pad_token_id=0)
-    torch.manual_seed(0)
-    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
-    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=NAME)
-    ours.load_state_dict(ref.state_dict())
-    ref.eval()
-    ours.eval()
+    ref, ours = _eager_pair(config)
     input_ids = torch.randint(1, 128, (2, 21))
-    ref_logits, ref_grads = _loss_and_grads(ref, input_ids)
-    logits, grads = _loss_and_grads(ours, input_ids)
-    assert fa_hf.path_counts[fa_hf.FALLBACK] == 0
-    torch.testing.assert_close(logits, ref_logits, **F32_TOL)
-    for name in grads:
-        torch.testing.assert_close(grads[name], ref_grads[name], **F32_TOL, msg=lambda m: f"{name}: {m}")
+    ref_logits = _assert_matches_eager(ref, ours, input_ids)
     # The window matters here: full causal attention gives other logits.
     full = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa")
     full.config.sliding_window = None
@@ -364,19 +370,8 @@ def test_gemma2_style_softcap_matches_eager():
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
                                        max_position_embeddings=256, sliding_window=8, query_pre_attn_scalar=24,
                                        attn_logit_softcapping=5.0, final_logit_softcapping=None, pad_token_id=0)
-    torch.manual_seed(0)
-    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
-    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=NAME)
-    ours.load_state_dict(ref.state_dict())
-    ref.eval()
-    ours.eval()
-    input_ids = torch.randint(1, 128, (2, 21))
-    ref_logits, ref_grads = _loss_and_grads(ref, input_ids)
-    logits, grads = _loss_and_grads(ours, input_ids)
-    assert fa_hf.path_counts[fa_hf.FALLBACK] == 0
-    torch.testing.assert_close(logits, ref_logits, **F32_TOL)
-    for name in grads:
-        torch.testing.assert_close(grads[name], ref_grads[name], **F32_TOL, msg=lambda m: f"{name}: {m}")
+    ref, ours = _eager_pair(config)
+    _assert_matches_eager(ref, ours, torch.randint(1, 128, (2, 21)))
 
 
 def test_softcap_with_a_floating_mask_is_refused():
