@@ -16,11 +16,9 @@ from flashattn import ops
 from flashattn.reference import attention_reference
 from flashattn.testing import CAUSAL_MODES, GRAD_FACTOR, OUT_FACTOR, assert_oracle, make_qkv
 
-from conftest import CUDA_SKIP_REASON
+from conftest import requires_cuda
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(CUDA_SKIP_REASON is not None,
-                                                                  reason=CUDA_SKIP_REASON or ""))]
-requires_cuda = pytest.mark.skipif(CUDA_SKIP_REASON is not None, reason=CUDA_SKIP_REASON or "")
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 
 
 def reference(q, k, v, dout, scale, causal, bottom_right, softcap, mask=None, dropout_p=0.0, keep=None,

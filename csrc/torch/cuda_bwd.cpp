@@ -134,7 +134,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     C10_CUDA_CHECK(sm80::run_bwd(p, stream));
   }
   // From the preprocess's per-row statistics (delta of the output with the sink, lse_log2 with its term).
-  if (dsink.has_value()) dsink->copy_(sink_gradient(*sink, lse_log2, delta, /*lse_base2=*/true));
+  if (dsink.has_value()) dsink->copy_(sink_gradient(*sink, lse_log2, delta));
   return {dq, dk, dv};
 }
 

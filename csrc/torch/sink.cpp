@@ -27,7 +27,7 @@ void check_dsink(const char* op, const std::optional<at::Tensor>& dsink, const s
   TORCH_CHECK(d.device() == q.device(), op, ": dsink must be on q's device ", q.device().str());
 }
 
-at::Tensor sink_values(const at::Tensor& sink, at::ScalarType dtype) { return sink.detach().to(dtype).contiguous(); }
+at::Tensor sink_values(const at::Tensor& sink) { return sink.detach().to(at::kFloat).contiguous(); }
 
 void join_sink(at::Tensor& out, at::Tensor& lse, const at::Tensor& sink) {
   const at::Tensor s = sink.to(lse.scalar_type()).view({lse.size(-2), 1});  // [H, 1]: broadcasts over [..., H, L]
@@ -38,9 +38,9 @@ void join_sink(at::Tensor& out, at::Tensor& lse, const at::Tensor& sink) {
   lse.copy_(joined);
 }
 
-at::Tensor sink_gradient(const at::Tensor& sink, const at::Tensor& lse, const at::Tensor& delta, bool lse_base2) {
+at::Tensor sink_gradient(const at::Tensor& sink, const at::Tensor& lse_log2, const at::Tensor& delta) {
   const at::Tensor s = sink.detach().to(at::kFloat).view({1, -1, 1});
-  const at::Tensor weight = lse_base2 ? at::exp2(s * static_cast<float>(1.0 / std::log(2.0)) - lse) : at::exp(s - lse);
+  const at::Tensor weight = at::exp2(s * static_cast<float>(1.0 / std::log(2.0)) - lse_log2);
   return (weight * delta).sum(at::IntArrayRef{0, 2}).neg_().to(at::kFloat);
 }
 

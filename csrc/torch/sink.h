@@ -23,17 +23,17 @@ void check_sink(const char* op, const std::optional<at::Tensor>& sink, const at:
 void check_dsink(const char* op, const std::optional<at::Tensor>& dsink, const std::optional<at::Tensor>& sink,
                  const at::Tensor& q, int64_t heads_q);
 
-// The sink as the kernels read it: contiguous float32 (float64 for the CPU path's float64 inputs).
-at::Tensor sink_values(const at::Tensor& sink, at::ScalarType dtype = at::kFloat);
+// The sink as the CUDA kernels read it: contiguous float32.
+at::Tensor sink_values(const at::Tensor& sink);
 
-// Joins the sink to an (out, lse) pair computed without it, in place: out [..., L, H, D] (float32 or
-// float64), lse [..., H, L] natural log (-inf for a row without keys, which keeps out 0 and gets
+// Joins the sink to an (out, lse) pair computed without it, in place: out [..., L, H, D] (a float32
+// accumulator, or zeros), lse [..., H, L] natural log (-inf for a row without keys, which keeps out 0 and gets
 // lse = sink).
 void join_sink(at::Tensor& out, at::Tensor& lse, const at::Tensor& sink);
 
-// d loss / d sink, float32 (heads_q,), from rows' lse and delta, [B, Hq, R] each: lse natural log, or
-// base 2 with lse_base2 (the backward's workspaces, whose padding rows hold lse +inf and delta 0).
-at::Tensor sink_gradient(const at::Tensor& sink, const at::Tensor& lse, const at::Tensor& delta, bool lse_base2);
+// d loss / d sink, float32 (heads_q,), from the CUDA backward's row workspaces, [B, Hq, R] each: lse_log2
+// (base 2) and delta, whose padding rows hold +inf and 0.
+at::Tensor sink_gradient(const at::Tensor& sink, const at::Tensor& lse_log2, const at::Tensor& delta);
 
 // The same from the rows themselves: dout and out [B, L, Hq, D], lse [B, Hq, L] natural log.
 at::Tensor sink_gradient_of_rows(const at::Tensor& sink, const at::Tensor& dout, const at::Tensor& out,

@@ -356,7 +356,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
   p.dv_strides = strides_of(as_batch_of_one(dv));
   cuda_ops::check_sm90_launch(sm90::run_bwd_varlen(p, at::cuda::getCurrentCUDAStream()), op);
   // From the preprocess's statistics of every sequence's rows (padding rows: lse_log2 +inf, delta 0).
-  if (dsink.has_value()) dsink->copy_(sink_gradient(*sink, lse_log2.unsqueeze(0), delta.unsqueeze(0), true));
+  if (dsink.has_value()) dsink->copy_(sink_gradient(*sink, lse_log2.unsqueeze(0), delta.unsqueeze(0)));
   return {dq, dk, dv};
 }
 #endif  // FLASHATTN_WITH_CUDA
