@@ -35,6 +35,9 @@ struct AttentionShape {
   // With is_causal, key j is visible to query i iff j <= i + causal_offset
   // (0 = top-left alignment, seqlen_k - seqlen_q = bottom-right alignment).
   int causal_offset;
+  // A sliding window (with is_causal only): key j is visible to query i only if also
+  // j >= i + causal_offset - window_span; -1: no left bound (common/mask.h, key_visible).
+  int window_span = -1;
   ElementType element_type;
   // True when every row start of q/k/v (and do/o in the backward) is 16-byte aligned, so tiles
   // can be loaded with 16-byte copies; false selects the element-wise load path.
@@ -104,7 +107,7 @@ constexpr int kBwdStatsAlign = 128;
 // sequences and seqlen_q / seqlen_k are total_q / total_k (what the tensor maps describe). With
 // seqused_q / seqused_k, only the first seqused_*[b] rows of sequence b take part. The LSE is [Hq,
 // total_q] (lse_head_stride = total_q). Under causal masking each sequence has its own diagonal:
-// causal_offset len_k - len_q when causal_bottom_right, else 0.
+// causal_offset len_k - len_q when causal_bottom_right, else 0 (plus causal_shift).
 //
 // The kernels walk the work items of a schedule list (cuda/varlen_schedule.h) built on the device
 // from the offsets: tiles[i] for i < *tile_count, no item for the padding of a sequence.
@@ -114,6 +117,8 @@ struct VarlenParams {
   const int* seqused_q = nullptr;     // [batch] or nullptr
   const int* seqused_k = nullptr;     // [batch] or nullptr
   bool causal_bottom_right = true;
+  // Added to every sequence's causal_offset: a sliding window's right bound (0 for plain causal masking).
+  int causal_shift = 0;
   // What the offsets must agree with, checked on the device by the list build (cuda/varlen_schedule.cu):
   // the packed row counts, and the longest sequence allowed (-1: not checked).
   int total_q = 0, total_k = 0;

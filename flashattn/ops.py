@@ -3,7 +3,7 @@
 Importing this module loads the compiled extension ``flashattn._C``, whose C++ code registers three ops
 in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/torch/library.cpp``):
 
-``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None, deterministic=False, sink=None, softcap=0.0) -> (out, lse)``
+``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None, deterministic=False, sink=None, softcap=0.0, window_left=-1, window_right=-1) -> (out, lse)``
     q ``[B, Lq, Hq, D]``, k and v ``[B, Lk, Hk, D]`` (any strides, contiguous last dim, Hq a multiple
     of Hk, 1 <= D <= 256). out ``[B, Lq, Hq, D]`` contiguous in q's dtype; lse ``[B, Hq, Lq]``, the
     natural-log log-sum-exp of each row's scaled (and masked) scores, float32 (float64 for float64
@@ -29,8 +29,12 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     caps every scaled score to ``softcap * tanh(score / softcap)`` (Gemma 2) before the mask and the
     softmax; 0 leaves the scores alone. Not with a floating ``attn_mask`` (the CUDA backward recovers the
     tanh from the probability, which an additive term would spoil): boolean masks only.
+    ``window_left`` / ``window_right`` (a sliding window, FlashAttention-2's ``window_size``; -1 unbounded)
+    limit query i to the keys ``i + offset - window_left .. i + offset + window_right``, offset the causal
+    alignment's as above; ``is_causal`` makes the right bound 0. Key blocks outside every row's window
+    are skipped. Not with an ``attn_mask``.
 
-``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None, softcap=0.0) -> (dq, dk, dv)``
+``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None, softcap=0.0, window_left=-1, window_right=-1) -> (dq, dk, dv)``
     Gradients of fwd's out; dq like q, dk/dv like k (summed over each group of query heads). With
     dropout, ``dropout_p`` and ``rng_state`` must be the forward's: the keep-mask is regenerated, never
     stored. With a
@@ -43,13 +47,13 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     The CPU implementation is always deterministic; it accepts the flag and ignores it. ``fwd`` is
     bitwise reproducible on both. With the forward's ``sink``, ``dsink`` (a contiguous ``(Hq,)`` float32
     tensor) is overwritten with the sink's gradient, ``-sum over h's rows of exp(sink[h] - lse) *
-    rowsum(dout * out)``. ``softcap`` must be the forward's.
+    rowsum(dout * out)``. ``softcap`` and the window must be the forward's.
 
-``torch.ops.flashattn.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None, softcap=0.0) -> (out, lse)``
-``torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, sink=None, dsink=None, softcap=0.0) -> (dq, dk, dv)``
+``torch.ops.flashattn.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None, softcap=0.0, window_left=-1, window_right=-1) -> (out, lse)``
+``torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, sink=None, dsink=None, softcap=0.0, window_left=-1, window_right=-1) -> (dq, dk, dv)``
     A variable-length batch (:mod:`flashattn.varlen`): q ``(total_q, Hq, D)``, k/v ``(total_k, Hk, D)``,
     int32 offsets ``(batch + 1,)`` and optional used lengths ``(batch,)`` on q's device; out like q,
-    lse ``(Hq, total_q)``; ``sink`` / ``dsink`` and ``softcap`` as in fwd / bwd. On CUDA, sm_90 GPUs at head dims 33..128 only. varlen_fwd has autograd (csrc/torch/varlen_autograd.cpp).
+    lse ``(Hq, total_q)``; ``sink`` / ``dsink``, ``softcap`` and the window as in fwd / bwd (each sequence on its own diagonal). On CUDA, sm_90 GPUs at head dims 33..128 only. varlen_fwd has autograd (csrc/torch/varlen_autograd.cpp).
     The offsets must start at 0, never decrease and end at the packed row count, seqused within each
     sequence, and no sequence longer than ``max_seqlen_q`` / ``max_seqlen_k`` where given (-1: any):
     checked where the op reads them, at once on the CPU, on CUDA by the kernel that builds the
@@ -211,6 +215,13 @@ def _check_softcap_meta(op, softcap, attn_mask=None):
                  lambda: f"{op}: softcap with a floating (additive) attn_mask is not supported; pass a boolean mask")
 
 
+def _check_window_meta(op, window_left, window_right, attn_mask=None):
+    # checks.cpp's resolve_window on metadata alone: a window with a mask is refused whatever the lengths.
+    torch._check(attn_mask is None or (window_left < 0 and window_right <= 0),
+                 lambda: f"{op}: a sliding window (window_left={window_left}, window_right={window_right}) with an "
+                         f"attn_mask is not supported")
+
+
 def _check_dropout_meta(op, q, dropout_p, rng_state):
     torch._check(0.0 <= dropout_p < 1.0, lambda: f"{op}: dropout_p must be in [0, 1), got {dropout_p}")
     if dropout_p == 0.0:
@@ -224,12 +235,13 @@ def _check_dropout_meta(op, q, dropout_p, rng_state):
 
 @torch.library.register_fake("flashattn::fwd")
 def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None,
-              deterministic=False, sink=None, softcap=0.0):
+              deterministic=False, sink=None, softcap=0.0, window_left=-1, window_right=-1):
     _check_qkv_meta(q, k, v)
     _check_mask_meta("flashattn.fwd", q, k, attn_mask)
     _check_dropout_meta("flashattn.fwd", q, dropout_p, rng_state)
     _check_sink_meta("flashattn.fwd", q, q.size(2), sink)
     _check_softcap_meta("flashattn.fwd", softcap, attn_mask)
+    _check_window_meta("flashattn.fwd", window_left, window_right, attn_mask)
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
     lse = q.new_empty((batch, heads_q, seqlen_q), dtype=_lse_dtype(q.dtype))
@@ -238,24 +250,27 @@ def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dr
 
 @torch.library.register_fake("flashattn::fwd_heads_first")
 def _fwd_heads_first_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0,
-                          rng_state=None, deterministic=False, sink=None, softcap=0.0):
+                          rng_state=None, deterministic=False, sink=None, softcap=0.0, window_left=-1,
+                          window_right=-1):
     torch._check(
         q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
         lambda: f"flashattn.fwd_heads_first: q, k and v must be 4-D (B, H, L, E), got {q.dim()}, {k.dim()} and "
                 f"{v.dim()} dims",
     )
     return _fwd_fake(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, is_causal, causal_bottom_right,
-                     attn_mask, dropout_p, rng_state, deterministic, sink, softcap)
+                     attn_mask, dropout_p, rng_state, deterministic, sink, softcap, window_left, window_right)
 
 
 @torch.library.register_fake("flashattn::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None,
-              dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None, softcap=0.0):
+              dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None, softcap=0.0, window_left=-1,
+              window_right=-1):
     _check_qkv_meta(q, k, v)
     _check_mask_meta("flashattn.bwd", q, k, attn_mask)
     _check_dropout_meta("flashattn.bwd", q, dropout_p, rng_state)
     _check_sink_meta("flashattn.bwd", q, q.size(2), sink, dsink)
     _check_softcap_meta("flashattn.bwd", softcap, attn_mask)
+    _check_window_meta("flashattn.bwd", window_left, window_right, attn_mask)
     if dmask is not None:
         torch._check(
             attn_mask is not None and attn_mask.dtype != torch.bool,
@@ -313,7 +328,8 @@ def _check_varlen_meta(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, sequs
 
 @torch.library.register_fake("flashattn::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right,
-                     deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None, softcap=0.0):
+                     deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None, softcap=0.0, window_left=-1,
+                     window_right=-1):
     _check_varlen_meta("flashattn.varlen_fwd", q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     _check_sink_meta("flashattn.varlen_fwd", q, q.size(1), sink)
     _check_softcap_meta("flashattn.varlen_fwd", softcap)
@@ -322,7 +338,8 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, 
 
 @torch.library.register_fake("flashattn::varlen_bwd")
 def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal,
-                     causal_bottom_right, deterministic=False, sink=None, dsink=None, softcap=0.0):
+                     causal_bottom_right, deterministic=False, sink=None, dsink=None, softcap=0.0, window_left=-1,
+                     window_right=-1):
     op = "flashattn.varlen_bwd"
     _check_varlen_meta(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     _check_sink_meta(op, q, q.size(1), sink, dsink)
@@ -351,9 +368,10 @@ def dropout_keep_mask(rng_state: torch.Tensor, batch: int, heads: int, seqlen_q:
 
 
 def attention(q, k, v, scale: float, is_causal: bool, causal_bottom_right: bool, deterministic: bool = False,
-              attn_mask=None, dropout_p: float = 0.0, rng_state=None, generator=None, sink=None, softcap: float = 0.0):
+              attn_mask=None, dropout_p: float = 0.0, rng_state=None, generator=None, sink=None, softcap: float = 0.0,
+              window_left: int = -1, window_right: int = -1):
     """``fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, deterministic,
-    sink, softcap) -> (out, lse)``, with autograd (a floating ``attn_mask`` or a ``sink`` that requires grad
+    sink, softcap, window_left, window_right) -> (out, lse)``, with autograd (a floating ``attn_mask`` or a ``sink`` that requires grad
     gets one).
 
     With ``deterministic=True`` the backward runs ``bwd(..., deterministic=True)`` (bitwise reproducible
@@ -368,4 +386,4 @@ def attention(q, k, v, scale: float, is_causal: bool, causal_bottom_right: bool,
     elif rng_state is None:
         rng_state = draw_rng_state(q.device, generator)
     return fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, bool(deterministic),
-               sink, float(softcap))
+               sink, float(softcap), int(window_left), int(window_right))

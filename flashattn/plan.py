@@ -10,7 +10,7 @@ extension is first used:
 - ``force_sm80`` (``FLASHATTN_FORCE_SM80=1``): the sm80 kernels on every GPU;
 - ``sm90_multicast`` (``FLASHATTN_SM90_MULTICAST=0|1``): K/V multicast off, or on wherever it fits;
 - ``sm90_wide_key_blocks`` (``FLASHATTN_SM90_WIDE_KEY_BLOCKS=0|1``): 176-key blocks at width 128 off, or
-  on for every unmasked launch there;
+  on for every unmasked launch there (by default: rows of 2048 keys or more without causal masking);
 - ``sm90_narrow_tail`` (``FLASHATTN_SM90_NARROW_TAIL=0``): full-width last key blocks;
 - ``sm90_dynamic_tail`` (``FLASHATTN_SM90_STATIC_SCHEDULE=1``): the causal schedule's static pairs only;
 - ``sm90_staged_output`` (``FLASHATTN_SM90_DIRECT_OUTPUT=1``): O stored by the threads, not by TMA

@@ -66,7 +66,7 @@ if has guard; then
   timeout 120 python3 -c "$GUARD" > "$OUT/guard.log" 2>&1 || { echo "guard failed (hang or error):"; tail -5 "$OUT/guard.log"; exit 1; }
   cat "$OUT/guard.log"
 fi
-GPU_TESTS="tests/test_plan.py tests/test_package_layout.py tests/test_gpu_attention.py tests/test_gpu_integration.py tests/test_gpu_paths.py tests/test_gpu_sm80_tiles.py tests/test_gpu_masks.py tests/test_gpu_dropout.py tests/test_gpu_reliability.py tests/test_cli.py tests/test_transformers.py tests/test_varlen.py tests/test_kvcache.py tests/test_error_table.py tests/test_torch_flash_impl.py tests/test_packing.py tests/test_sinks.py tests/test_softcap.py"
+GPU_TESTS="tests/test_plan.py tests/test_package_layout.py tests/test_gpu_attention.py tests/test_gpu_integration.py tests/test_gpu_paths.py tests/test_gpu_sm80_tiles.py tests/test_gpu_masks.py tests/test_gpu_dropout.py tests/test_gpu_reliability.py tests/test_cli.py tests/test_transformers.py tests/test_varlen.py tests/test_kvcache.py tests/test_error_table.py tests/test_torch_flash_impl.py tests/test_packing.py tests/test_sinks.py tests/test_softcap.py tests/test_window.py"
 has smoke && run smoke 300 python3 scripts/gpu_smoke.py ${SMOKE_ARGS---bench}
 has test && run tests 420 python3 -m pytest $GPU_TESTS -m "not large" -q -rfEs --timeout=120
 has large && run tests_large 300 python3 -m pytest tests/test_gpu_reliability.py -m large -q -rfEs --timeout=120

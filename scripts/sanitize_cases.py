@@ -32,6 +32,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Tuple
 
 import torch
 
@@ -69,17 +70,19 @@ class Case:
     dropout_p: float = 0.0  # with a fixed rng_state, so the CPU and GPU keep-masks are the same
     sink: bool = False  # attention sinks (one logit per query head) in fwd, and their gradient in bwd
     softcap: float = 0.0  # scores capped to softcap * tanh(score / softcap) (0: none)
+    window: Tuple[int, int] = (-1, -1)  # a sliding window (window_left, window_right; -1 unbounded)
 
 
 def _case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout="contiguous", mask="none",
-          dropout_p=0.0, sink=False, softcap=0.0):
+          dropout_p=0.0, sink=False, softcap=0.0, window=(-1, -1)):
     dtype_name = "fp16" if dtype == F16 else "bf16"
     name = (f"b{batch}-q{seqlen_q}-k{seqlen_k}-h{heads_q}/{heads_kv}-d{head_dim}-{dtype_name}-{causal}"
             + ("" if layout == "contiguous" else f"-{layout}") + ("" if mask == "none" else f"-{mask}mask")
             + ("" if dropout_p == 0.0 else f"-dropout{dropout_p}") + ("-sink" if sink else "")
-            + ("" if softcap == 0.0 else f"-softcap{softcap:g}"))
+            + ("" if softcap == 0.0 else f"-softcap{softcap:g}")
+            + ("" if window == (-1, -1) else f"-window{window[0]}/{window[1]}"))
     return Case(name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout, mask, dropout_p,
-                sink, softcap)
+                sink, softcap, window)
 
 
 # memcheck, initcheck, synccheck: seqlen 1, 17, 97, 1025, Lq != Lk both ways, every compiled head-dim
@@ -134,6 +137,10 @@ FULL_CASES = [
     _case(1, 300, 97, 4, 2, 64, BF16, "bottom_right", softcap=2.0),
     _case(1, 200, 300, 2, 1, 256, F16, "top_left", mask="bool", dropout_p=0.2, softcap=2.0),
     _case(2, 97, 300, 2, 1, 128, BF16, "none", mask="prefix", softcap=2.0),
+    # sliding windows: key blocks skipped on both sides, blocks cut at both edges, rows without keys
+    _case(1, 700, 500, 4, 2, 64, BF16, "bottom_right", window=(90, 0)),
+    _case(1, 300, 600, 2, 1, 128, F16, "none", window=(60, 130)),
+    _case(1, 500, 500, 2, 2, 256, BF16, "none", dropout_p=0.2, window=(100, 40)),
 ]
 
 # racecheck (the slowest tool): one short case per head-dim tile, long enough to cross the query and
@@ -160,6 +167,7 @@ RACE_CASES = [
     _case(1, 256, 300, 2, 1, 128, BF16, "none", "bhsd"),  # K/V multicast, both tiles' rows full
     _case(1, 150, 129, 2, 1, 128, F16, "bottom_right", sink=True),
     _case(1, 129, 150, 2, 1, 64, BF16, "none", dropout_p=0.2, softcap=2.0),
+    _case(1, 600, 600, 2, 1, 128, BF16, "bottom_right", window=(150, 0)),
 ]
 
 # The sm90 forward's K/V multicast (clusters of two CTAs): the cases of the lists above that run it
@@ -270,10 +278,10 @@ class Expected:
             p, rng = _dropout(case, index, "cpu")
             sink = _sink(case, "cpu")
             out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng, False, sink,
-                                               case.softcap)
+                                               case.softcap, *case.window)
             dmask, dsink = _dmask(mask), _dsink(sink)
             grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right, False, mask, dmask,
-                                            p, rng, sink, dsink, case.softcap)
+                                            p, rng, sink, dsink, case.softcap, *case.window)
             self._cache[index] = (out, lse, grads + tuple(t for t in (dmask, dsink) if t is not None))
         return self._cache[index]
 
@@ -314,13 +322,13 @@ def run_item(phase: str, index: int, case: Case, expected: Expected, device) -> 
     try:
         if phase.startswith("fwd"):
             out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng, False, sink,
-                                               case.softcap)
+                                               case.softcap, *case.window)
         else:
             out, lse = out_cpu.to(device), lse_cpu.to(device)
             dmask, dsink = _dmask(mask), _dsink(sink)
             grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right,
                                             phase == "bwd-deterministic", mask, dmask, p, rng, sink, dsink,
-                                            case.softcap)
+                                            case.softcap, *case.window)
             grads = grads + tuple(t for t in (dmask, dsink) if t is not None)
     finally:
         flashattn.plan.set_options(force_sm80=False)

@@ -508,7 +508,6 @@ def test_raw_op_rejects_non_contiguous_last_dim():
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    ({"window_size": (8, 0)}, "window_size"),
     ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
 ])
 @pytest.mark.parametrize("api", ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"])
@@ -589,11 +588,12 @@ class _BwdCalls(TorchDispatchMode):
 def test_bwd_schema_has_the_optional_arguments_last():
     schema = torch.ops.flashattn.bwd.default._schema
     names = [a.name for a in schema.arguments]
-    assert names[-9:] == ["causal_bottom_right", "deterministic", "attn_mask", "dmask", "dropout_p", "rng_state",
-                          "sink", "dsink", "softcap"]
-    assert [schema.arguments[i].default_value for i in range(-8, 0)] == [False, None, None, 0.0, None, None, None, 0.0]
-    assert schema.arguments[-6].alias_info.is_write  # dmask is written in place
-    assert schema.arguments[-2].alias_info.is_write  # and dsink
+    assert names[-11:] == ["causal_bottom_right", "deterministic", "attn_mask", "dmask", "dropout_p", "rng_state",
+                           "sink", "dsink", "softcap", "window_left", "window_right"]
+    assert [schema.arguments[i].default_value for i in range(-10, 0)] == [False, None, None, 0.0, None, None, None, 0.0,
+                                                                          -1, -1]
+    assert schema.arguments[-8].alias_info.is_write  # dmask is written in place
+    assert schema.arguments[-4].alias_info.is_write  # and dsink
 
 
 @pytest.mark.parametrize("causal, bottom_right", [(False, False), (True, False), (True, True)])

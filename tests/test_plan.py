@@ -149,6 +149,15 @@ def test_wide_key_and_narrow_tail_options():
     assert only_launch(plan.plan_fwd(call(seqlen_q=512), sm90_wide_key_blocks=True))["tiles"] == "wide_keys"
 
 
+def test_windows_keep_128_key_blocks():
+    """A sliding window (causal at its right bound) keeps the 128-key blocks of causal rows, however wide
+    (176-key blocks measured slower at 4096 keys); "on" still gives it the wide ones."""
+    wide = call(seqlen_q=32768, is_causal=True, window_span=4095)
+    assert only_launch(plan.plan_fwd(wide))["tiles"] == "default"
+    assert only_launch(plan.plan_fwd(wide))["window_span"] == 4095
+    assert only_launch(plan.plan_fwd(wide, sm90_wide_key_blocks="on"))["tiles"] == "wide_keys"
+
+
 def test_multicast_choice():
     assert only_launch(plan.plan_fwd(call(seqlen_q=1024)))["multicast"]
     assert not only_launch(plan.plan_fwd(call(seqlen_q=512)))["multicast"]  # below 1024 keys

@@ -11,7 +11,8 @@ namespace flashattn {
 namespace cpu {
 
 // q [B, Lq, Hq, D], k/v [B, Lk, Hk, D] (any strides). Key j is visible to query i iff !is_causal or
-// j <= i + causal_offset, and the attention mask, if any, keeps it. attn_mask: [B, Hq, Lq, Lk] with
+// j <= i + causal_offset (and, with window_span >= 0, j >= i + causal_offset - window_span: a sliding
+// window), and the attention mask, if any, keeps it. attn_mask: [B, Hq, Lq, Lk] with
 // any element strides (0 for broadcast dims; read in place, never copied), either bool (True = the key
 // takes part) or of q's dtype or float32 (added to the scaled score scale * q.k; -inf excludes the
 // key, whatever q.k is). Returns out [B, Lq, Hq, D] contiguous in q's dtype (0 for a row that sees no
@@ -26,7 +27,8 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                                        const std::optional<at::Tensor>& attn_mask = std::nullopt,
                                        double dropout_p = 0.0,
                                        const std::optional<at::Tensor>& rng_state = std::nullopt,
-                                       const std::optional<at::Tensor>& sink = std::nullopt, double softcap = 0.0);
+                                       const std::optional<at::Tensor>& sink = std::nullopt, double softcap = 0.0,
+                                       int64_t window_span = -1);
 
 // Gradients of fwd's out: dq like q, dk/dv like k (summed over each query-head group), contiguous.
 // attn_mask must be the forward's. dmask (floating masks only): a contiguous, zero-filled
@@ -43,7 +45,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    const std::optional<at::Tensor>& dmask = std::nullopt,
                                                    double dropout_p = 0.0,
                                                    const std::optional<at::Tensor>& rng_state = std::nullopt,
-                                                   double softcap = 0.0);
+                                                   double softcap = 0.0, int64_t window_span = -1);
 
 // The dropout keep-mask of common/dropout.h for rng_state (seed, offset): [batch, heads, seqlen_q,
 // seqlen_k] bool on rng_state's device, True where the probability is kept.

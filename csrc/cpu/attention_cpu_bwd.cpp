@@ -129,7 +129,7 @@ void renormalize_row(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_t
   acc_t* scores = s.probs.data();                  // [kBlockK], free until the key blocks start
   acc_t row_max = kNegInf, row_sum = 0;
   const int64_t key_end = p.keys.key_end(i);
-  for (int64_t k0 = 0; k0 < key_end; k0 += kBlockK) {
+  for (int64_t k0 = p.keys.key_begin(i); k0 < key_end; k0 += kBlockK) {
     const int64_t n = std::min(kBlockK, key_end - k0);
     for (int64_t j = 0; j < n; ++j) {
       const scalar_t* k_row = p.k.row(b, k0 + j, kv_head);  // [D]
@@ -184,16 +184,22 @@ void load_query_group(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_
 // dS = 0 and are left out of the sums. drop: the row's dropout factors (1 / (1 - p) or 0), or null
 // without dropout: they weight dO into dv and scale dP, as the forward weighted V.
 template <typename acc_t>
-void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim, acc_t scale, acc_t softcap,
-                  const acc_t* bias, const acc_t* drop) {
+void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t first, int64_t n, int64_t head_dim, acc_t scale,
+                  acc_t softcap, const acc_t* bias, const acc_t* drop) {
   const acc_t* q_row = s.q_rows.data() + row * head_dim;        // [D]
   const acc_t* dout_row = s.dout_rows.data() + row * head_dim;  // [D]
   acc_t* dq_row = s.dq_acc.data() + row * head_dim;             // [D]
   const acc_t lse = s.lse[row], prob_scale = s.prob_scale[row], delta = s.delta[row];
   acc_t* probs = s.probs.data();
   acc_t* dscores = s.dscores.data();
+  // The tile's keys [first, first + n): columns of the transposed tiles, rows of the others.
+  const acc_t* kT = s.kT_tile.data() + first;
+  const acc_t* vT = s.vT_tile.data() + first;
+  const acc_t* k_rows = s.k_tile.data() + first * head_dim;
+  acc_t* dk_rows = s.dk_acc.data() + first * head_dim;
+  acc_t* dv_rows = s.dv_acc.data() + first * head_dim;
 
-  row_times_tile_transposed(probs, q_row, s.kT_tile.data(), n, head_dim);
+  row_times_tile_transposed(probs, q_row, kT, n, head_dim);
   const bool capped = softcap != acc_t(0);
   if (capped) {
     // The cap's chain factor 1 - tanh^2, and the capped score in place of the dot product.
@@ -213,7 +219,7 @@ void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim
   if (prob_scale != acc_t(1)) {
     for (int64_t j = 0; j < n; ++j) probs[j] *= prob_scale;
   }
-  row_times_tile_transposed(dscores, dout_row, s.vT_tile.data(), n, head_dim);
+  row_times_tile_transposed(dscores, dout_row, vT, n, head_dim);
   // The weights of dO in dv: the forward's weights of V.
   const acc_t* v_weights = probs;
   if (drop != nullptr) {
@@ -229,18 +235,18 @@ void backprop_row(BwdScratch<acc_t>& s, int64_t row, int64_t n, int64_t head_dim
     if (capped) {
       for (int64_t j = 0; j < n; ++j) dscores[j] *= s.chain[j];
     }
-    add_outer(s.dv_acc.data(), v_weights, dout_row, n, head_dim);
-    add_outer(s.dk_acc.data(), dscores, q_row, n, head_dim);
-    add_weighted_rows(dq_row, dscores, s.k_tile.data(), n, head_dim);
+    add_outer(dv_rows, v_weights, dout_row, n, head_dim);
+    add_outer(dk_rows, dscores, q_row, n, head_dim);
+    add_weighted_rows(dq_row, dscores, k_rows, n, head_dim);
   } else {
     constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
     for (int64_t j = 0; j < n; ++j) dscores[j] = bias[j] == kNegInf ? acc_t(0) : probs[j] * (dscores[j] - delta);
     if (capped) {
       for (int64_t j = 0; j < n; ++j) dscores[j] *= s.chain[j];
     }
-    add_outer_kept(s.dv_acc.data(), v_weights, dout_row, bias, n, head_dim);
-    add_outer_kept(s.dk_acc.data(), dscores, q_row, bias, n, head_dim);
-    add_weighted_kept_rows(dq_row, dscores, s.k_tile.data(), bias, n, head_dim);
+    add_outer_kept(dv_rows, v_weights, dout_row, bias, n, head_dim);
+    add_outer_kept(dk_rows, dscores, q_row, bias, n, head_dim);
+    add_weighted_kept_rows(dq_row, dscores, k_rows, bias, n, head_dim);
   }
 }
 
@@ -258,27 +264,29 @@ void bwd_key_block(const BwdProblem<scalar_t>& p, BwdScratch<acc_type<scalar_t>>
   std::fill(s.dv_acc.begin(), s.dv_acc.end(), acc_t(0));
 
   const int64_t first_query = p.keys.first_query_seeing(k0, Lq);
+  const int64_t query_end = p.keys.query_end_seeing(k0 + cols - 1, Lq);
   for (int64_t g = 0; g < p.group; ++g) {
     const int64_t h = kv_head * p.group + g;
-    for (int64_t i = first_query; i < Lq; ++i) {
+    for (int64_t i = first_query; i < query_end; ++i) {
       // A row that saw no key in the forward (lse = -inf) has no probabilities to differentiate (its
       // dmask row stays zero).
       if (s.lse[g * Lq + i] == -std::numeric_limits<acc_t>::infinity()) continue;
-      const int64_t n = p.keys.visible_in_tile(i, k0, cols);
+      const KeyLimit::TileKeys seen = p.keys.visible_in_tile(i, k0, cols);
+      const int64_t n = seen.count, key0 = k0 + seen.first;
       if (n == 0) continue;
       const acc_t* bias = nullptr;
       if (p.mask.present()) {
         // A row with no key kept in this block has nothing to add here (its dmask stays zero).
-        if (!p.mask.load_row(s.bias.data(), b, h, i, k0, n)) continue;
+        if (!p.mask.load_row(s.bias.data(), b, h, i, key0, n)) continue;
         bias = s.bias.data();
       }
       const acc_t* drop = nullptr;
       if (p.dropout.enabled) {
-        p.dropout.factor_row(s.drop.data(), b * p.heads_q + h, i, k0, n);
+        p.dropout.factor_row(s.drop.data(), b * p.heads_q + h, i, key0, n);
         drop = s.drop.data();
       }
-      backprop_row(s, g * Lq + i, n, D, p.scale, p.softcap, bias, drop);
-      if (p.dmask.present()) p.dmask.store_row(s.dscores.data(), b, h, i, k0, n);
+      backprop_row(s, g * Lq + i, seen.first, n, D, p.scale, p.softcap, bias, drop);
+      if (p.dmask.present()) p.dmask.store_row(s.dscores.data(), b, h, i, key0, n);
     }
   }
   for (int64_t j = 0; j < cols; ++j) {
@@ -315,7 +323,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    double scale, bool is_causal, int64_t causal_offset,
                                                    const std::optional<at::Tensor>& attn_mask,
                                                    const std::optional<at::Tensor>& dmask, double dropout_p,
-                                                   const std::optional<at::Tensor>& rng_state, double softcap) {
+                                                   const std::optional<at::Tensor>& rng_state, double softcap,
+                                                   int64_t window_span) {
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2), head_dim = q.size(3);
   const int64_t seqlen_k = k.size(1), heads_kv = k.size(2);
   at::Tensor dq = at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
@@ -329,7 +338,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   }
 
   if (!attn_mask.has_value() && dropout_p == 0.0 && bwd_plain_serves(q.scalar_type(), lse)) {
-    bwd_plain(dout, q, k, v, out, lse, dq, dk, dv, scale, KeyLimit{is_causal, causal_offset, seqlen_k}, softcap);
+    bwd_plain(dout, q, k, v, out, lse, dq, dk, dv, scale, KeyLimit{is_causal, causal_offset, seqlen_k, window_span}, softcap);
     return {dq, dk, dv};
   }
 
@@ -354,7 +363,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                            heads_q / heads_kv,
                            static_cast<acc_t>(scale),
                            static_cast<acc_t>(softcap),
-                           KeyLimit{is_causal, causal_offset, seqlen_k},
+                           KeyLimit{is_causal, causal_offset, seqlen_k, window_span},
                            mask_view<scalar_t>(attn_mask),
                            mask_grad_view<scalar_t>(dmask, heads_q, seqlen_q, seqlen_k),
                            dropout_rows(dropout_p, rng_state)};

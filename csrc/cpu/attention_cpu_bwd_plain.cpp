@@ -54,7 +54,7 @@ void bwd_plain_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Te
       row_lse = at::where(at::isneginf(row_lse), std::numeric_limits<float>::infinity(), row_lse);
       const at::Tensor dq_acc = at::zeros_like(q_f);
       const int64_t key_stop = keys.key_end(q0 + rows - 1);
-      for (int64_t k0 = 0; k0 < key_stop; k0 += kPlainBlockK) {
+      for (int64_t k0 = keys.first_tile_key(q0, kPlainBlockK); k0 < key_stop; k0 += kPlainBlockK) {
         const int64_t cols = std::min(kPlainBlockK, key_stop - k0);
         const at::Tensor k_tile = keys_f.narrow(0, k0, cols), v_tile = values_f.narrow(0, k0, cols);
         at::Tensor p = matrix(s.scores, rows, cols);
@@ -66,7 +66,7 @@ void bwd_plain_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Te
           at::mul_out(chain, p, p).neg_().add_(1.0);  // 1 - tanh^2
           p.mul_(softcap);
         }
-        if (keys.is_causal && keys.key_end(q0) < k0 + cols) mask_causal_tile(p, keys, q0, k0);
+        if (tile_needs_causal_mask(keys, q0, rows, k0, cols)) mask_causal_tile(p, keys, q0, k0);
         p.sub_(row_lse).exp_();
         dv_acc.narrow(0, k0, cols).addmm_(p.t(), do_f);
         at::Tensor ds = matrix(s.dp, rows, cols);

@@ -163,28 +163,32 @@ void fwd_query_block(const FwdProblem<scalar_t>& p, FwdScratch<acc_type<scalar_t
   std::fill(s.row_max.begin(), s.row_max.end(), -std::numeric_limits<acc_t>::infinity());
   std::fill(s.row_sum.begin(), s.row_sum.end(), acc_t(0));
 
-  // Under a causal mask the block's last row sees the most keys; keys past it are never loaded.
+  // Under a causal mask the block's last row sees the most keys; keys past it are never loaded, nor
+  // keys before a sliding window's start for the first row.
   const int64_t key_stop = p.keys.key_end(q0 + rows - 1);
-  for (int64_t k0 = 0; k0 < key_stop; k0 += kBlockK) {
+  for (int64_t k0 = p.keys.first_tile_key(q0, kBlockK); k0 < key_stop; k0 += kBlockK) {
     const int64_t cols = std::min(kBlockK, key_stop - k0);
     load_rows_transposed(s.kT_tile.data(), p.k, b, k0, kv_head, cols, D);
     load_rows(s.v_tile.data(), p.v, b, k0, kv_head, cols, D);
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n = p.keys.visible_in_tile(q0 + r, k0, cols);
+      const KeyLimit::TileKeys seen = p.keys.visible_in_tile(q0 + r, k0, cols);
+      const int64_t n = seen.count, key0 = k0 + seen.first;
       if (n == 0) continue;
       const acc_t* bias = nullptr;
       if (p.mask.present()) {
         // Keys the mask excludes take no part: a row with none left in this tile skips it.
-        if (!p.mask.load_row(s.bias.data(), b, h, q0 + r, k0, n)) continue;
+        if (!p.mask.load_row(s.bias.data(), b, h, q0 + r, key0, n)) continue;
         bias = s.bias.data();
       }
       const acc_t* drop = nullptr;
       if (p.dropout.enabled) {
-        p.dropout.factor_row(s.drop.data(), bh, q0 + r, k0, n);
+        p.dropout.factor_row(s.drop.data(), bh, q0 + r, key0, n);
         drop = s.drop.data();
       }
-      fold_tile_into_row(s.q_tile.data() + r * D, s.kT_tile.data(), s.v_tile.data(), bias, drop, n, D, p.scale,
-                         p.softcap, s.probs.data(), s.row_max[r], s.row_sum[r], s.out_acc.data() + r * D);
+      // kT_tile's columns and v_tile's rows from the first key seen.
+      fold_tile_into_row(s.q_tile.data() + r * D, s.kT_tile.data() + seen.first, s.v_tile.data() + seen.first * D, bias,
+                         drop, n, D, p.scale, p.softcap, s.probs.data(), s.row_max[r], s.row_sum[r],
+                         s.out_acc.data() + r * D);
     }
   }
   write_query_block(p, s, b, h, q0, rows);
@@ -212,7 +216,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                                        bool is_causal, int64_t causal_offset,
                                        const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                        const std::optional<at::Tensor>& rng_state,
-                                       const std::optional<at::Tensor>& sink, double softcap) {
+                                       const std::optional<at::Tensor>& sink, double softcap, int64_t window_span) {
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2), head_dim = q.size(3);
   const int64_t seqlen_k = k.size(1), heads_kv = k.size(2);
   const at::ScalarType lse_dtype = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -221,7 +225,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
   if (heads_q == 0) return {out, lse};  // also the only case where heads_kv may be 0
   if (!attn_mask.has_value() && dropout_p == 0.0 && fwd_plain_serves(q.scalar_type())) {
     const at::Tensor sink_f = sink.has_value() ? sink->detach().to(at::kFloat).contiguous() : at::Tensor();
-    fwd_plain(q, k, v, out, lse, scale, KeyLimit{is_causal, causal_offset, seqlen_k},
+    fwd_plain(q, k, v, out, lse, scale, KeyLimit{is_causal, causal_offset, seqlen_k, window_span},
               sink_f.defined() ? sink_f.data_ptr<float>() : nullptr, softcap);
     return {out, lse};
   }
@@ -240,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                            head_dim,
                            heads_q / heads_kv,
                            static_cast<acc_t>(scale),
-                           KeyLimit{is_causal, causal_offset, seqlen_k},
+                           KeyLimit{is_causal, causal_offset, seqlen_k, window_span},
                            mask_view<scalar_t>(attn_mask),
                            dropout_rows(dropout_p, rng_state),
                            sink_acc.defined() ? sink_acc.data_ptr<acc_t>() : nullptr,

@@ -49,16 +49,17 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const at::Tensor acc = matrix(s.acc, rows, head_dim).zero_();
   at::Tensor row_max = at::full({rows}, kNegInf, q_tile.options());
   const at::Tensor row_sum = at::zeros({rows}, q_tile.options());
-  // Under a causal mask the block's last row sees the most keys; keys past it are never loaded.
+  // Under a causal mask the block's last row sees the most keys; keys past it are never loaded, nor
+  // keys before a sliding window's start for the first row.
   const int64_t key_stop = keys.key_end(q0 + rows - 1);
-  for (int64_t k0 = 0; k0 < key_stop; k0 += kPlainBlockK) {
+  for (int64_t k0 = keys.first_tile_key(q0, kPlainBlockK); k0 < key_stop; k0 += kPlainBlockK) {
     const int64_t cols = std::min(kPlainBlockK, key_stop - k0);
     const at::Tensor k_tile = matrix(s.k_tile, cols, head_dim).copy_(keys_b.narrow(0, k0, cols));
     const at::Tensor v_tile = matrix(s.v_tile, cols, head_dim).copy_(values_b.narrow(0, k0, cols));
     at::Tensor scores = matrix(s.scores, rows, cols);
     at::mm_out(scores, q_tile, k_tile.t());
     if (softcap != 0.0) scores.div_(softcap).tanh_().mul_(softcap);
-    if (keys.is_causal && keys.key_end(q0) < k0 + cols) mask_causal_tile(scores, keys, q0, k0);
+    if (tile_needs_causal_mask(keys, q0, rows, k0, cols)) mask_causal_tile(scores, keys, q0, k0);
     // NaN-propagating max (amax, maximum): a NaN score reaches out and lse.
     const at::Tensor new_max = at::maximum(row_max, scores.amax(1));
     // Rows with only -inf scores so far add nothing: shift them by 0, not -inf (exp(-inf - -inf) is NaN).

@@ -21,15 +21,22 @@ inline at::Tensor matrix(const at::Tensor& buffer, int64_t rows, int64_t cols) {
   return buffer.narrow(0, 0, rows * cols).view({rows, cols});
 }
 
-// Scores of keys past each row's causal limit become -inf.  scores: [rows, cols] contiguous float32,
-// rows from query q0, columns from key k0.
+// Scores of keys outside each row's causal limit and window become -inf.  scores: [rows, cols]
+// contiguous float32, rows from query q0, columns from key k0.
 inline void mask_causal_tile(const at::Tensor& scores, const KeyLimit& keys, int64_t q0, int64_t k0) {
   const int64_t rows = scores.size(0), cols = scores.size(1);
   float* s = scores.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = keys.visible_in_tile(q0 + r, k0, cols);
-    std::fill(s + r * cols + n, s + (r + 1) * cols, -std::numeric_limits<float>::infinity());
+    const KeyLimit::TileKeys seen = keys.visible_in_tile(q0 + r, k0, cols);
+    float* row = s + r * cols;
+    std::fill(row, row + seen.first, -std::numeric_limits<float>::infinity());
+    std::fill(row + seen.first + seen.count, row + cols, -std::numeric_limits<float>::infinity());
   }
+}
+
+// Whether the tile of rows from q0 and cols keys from k0 holds a key some row does not see.
+inline bool tile_needs_causal_mask(const KeyLimit& keys, int64_t q0, int64_t rows, int64_t k0, int64_t cols) {
+  return keys.is_causal && (keys.key_end(q0) < k0 + cols || keys.key_begin(q0 + rows - 1) > k0);
 }
 
 }  // namespace detail

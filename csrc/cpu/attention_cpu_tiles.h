@@ -52,12 +52,18 @@ acc_t soft_capped(acc_t score, acc_t cap) {
   return cap == acc_t(0) ? score : cap * std::tanh(score / cap);
 }
 
-// The causal mask (common/mask.h, shared with the GPU kernels) reduced to what the loops need:
-// query i sees exactly the keys [0, key_end(i)).
+// The causal mask and sliding window (common/mask.h, shared with the GPU kernels) reduced to what the
+// loops need: query i sees exactly the keys [key_begin(i), key_end(i)).
 struct KeyLimit {
   bool is_causal;
   int64_t causal_offset;  // key j visible to query i iff j <= i + causal_offset
   int64_t seqlen_k;
+  int64_t window_span;  // and, when >= 0, iff j >= i + causal_offset - window_span
+
+  // The keys [first, first + count) of a tile, counted from its first key.
+  struct TileKeys {
+    int64_t first, count;
+  };
 
   int64_t key_end(int64_t i) const {
     // Sizes are below 2^31 (checked by the caller), so the int predicates apply.
@@ -65,14 +71,27 @@ struct KeyLimit {
                                     static_cast<int>(causal_offset));
     return std::clamp<int64_t>(end, 0, seqlen_k);
   }
-  // How many of the `cols` keys of the tile starting at key k0 query i sees (a prefix of the tile).
-  int64_t visible_in_tile(int64_t i, int64_t k0, int64_t cols) const {
-    return std::clamp<int64_t>(key_end(i) - k0, 0, cols);
+  int64_t key_begin(int64_t i) const {
+    return visible_key_begin(static_cast<int>(i), static_cast<int>(causal_offset), static_cast<int>(window_span));
+  }
+  // The first key any query from q0 on sees, rounded down to a multiple of `block`: where a walk over
+  // key tiles of that size starts.
+  int64_t first_tile_key(int64_t q0, int64_t block) const { return key_begin(q0) / block * block; }
+  // The keys of the tile of `cols` keys starting at key k0 that query i sees.
+  TileKeys visible_in_tile(int64_t i, int64_t k0, int64_t cols) const {
+    const int64_t end = std::clamp<int64_t>(key_end(i) - k0, 0, cols);
+    const int64_t first = std::clamp<int64_t>(key_begin(i) - k0, 0, end);
+    return {first, end - first};
   }
   // The first query that sees key k0 (queries before it see none of the keys >= k0).
   int64_t first_query_seeing(int64_t k0, int64_t seqlen_q) const {
     const int first = ::flashattn::first_query_seeing(static_cast<int>(k0), is_causal, static_cast<int>(causal_offset));
     return std::min<int64_t>(first, seqlen_q);
+  }
+  // One past the last query that sees key k_last (queries after it see none of the keys <= k_last).
+  int64_t query_end_seeing(int64_t k_last, int64_t seqlen_q) const {
+    return last_query_seeing_end(static_cast<int>(k_last), static_cast<int>(seqlen_q), static_cast<int>(causal_offset),
+                                 static_cast<int>(window_span));
   }
 };
 

@@ -34,7 +34,7 @@ struct SeqSpan {
     s.k_begin = v.cu_seqlens_k[b];
     s.len_q = v.seqused_q != nullptr ? v.seqused_q[b] : v.cu_seqlens_q[b + 1] - s.q_begin;
     s.len_k = v.seqused_k != nullptr ? v.seqused_k[b] : v.cu_seqlens_k[b + 1] - s.k_begin;
-    s.causal_offset = v.causal_bottom_right ? s.len_k - s.len_q : 0;
+    s.causal_offset = (v.causal_bottom_right ? s.len_k - s.len_q : 0) + v.causal_shift;
     return s;
   }
   // The shape of this sequence alone (the batch's, with its lengths and diagonal).

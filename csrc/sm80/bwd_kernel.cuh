@@ -101,13 +101,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
   load_tile<kBlockN, kHeadDim, Cfg::kThreads>(v_smem, v, p.v_strides.row, s.seqlen_k - n0, s.head_dim,
                                               s.rows_aligned_16);
 
-  // Query blocks that see at least one of these keys: m_begin .. num_m_total - 1, none when
-  // first_query >= seqlen_q. first_query does not decrease as n_block grows, so the key blocks that
-  // visit a given query block are a prefix 0 .. K-1 of the key blocks (what deterministic mode needs).
+  // Query blocks that see at least one of these keys: m_begin .. (query_end - 1) / kBlockM (query_end:
+  // seqlen_q but under a sliding window), none when first_query >= query_end. Both bounds do not
+  // decrease as n_block grows, so the key blocks that visit a given query block are a run F .. K-1 of
+  // the key blocks, F = 0 but under a sliding window (what deterministic mode needs).
   const int first_query = first_query_seeing(n0, s.is_causal, s.causal_offset);
+  const int query_end =
+      last_query_seeing_end(min(n0 + kBlockN, s.seqlen_k) - 1, s.seqlen_q, s.causal_offset, s.window_span);
   const int m_begin = first_query / kBlockM;
   const int num_m_total = (s.seqlen_q + kBlockM - 1) / kBlockM;
-  const int num_m = first_query < s.seqlen_q ? num_m_total - m_begin : 0;
+  const int num_m = first_query < query_end ? (query_end + kBlockM - 1) / kBlockM - m_begin : 0;
   const int num_steps = group * num_m;
 
   // Step i handles query head kv_head * group + i / num_m and query block m_begin + i % num_m. The
@@ -225,8 +228,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
             for (int e = 0; e < 4; ++e) {
               const int key = n0 + s_key0 + mt * 16 + lane / 4 + (e / 2) * 8;
               const int query = m0 + s_query0 + j * 8 + (lane % 4) * 2 + (e % 2);
-              const bool visible =
-                  (query < s.seqlen_q) & key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset);
+              const bool visible = (query < s.seqlen_q) & key_visible(query, key, s.seqlen_k, s.is_causal,
+                                                                      s.causal_offset, s.window_span);
               float x = s_acc[mt][j][e] * s.scale_log2 - lse_log2[j][e % 2];
               if (visible) x += mask.add_log2(query, key);
               s_acc[mt][j][e] = visible ? exp2f(x) : 0.f;
@@ -242,9 +245,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
             for (int e = 0; e < 4; ++e) s_acc[mt][j][e] = exp2f(s_acc[mt][j][e] * s.scale_log2 - lse_log2[j][e % 2]);
           }
         }
-        // Only blocks on the causal diagonal or past either sequence end pay for the mask.
+        // Only blocks on the causal diagonal, a sliding window's edge or past either sequence end pay for
+        // the mask.
         if (m0 + kBlockM > s.seqlen_q || n0 + kBlockN > s.seqlen_k ||
-            (s.is_causal && n0 + s_key0 + Cfg::kSKeys - 1 > m0 + s_query0 + s.causal_offset)) {
+            (s.is_causal && n0 + s_key0 + Cfg::kSKeys - 1 > m0 + s_query0 + s.causal_offset) ||
+            (s.window_span >= 0 &&
+             n0 + s_key0 < m0 + s_query0 + Cfg::kSQueries - 1 + s.causal_offset - s.window_span)) {
 #pragma unroll
           for (int mt = 0; mt < kSMTiles; ++mt) {
 #pragma unroll
@@ -253,8 +259,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
               for (int e = 0; e < 4; ++e) {
                 const int key = n0 + s_key0 + mt * 16 + lane / 4 + (e / 2) * 8;
                 const int query = m0 + s_query0 + j * 8 + (lane % 4) * 2 + (e % 2);
-                const bool visible =
-                    (query < s.seqlen_q) & key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset);
+                const bool visible = (query < s.seqlen_q) & key_visible(query, key, s.seqlen_k, s.is_causal,
+                                                                        s.causal_offset, s.window_span);
                 s_acc[mt][j][e] = visible ? s_acc[mt][j][e] : 0.f;
               }
             }
@@ -358,7 +364,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
       auto dq_keys_done = [&]() {
         return p.dq_keys_done + (static_cast<int64_t>(batch) * s.heads_q + head) * num_m_total + m0 / kBlockM;
       };
-      if (p.deterministic) wait_for_dq_turn(dq_keys_done(), n0);
+      // The first key block that visits the query block (F above) takes the first turn.
+      if (p.deterministic) {
+        wait_for_dq_turn(dq_keys_done(), n0 - visible_key_begin(m0, s.causal_offset, s.window_span) / kBlockN * kBlockN);
+      }
       float dq_acc[kQMTiles][kQNTiles][4];
       zero_accumulators(dq_acc);
       warp_gemm<T, kQMTiles, kQNTiles, kBlockN / 16>(

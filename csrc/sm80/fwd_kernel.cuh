@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
 
   // cp.async groups, in order: [Q, K0] [V0] [K1] [V1] ... so "all but the newest group" is always
   // the block about to be used.
-  int n_block = next_visited(0);
+  // The first key block a sliding window lets this block's first query see (0 without one).
+  int n_block = next_visited(visible_key_begin(m0, s.causal_offset, s.window_span) / kBlockN);
   load_tile<kBlockM, kHeadDim, Cfg::kThreads>(q_smem, q, p.q_strides.row, s.seqlen_q - m0, s.head_dim,
                                               s.rows_aligned_16);
   if (n_block < num_n_blocks) load_kv_block(k_smem, k, p.k_strides.row, n_block, 0);
@@ -186,7 +187,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
     }
     const bool mask_needed = kMasked && mask.needed(n_block);
     if (mask_needed || n0 + kBlockN > s.seqlen_k ||
-        (s.is_causal && n0 + kBlockN - 1 > m0 + warp_row0 + s.causal_offset)) {
+        (s.is_causal && n0 + kBlockN - 1 > m0 + warp_row0 + s.causal_offset) ||
+        (s.window_span >= 0 && n0 < m0 + warp_row0 + kMTiles * 16 - 1 + s.causal_offset - s.window_span)) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -195,7 +197,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSM) fwd_kerne
           for (int e = 0; e < 4; ++e) {
             const int key = n0 + j * 8 + (lane % 4) * 2 + (e % 2);
             const int query = m0 + warp_row0 + mt * 16 + lane / 4 + (e / 2) * 8;
-            const bool visible = key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset);
+            const bool visible = key_visible(query, key, s.seqlen_k, s.is_causal, s.causal_offset, s.window_span);
             float score = s_acc[mt][j][e];
             if constexpr (kMasked) {
               if (mask_needed && visible && query < s.seqlen_q) score += mask.add_log2(query, key);

@@ -116,15 +116,18 @@ __device__ __forceinline__ BwdRows bwd_varlen_rows(const BwdParams& p, int b, co
                  p.varlen.workspace_rows};
 }
 
-// The steps of the key block starting at key n0: every query head of its GQA group times the
-// kBlockM-query blocks from the first that sees key n0 (none when no query does).
-template <int kBlockM>
+// The steps of the key block of kBlockN keys starting at key n0: every query head of its GQA group times
+// the kBlockM-query blocks from the first that sees key n0 to the last that sees the block's last key
+// (a sliding window's; else the last block), none when no query sees the block.
+template <int kBlockM, int kBlockN>
 __device__ __forceinline__ BwdSteps bwd_steps(const AttentionShape& sh, int n0) {
   BwdSteps steps;
   steps.group = sh.heads_q / sh.heads_kv;
   const int first_query = first_query_seeing(n0, sh.is_causal, sh.causal_offset);
+  const int query_end =
+      last_query_seeing_end(min(n0 + kBlockN, sh.seqlen_k) - 1, sh.seqlen_q, sh.causal_offset, sh.window_span);
   steps.m_begin = first_query / kBlockM;
-  steps.num_m = first_query < sh.seqlen_q ? (sh.seqlen_q + kBlockM - 1) / kBlockM - steps.m_begin : 0;
+  steps.num_m = first_query < query_end ? (query_end + kBlockM - 1) / kBlockM - steps.m_begin : 0;
   return steps;
 }
 
@@ -496,9 +499,12 @@ struct DqTurns {
     take_at(p.dq_keys_done + stats_row / kDqTileRows, sh, m0, n_block);
   }
   // The turn of key block n_block at the query block from query m0: negative when none of its queries
-  // sees the key block (possible in a 128-query step only).
+  // sees the key block (possible in a 128-query step only): the block lies right of their diagonals or,
+  // under a sliding window, left of their windows (the key blocks that take turns are then those from
+  // the first row's window start to the last row's diagonal, still n_last first).
   __device__ __forceinline__ static int turn_at(const AttentionShape& sh, int m0, int n_block) {
     if (!sh.is_causal) return n_block;
+    if (sh.window_span >= 0 && (n_block + 1) * kBlockN <= m0 + sh.causal_offset - sh.window_span) return -1;
     const int last_key = min(min(m0 + kDqTileRows, sh.seqlen_q) - 1 + sh.causal_offset, sh.seqlen_k - 1);
     return last_key / kBlockN - n_block;
   }
@@ -618,7 +624,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       if constexpr (kKeyEnds) row_keys_end = key_end;
     }
   }
-  BwdSteps steps = bwd_steps<kBlockM>(sh, n0);
+  BwdSteps steps = bwd_steps<kBlockM, kBlockN>(sh, n0);
   if (kKeyEnds && n0 >= row_keys_end) steps.num_m = 0;  // no key of the block is kept: dK = dV = 0
   // Broadcast from lane 0: the compiler then knows the value is the same across the warp, so what
   // derives from it (each consumer's shared-memory tile addresses, its wgmma descriptors) lives in
@@ -705,7 +711,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     if (softcapped) softcap_scores(s, sh.softcap_inner);
     // P^T; keys this query may not see get 0 (only blocks on the causal diagonal or past the end).
     const MaskView<T> mask = kMasked ? walk.mask(step) : MaskView<T>();
-    const bool needs_mask = key0 + 64 > keys_end || (sh.is_causal && key0 + 63 > m0 + sh.causal_offset);
+    // (Under a sliding window, also blocks with keys left of the last query's window.)
+    const bool needs_mask = key0 + 64 > keys_end || (sh.is_causal && key0 + 63 > m0 + sh.causal_offset) ||
+                            (sh.window_span >= 0 && key0 < m0 + kBlockM - 1 + sh.causal_offset - sh.window_span);
     if (mask_needed) {
       // With the attention mask: exp2(S^T scale + mask - LSE), all in base-2 units, where visible. The
       // mask terms of kChunk elements are loaded together before any is used (MaskView::load_terms); as
@@ -728,8 +736,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
           const int c = 2 * (i / 4) + i % 2;
           const int key = key0 + accumulator_row(i, warp_in_group, lane);
           const int query = m0 + accumulator_col(i, lane);
-          const bool visible =
-              (query < sh.seqlen_q) & key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
+          const bool visible = (query < sh.seqlen_q) &
+                               key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset, sh.window_span);
           const float x = s[i] * sh.scale_log2 - lse[c] + term[e];
           s[i] = visible ? exp2f(x) : 0.f;
         }
@@ -740,6 +748,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       const int key_row = key0 + accumulator_row(0, warp_in_group, lane);
       const int keys_left = keys_end - key_row;
       const int diagonal = sh.is_causal ? m0 + accumulator_col(0, lane) + sh.causal_offset - key_row : kBlockM;
+      // A sliding window's left bound in the same terms (key_step - query_step >= window_floor).
+      const int window_floor = sh.window_span >= 0 ? diagonal - sh.window_span : -2 * kBlockM;
 #pragma unroll
       for (int i = 0; i < kScores; ++i) {
         const int c = 2 * (i / 4) + i % 2;  // index of this element's query column in lse / delta
@@ -751,7 +761,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 #pragma unroll
         for (int i = 0; i < kScores; ++i) {
           const int key_step = 8 * ((i % 4) / 2), query_step = 8 * (i / 4) + i % 2;
-          s[i] = (key_step < keys_left) & (key_step - query_step <= diagonal) ? s[i] : 0.f;
+          s[i] = (key_step < keys_left) & (key_step - query_step <= diagonal) & (key_step - query_step >= window_floor)
+                     ? s[i]
+                     : 0.f;
         }
       }
     }

@@ -217,14 +217,15 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
 #pragma unroll
       for (int i = 0; i < kKeys / 2; ++i) s[i] = exp2f(fmaf(s[i], sh.scale_log2, -lse[(i % 4) / 2]));
     }
-    // Keys past the end, or (causal) past a query's diagonal, get P = 0; queries past the end have LSE
-    // +inf and so P = 0 already.
-    if (key0 + kKeys > sh.seqlen_k || (sh.is_causal && key0 + kKeys - 1 > m0 + sh.causal_offset)) {
+    // Keys past the end, or (causal) past a query's diagonal or left of its sliding window, get P = 0;
+    // queries past the end have LSE +inf and so P = 0 already.
+    if (key0 + kKeys > sh.seqlen_k || (sh.is_causal && key0 + kKeys - 1 > m0 + sh.causal_offset) ||
+        (sh.window_span >= 0 && key0 < m0 + kBlockM - 1 + sh.causal_offset - sh.window_span)) {
 #pragma unroll
       for (int i = 0; i < kKeys / 2; ++i) {
         const int key = key0 + accumulator_col(i, lane);
         const int query = m0 + accumulator_row(i, warp_in_group, lane);
-        s[i] = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset) ? s[i] : 0.f;
+        s[i] = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset, sh.window_span) ? s[i] : 0.f;
       }
     }
     const float delta[2] = {stats[kBlockM + r0], stats[kBlockM + r0 + 8]};
@@ -309,7 +310,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   const AttentionShape& sh = p.shape;
   const BwdKeyBlock block = bwd_key_block<kBlockN>(p);
   const int n_block = block.n_block, kv_head = block.kv_head, batch = block.batch, n0 = block.n0;
-  const BwdSteps steps = bwd_steps<kBlockM>(sh, n0);
+  const BwdSteps steps = bwd_steps<kBlockM, kBlockN>(sh, n0);
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);  // uniform, as in bwd_kernel
   // The walk over the steps whose class tile lets some key through: the tile of the class grid's
   // 128-key column holding this block.

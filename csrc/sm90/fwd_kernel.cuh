@@ -228,12 +228,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     const int last_row_key = first_row + sh.causal_offset;  // the last key this warpgroup's first row sees
     const int edge_block = min(row_key_end / kBlockN,
                                !sh.is_causal ? INT_MAX : last_row_key + 1 >= 0 ? (last_row_key + 1) / kBlockN : 0);
+    // Under a sliding window, the blocks before window_edge_block hold keys left of some row's window:
+    // block n0 does when n0 < first_row + 63 + causal_offset - window_span (its last row's first key).
+    const int last_row_first_key = first_row + 63 + sh.causal_offset - sh.window_span;
+    const int window_edge_block =
+        sh.window_span < 0 || last_row_first_key <= 0 ? 0 : (last_row_first_key + kBlockN - 1) / kBlockN;
     // Masks block `block`'s scores; returns the scale the softmax must apply to them. A block whose
     // mask tile is a key prefix ending at key_end (>= 0) takes the length test up to key_end instead of
     // its mask elements.
     auto apply_masks = [&](float(&scores)[kBlockN / 2], int block, bool mask_needed, int key_end) {
       const int n0 = block * kBlockN;
-      const bool needs_mask = block >= edge_block;
+      const bool needs_mask = block >= edge_block || block < window_edge_block;
       if constexpr (kMasked) {
         if (key_end >= 0) {
           mask_scores<kBlockN>(scores, n0, row0, lane, sh, key_end);
@@ -258,7 +263,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     auto stage_of = [&](int i) { return (kv_iter + i) % kStages; };
     auto phase_of = [&](int i) { return ((kv_iter + i) / kStages) & 1; };
 
-    int block = walk.next(0);
+    int block = walk.next(t.first_n_block);
     if (block < t.num_n_blocks) {
       bool block_needs = walk.needs_elements(block);
       int block_key_end = block_needs ? walk.prefix_key_end(block, kBlockN, p.mask) : -1;

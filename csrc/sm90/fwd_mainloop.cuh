@@ -68,7 +68,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2], uint32_t
 
 // Scores of keys a row may not see become -inf: keys from key_end on (seqlen_k, or the end of a
 // key-prefix mask tile; TMA filled keys past seqlen_k with zeros) and, with causal masking, keys right
-// of the diagonal.
+// of the diagonal (and left of a sliding window).
 template <int kBlockN>
 __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int row0, int lane, const AttentionShape& sh,
                                             int key_end) {
@@ -76,7 +76,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
   for (int i = 0; i < kBlockN / 2; ++i) {
     const int key = n0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
     const int query = row0 + ((i % 4) / 2) * 8;
-    s[i] = key_visible(query, key, key_end, sh.is_causal, sh.causal_offset) ? s[i] : -INFINITY;
+    s[i] = key_visible(query, key, key_end, sh.is_causal, sh.causal_offset, sh.window_span) ? s[i] : -INFINITY;
   }
 }
 
@@ -119,7 +119,8 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
             const int key = n0 + (chunk + j) * 8 + (lane % 4) * 2 + c;
             float& x = s[4 * (chunk + j) + 2 * half + c];
             // key_visible's causal half (the block lies inside the keys), as a branch: the bitwise form
-            // made ptxas lay out the masked kernel differently.
+            // made ptxas lay out the masked kernel differently. (No sliding window: the host refuses
+            // one with a mask.)
             const bool visible = ((pair_bytes[j] >> (8 * c)) & 0xffu) != 0 &&
                                  (!sh.is_causal || key <= query + sh.causal_offset);
             x = visible ? x * sh.scale_log2 : -INFINITY;
@@ -155,7 +156,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
         const int pair = (chunk + e) / 2, c = e % 2;
         const int key = n0 + pair * 8 + (lane % 4) * 2 + c;
         float& x = s[4 * pair + 2 * half + c];
-        const bool visible = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset);
+        const bool visible = key_visible(query, key, sh.seqlen_k, sh.is_causal, sh.causal_offset, sh.window_span);
         x = visible ? x * sh.scale_log2 + term[e] : -INFINITY;
       }
     }
@@ -170,7 +171,7 @@ __device__ __forceinline__ int release_tile(FwdBarriers<Cfg>& bars, const FwdPar
                                             int q_iter, bool warp_leader) {
   KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
   int visits = 0;
-  for (int n = walk.next(0); n < t.num_n_blocks; n = walk.next(n + 1), ++visits) {
+  for (int n = walk.next(t.first_n_block); n < t.num_n_blocks; n = walk.next(n + 1), ++visits) {
     const int stage = (kv_iter + visits) % Cfg::kStages, phase = ((kv_iter + visits) / Cfg::kStages) & 1;
     mbar_wait(&bars.k_full[stage], phase);
     if (warp_leader) release_kv_stage<kMulticast>(&bars.k_empty[stage]);

@@ -67,7 +67,9 @@ bool narrow_tail_fits(const FwdTileConstants& c, const AttentionShape& sh) {
 // The configuration of a launch. Measured on the H200 (docs/perf-log.md has the figures):
 // - width 64, long rows (uses_long_row_config): three consumer warpgroups;
 // - width 128 without causal masking from 2048 keys: 176-key blocks, the last one narrow where it
-//   holds at most 128 keys (the key-length form keeps 128-key blocks: its rows differ in length);
+//   holds at most 128 keys (the key-length form keeps 128-key blocks: its rows differ in length); a
+//   sliding window keeps 128-key blocks too (at 4096 keys the 176-key ones were slower: more keys
+//   outside the window at both of its edges);
 // - width 64 otherwise: prefetched scores (the key-length form, whose rows can end before their
 //   second block, keeps the default configuration).
 FwdTiles choose_tiles(const AttentionShape& sh, int width, FwdRows rows, const PlanOptions& options) {

@@ -138,7 +138,7 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
       }
     }
     KeyBlockWalk<T, kMasked> walk(p, t, Cfg::kBlockM);
-    const bool has_keys = tile >= 0 && walk.next(0) < t.num_n_blocks;
+    const bool has_keys = tile >= 0 && walk.next(t.first_n_block) < t.num_n_blocks;
     const int q_stage = q_iter % Cfg::kQStages, q_use = q_iter / Cfg::kQStages;
     if (q_use > 0) mbar_wait(&bars.q_empty[q_stage], (q_use - 1) & 1);
     ++q_iter;
@@ -159,7 +159,7 @@ __device__ void produce(const FwdTensorMaps& maps, FwdBarriers<Cfg>& bars, unsig
     // Not unrolled: the producer has 24 registers, and the unrolled copies inlined twice (static and
     // dynamic tiles) spilled. The loop's few extra instructions run in one thread, once per key block.
 #pragma unroll 1
-    for (int n = walk.next(0); n < t.num_n_blocks; n = walk.next(n + 1), ++kv_iter) {
+    for (int n = walk.next(t.first_n_block); n < t.num_n_blocks; n = walk.next(n + 1), ++kv_iter) {
       const int stage = kv_iter % Cfg::kStages;
       const int use = kv_iter / Cfg::kStages;
       if (use > 0) mbar_wait(&bars.k_empty[stage], (use - 1) & 1);

@@ -94,7 +94,8 @@ struct FwdSchedule {
 // One work tile.
 struct FwdTile {
   int m0, head, kv_head, batch;
-  int num_n_blocks;  // key blocks the tile's queries can see (0: none)
+  int num_n_blocks;  // one past the last key block the tile's queries can see (0: none)
+  int first_n_block;  // the first one (0 but under a sliding window; >= num_n_blocks: none)
 
   template <int kBlockM, int kBlockN>
   __device__ __forceinline__ static FwdTile at(int tile, const AttentionShape& sh, const FwdSchedule& sched) {
@@ -106,6 +107,7 @@ struct FwdTile {
     t.kv_head = sched.by_group.div(t.head);
     const int key_end = visible_key_end(min(t.m0 + kBlockM, sh.seqlen_q), sh.seqlen_k, sh.is_causal, sh.causal_offset);
     t.num_n_blocks = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
+    t.first_n_block = visible_key_begin(t.m0, sh.causal_offset, sh.window_span) / kBlockN;
     return t;
   }
   // Item `item` of a variable-length batch's list (cuda/varlen_schedule.h: x the sequence, y its query
@@ -121,6 +123,7 @@ struct FwdTile {
     t.kv_head = sched.by_group.div(t.head);
     const int key_end = visible_key_end(min(t.m0 + kBlockM, s.len_q), s.len_k, sh.is_causal, s.causal_offset);
     t.num_n_blocks = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
+    t.first_n_block = visible_key_begin(t.m0, s.causal_offset, sh.window_span) / kBlockN;
     return t;
   }
   // Leaves out the blocks from key `key_end` on (a row of FwdParams::key_end; < 0: all of them).

@@ -29,12 +29,12 @@ using torch::autograd::variable_list;
 using FwdSignature = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                         double, bool, bool, const std::optional<at::Tensor>&,
                                                         double, const std::optional<at::Tensor>&, bool,
-                                                        const std::optional<at::Tensor>&, double);
+                                                        const std::optional<at::Tensor>&, double, int64_t, int64_t);
 using BwdSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, double, bool, bool, bool, const std::optional<at::Tensor>&,
     const std::optional<at::Tensor>&, double, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, double);
+    const std::optional<at::Tensor>&, double, int64_t, int64_t);
 
 std::optional<at::Tensor> present(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
@@ -64,10 +64,11 @@ std::tuple<at::Tensor, at::Tensor> fwd_heads_first(const at::Tensor& q, const at
                                                    double scale, bool is_causal, bool causal_bottom_right,
                                                    const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                                    const std::optional<at::Tensor>& rng_state, bool deterministic,
-                                                   const std::optional<at::Tensor>& sink, double softcap) {
+                                                   const std::optional<at::Tensor>& sink, double softcap, int64_t window_left, int64_t window_right) {
   check_heads_first(q, k, v);
   return fwd_op().call(kernel_layout(q), kernel_layout(k), kernel_layout(v), scale, is_causal, causal_bottom_right,
-                       attn_mask, dropout_p, rng_state, deterministic, sink, softcap);
+                       attn_mask, dropout_p, rng_state, deterministic, sink, softcap, window_left,
+                       window_right);
 }
 
 // heads_first: q, k, v (and the gradients returned for them) in (B, H, L, E), else (B, L, H, E).
@@ -77,16 +78,19 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
                                double scale, bool is_causal, bool causal_bottom_right,
                                const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                const std::optional<at::Tensor>& rng_state, bool deterministic,
-                               const std::optional<at::Tensor>& sink, double softcap, bool heads_first) {
+                               const std::optional<at::Tensor>& sink, double softcap, int64_t window_left, int64_t window_right, bool heads_first) {
     at::Tensor out, lse;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       std::tie(out, lse) = heads_first ? fwd_heads_first(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-                                                         dropout_p, rng_state, deterministic, sink, softcap)
+                                                         dropout_p, rng_state, deterministic, sink, softcap, window_left,
+                                                         window_right)
                                        : fwd_op().call(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-                                                       dropout_p, rng_state, deterministic, sink, softcap);
+                                                       dropout_p, rng_state, deterministic, sink, softcap, window_left, window_right);
     }
     ctx->saved_data["softcap"] = softcap;
+    ctx->saved_data["window_left"] = window_left;
+    ctx->saved_data["window_right"] = window_right;
     // The inputs as given (the backward makes the kernels' views again); rng_state is saved, not its
     // values: the backward regenerates the forward's keep-mask from it.
     ctx->save_for_backward({q, k, v, out, lse, attn_mask.value_or(at::Tensor()), rng_state.value_or(at::Tensor()),
@@ -135,16 +139,18 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
                                 ctx->saved_data["deterministic"].toBool(),
                                 present(attn_mask), present(dmask), ctx->saved_data["dropout_p"].toDouble(),
                                 present(rng_state), present(sink), present(dsink),
-                                ctx->saved_data["softcap"].toDouble());
+                                ctx->saved_data["softcap"].toDouble(), ctx->saved_data["window_left"].toInt(),
+                                ctx->saved_data["window_right"].toInt());
     if (heads_first) {  // back to the inputs' (B, H, L, E)
       dq = dq.transpose(1, 2);
       dk = dk.transpose(1, 2);
       dv = dv.transpose(1, 2);
     }
     // One gradient per forward argument: q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-    // dropout_p, rng_state, deterministic, sink, softcap, heads_first.
+    // dropout_p, rng_state, deterministic, sink, softcap, window_left, window_right, heads_first.
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), dmask, at::Tensor(), at::Tensor(), at::Tensor(),
-            dsink.defined() ? dsink.to(sink.scalar_type()) : at::Tensor(), at::Tensor(), at::Tensor()};
+            dsink.defined() ? dsink.to(sink.scalar_type()) : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -152,9 +158,10 @@ std::tuple<at::Tensor, at::Tensor> fwd_autograd(const at::Tensor& q, const at::T
                                                 double scale, bool is_causal, bool causal_bottom_right,
                                                 const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                                 const std::optional<at::Tensor>& rng_state, bool deterministic,
-                                                const std::optional<at::Tensor>& sink, double softcap) {
+                                                const std::optional<at::Tensor>& sink, double softcap, int64_t window_left, int64_t window_right) {
   const variable_list outputs = FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-                                                   dropout_p, rng_state, deterministic, sink, softcap, false);
+                                                   dropout_p, rng_state, deterministic, sink, softcap, window_left,
+                                                   window_right, false);
   return {outputs[0], outputs[1]};
 }
 
@@ -165,9 +172,10 @@ std::tuple<at::Tensor, at::Tensor> fwd_heads_first_autograd(const at::Tensor& q,
                                                             double dropout_p,
                                                             const std::optional<at::Tensor>& rng_state,
                                                             bool deterministic,
-                                                            const std::optional<at::Tensor>& sink, double softcap) {
+                                                            const std::optional<at::Tensor>& sink, double softcap, int64_t window_left, int64_t window_right) {
   const variable_list outputs = FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-                                                   dropout_p, rng_state, deterministic, sink, softcap, true);
+                                                   dropout_p, rng_state, deterministic, sink, softcap, window_left,
+                                                   window_right, true);
   return {outputs[0], outputs[1]};
 }
 

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <string>
@@ -164,6 +165,37 @@ void check_softcap(const char* op, double softcap, const std::optional<at::Tenso
               std::to_string(softcap));
   TORCH_CHECK(softcap == 0.0 || !attn_mask.has_value() || attn_mask->scalar_type() == at::kBool, op,
               ": softcap with a floating (additive) attn_mask is not supported; pass a boolean mask");
+}
+
+KeyWindow resolve_window(const char* op, bool is_causal, int64_t window_left, int64_t window_right, int64_t longest,
+                         const std::optional<at::Tensor>& attn_mask) {
+  // A bound of `longest` keys or more excludes no key of any row.
+  const int64_t left = window_left >= longest ? -1 : std::max<int64_t>(window_left, -1);
+  const int64_t right = is_causal ? 0 : window_right >= longest ? -1 : std::max<int64_t>(window_right, -1);
+  KeyWindow w;
+  if (left < 0 && right <= 0) {  // no window, or the causal mask alone
+    w.is_causal = right == 0;
+    return w;
+  }
+  TORCH_CHECK(!attn_mask.has_value(), op, ": a sliding window (window_left=", to_text(window_left),
+              ", window_right=", to_text(window_right), ") with an attn_mask is not supported");
+  // The kernels' diagonals (query + offset + shift - span) stay within 32-bit ints.
+  TORCH_CHECK(longest <= (int64_t{1} << 29), op, ": a sliding window needs sequences of at most 2^29 rows, got ",
+              to_text(longest));
+  w.is_causal = true;
+  w.causal_shift = right >= 0 ? right : longest;  // an unbounded right side: past every key
+  w.span = left >= 0 ? left + w.causal_shift : -1;
+  return w;
+}
+
+bool apply_window(const char* op, CheckedShape& s, bool is_causal, int64_t window_left, int64_t window_right,
+                  const std::optional<at::Tensor>& attn_mask) {
+  const KeyWindow w =
+      resolve_window(op, is_causal, window_left, window_right, std::max(s.seqlen_q, s.seqlen_k), attn_mask);
+  if (!w.is_causal) return is_causal;
+  s.causal_offset += w.causal_shift;
+  s.window_span = w.span;
+  return true;
 }
 
 CheckedShape check_fwd_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal_bottom_right,

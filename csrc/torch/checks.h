@@ -15,6 +15,7 @@ constexpr int64_t kMaxHeadDim = 256;
 struct CheckedShape {
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   int64_t causal_offset;  // key j visible to query i iff j <= i + causal_offset
+  int64_t window_span = -1;  // with a sliding window, also iff j >= i + causal_offset - window_span (apply_window)
 };
 
 // Checks q [B, Lq, Hq, D], k and v [B, Lk, Hk, D]: ndim, dtype, device, contiguous last dim,
@@ -58,6 +59,24 @@ void check_keep_mask_args(const at::Tensor& rng_state, int64_t batch, int64_t he
 // >= 0, and not with a floating attn_mask (the CUDA backward recovers tanh from P, which an additive
 // mask's term would spoil).
 void check_softcap(const char* op, double softcap, const std::optional<at::Tensor>& attn_mask);
+
+// A sliding window (FlashAttention-2's window_size: key j is visible to query i iff
+// i + offset - window_left <= j <= i + offset + window_right, offset the causal alignment's diagonal,
+// a negative bound unbounded; is_causal makes the right bound 0) as the kernels run it: causal masking
+// at the window's right bound, causal_shift keys right of the alignment's diagonal, and `span` keys
+// left of that bound besides (-1: no left bound). Bounds that cannot exclude a key within `longest`
+// (the longer side: seqlen, or the packed row count) are dropped.
+struct KeyWindow {
+  bool is_causal = false;
+  int64_t causal_shift = 0;
+  int64_t span = -1;
+};
+KeyWindow resolve_window(const char* op, bool is_causal, int64_t window_left, int64_t window_right, int64_t longest,
+                         const std::optional<at::Tensor>& attn_mask);
+
+// The checked shape under resolve_window's window; returns the kernels' is_causal.
+bool apply_window(const char* op, CheckedShape& s, bool is_causal, int64_t window_left, int64_t window_right,
+                  const std::optional<at::Tensor>& attn_mask);
 
 // Every argument check of the fwd op, in the order both devices' implementations run them: q/k/v,
 // attn_mask, dropout. Returns the checked shape.

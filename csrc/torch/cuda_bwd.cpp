@@ -22,13 +22,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    const std::optional<at::Tensor>& dmask, double dropout_p,
                                                    const std::optional<at::Tensor>& rng_state,
                                                    const std::optional<at::Tensor>& sink,
-                                                   const std::optional<at::Tensor>& dsink, double softcap) {
+                                                   const std::optional<at::Tensor>& dsink, double softcap,
+                                                   int64_t window_left, int64_t window_right) {
   const char* op = "flashattn.bwd";
-  const CheckedShape s =
+  CheckedShape s =
       check_bwd_args(dout, q, k, v, out, lse_in, causal_bottom_right, attn_mask, dmask, dropout_p, rng_state);
   check_sink(op, sink, q, s.heads_q);
   check_dsink(op, dsink, sink, q, s.heads_q);
   check_softcap(op, softcap, attn_mask);
+  is_causal = apply_window(op, s, is_causal, window_left, window_right, attn_mask);
   const c10::cuda::CUDAGuard device_guard(q.device());
   check_cuda_device(op, q);
 

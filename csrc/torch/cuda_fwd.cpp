@@ -119,11 +119,13 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                                        bool is_causal, bool causal_bottom_right,
                                        const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                        const std::optional<at::Tensor>& rng_state, bool /*deterministic*/,
-                                       const std::optional<at::Tensor>& sink_in, double softcap) {
+                                       const std::optional<at::Tensor>& sink_in, double softcap,
+                                       int64_t window_left, int64_t window_right) {
   const char* op = "flashattn.fwd";
-  const CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
+  CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
   check_sink(op, sink_in, q, s.heads_q);
   check_softcap(op, softcap, attn_mask);
+  is_causal = apply_window(op, s, is_causal, window_left, window_right, attn_mask);
   const DropoutParams dropout = make_dropout(dropout_p, rng_state);
   const c10::cuda::CUDAGuard device_guard(q.device());
   check_cuda_device(op, q);

@@ -66,6 +66,7 @@ AttentionShape make_shape(const CheckedShape& s, const at::Tensor& q, double sca
   shape.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   shape.is_causal = is_causal;
   shape.causal_offset = static_cast<int>(s.causal_offset);
+  shape.window_span = static_cast<int>(s.window_span);
   shape.element_type = q.scalar_type() == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16;
   shape.rows_aligned_16 = true;
   return shape;

@@ -20,7 +20,8 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                                        bool is_causal, bool causal_bottom_right,
                                        const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                        const std::optional<at::Tensor>& rng_state, bool deterministic,
-                                       const std::optional<at::Tensor>& sink, double softcap);
+                                       const std::optional<at::Tensor>& sink, double softcap, int64_t window_left,
+                                       int64_t window_right);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
@@ -29,7 +30,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    const std::optional<at::Tensor>& dmask, double dropout_p,
                                                    const std::optional<at::Tensor>& rng_state,
                                                    const std::optional<at::Tensor>& sink,
-                                                   const std::optional<at::Tensor>& dsink, double softcap);
+                                                   const std::optional<at::Tensor>& dsink, double softcap,
+                                                   int64_t window_left, int64_t window_right);
 
 at::Tensor dropout_keep_mask(const at::Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
                              int64_t seqlen_k, double dropout_p);

@@ -1,10 +1,11 @@
 // The flashattn ops: schemas, per-device implementations (checks, allocation, dispatch), module init.
 //
 //   fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0,
-//       rng_state=None, deterministic=False, sink=None, softcap=0.0) -> (out, lse)
+//       rng_state=None, deterministic=False, sink=None, softcap=0.0, window_left=-1, window_right=-1)
+//       -> (out, lse)
 //   bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False,
-//       attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None, softcap=0.0)
-//       -> (dq, dk, dv)
+//       attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None, softcap=0.0,
+//       window_left=-1, window_right=-1) -> (dq, dk, dv)
 //   dropout_keep_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> keep [B, H, Lq, Lk] bool
 //   varlen_fwd / varlen_bwd: the same over a variable-length batch (varlen_ops.cpp)
 //
@@ -20,7 +21,10 @@
 // tensor of logits, joins each query head's softmax denominators (torch/sink.h); lse then includes it, and
 // bwd, given the forward's sink, overwrites dsink (contiguous (Hq,) float32) with the sink's gradient.
 // softcap > 0 caps every scaled score to softcap * tanh(score / softcap) before the mask and the softmax
-// (Gemma 2); bwd needs the forward's. Not with a floating attn_mask. fwd's `deterministic`
+// (Gemma 2); bwd needs the forward's. Not with a floating attn_mask. window_left / window_right (>= 0;
+// -1: unbounded) restrict query i to the keys i + offset - window_left .. i + offset + window_right, offset
+// the causal alignment's diagonal (a sliding window, FlashAttention-2's window_size; is_causal makes the
+// right bound 0); not with an attn_mask; bwd needs the forward's. fwd's `deterministic`
 // is for its backward alone (autograd.cpp passes it to bwd): the forward is always reproducible.
 // fwd's autograd kernel is in autograd.cpp; the fake kernels are registered in flashattn/ops.py.
 // The forward is bitwise reproducible; the CUDA backward is only with deterministic=True (its dq sums
@@ -51,11 +55,14 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
                                            const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                            const std::optional<at::Tensor>& rng_state,
                                            bool /*deterministic: the backward's, see autograd.cpp*/,
-                                           const std::optional<at::Tensor>& sink, double softcap) {
-  const CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
+                                           const std::optional<at::Tensor>& sink, double softcap,
+                                           int64_t window_left, int64_t window_right) {
+  CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
   check_sink("flashattn.fwd", sink, q, s.heads_q);
   check_softcap("flashattn.fwd", softcap, attn_mask);
-  return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, attn_mask, dropout_p, rng_state, sink, softcap);
+  is_causal = apply_window("flashattn.fwd", s, is_causal, window_left, window_right, attn_mask);
+  return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, attn_mask, dropout_p, rng_state, sink, softcap,
+                  s.window_span);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dout, const at::Tensor& q,
@@ -67,16 +74,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dout, c
                                                        const std::optional<at::Tensor>& dmask, double dropout_p,
                                                        const std::optional<at::Tensor>& rng_state,
                                                        const std::optional<at::Tensor>& sink,
-                                                       const std::optional<at::Tensor>& dsink, double softcap) {
-  const CheckedShape s =
+                                                       const std::optional<at::Tensor>& dsink, double softcap,
+                                                       int64_t window_left, int64_t window_right) {
+  CheckedShape s =
       check_bwd_args(dout, q, k, v, out, lse, causal_bottom_right, attn_mask, dmask, dropout_p, rng_state);
   check_sink("flashattn.bwd", sink, q, s.heads_q);
   check_dsink("flashattn.bwd", dsink, sink, q, s.heads_q);
   check_softcap("flashattn.bwd", softcap, attn_mask);
+  is_causal = apply_window("flashattn.bwd", s, is_causal, window_left, window_right, attn_mask);
   if (dmask.has_value()) dmask->zero_();  // elements whose key takes no part keep a zero gradient
   if (dsink.has_value()) dsink->copy_(sink_gradient_of_rows(*sink, dout, out, lse));
   return cpu::bwd(dout, q, k, v, out, lse, scale, is_causal, s.causal_offset, attn_mask, dmask, dropout_p, rng_state,
-                  softcap);
+                  softcap, s.window_span);
 }
 
 at::Tensor dropout_keep_mask_cpu(const at::Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
@@ -158,7 +167,7 @@ T get(const py::dict& d, const char* key, T fallback) {
 }
 
 // An attention call as the planner sees it, from a dict: batch, seqlen_q, seqlen_k, heads_q, heads_kv,
-// head_dim, scale, is_causal, causal_offset, dtype ("bf16" | "fp16"), mask (None | "bool" | "additive"),
+// head_dim, scale, is_causal, causal_offset, window_span (-1: none), dtype ("bf16" | "fp16"), mask (None | "bool" | "additive"),
 // mask_batch_stride_zero, mask_head_stride_zero, mask_row_stride_zero, dropout, tma (True: every tensor
 // TMA-describable), out_tma, deterministic, dmask; and the device: cc ((major, minor)), num_sms,
 // pair_clusters, smem_per_block (bytes; 0 or absent: not known, not checked).
@@ -174,6 +183,7 @@ AttentionShape shape_of(const py::dict& d) {
   s.scale_log2 = s.scale * 1.4426950408889634f;
   s.is_causal = get<bool>(d, "is_causal", false);
   s.causal_offset = get<int>(d, "causal_offset", 0);
+  s.window_span = get<int>(d, "window_span", -1);
   s.element_type = get<std::string>(d, "dtype", "bf16") == "fp16" ? ElementType::kFloat16 : ElementType::kBFloat16;
   s.rows_aligned_16 = true;
   return s;
@@ -235,6 +245,7 @@ py::dict launch_dict(const sm90::FwdLaunchPlan& l) {
   d["dynamic_heads"] = l.dynamic_heads;
   d["is_causal"] = l.shape.is_causal;
   d["causal_offset"] = l.shape.causal_offset;
+  d["window_span"] = l.shape.window_span;
   return d;
 }
 
@@ -292,15 +303,15 @@ bool compiled_with_cuda() {
 TORCH_LIBRARY(flashattn, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right,"
         " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False,"
-        " Tensor? sink=None, float softcap=0.0) -> (Tensor out, Tensor lse)");
+        " Tensor? sink=None, float softcap=0.0, int window_left=-1, int window_right=-1) -> (Tensor out, Tensor lse)");
   // fwd with q, k, v in (B, H, L, E), SDPA's layout; out and lse as fwd returns them.
   m.def("fwd_heads_first(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right,"
         " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False,"
-        " Tensor? sink=None, float softcap=0.0) -> (Tensor out, Tensor lse)");
+        " Tensor? sink=None, float softcap=0.0, int window_left=-1, int window_right=-1) -> (Tensor out, Tensor lse)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, bool is_causal,"
         " bool causal_bottom_right, bool deterministic=False, Tensor? attn_mask=None, Tensor(a!)? dmask=None,"
         " float dropout_p=0.0, Tensor? rng_state=None, Tensor? sink=None, Tensor(b!)? dsink=None,"
-        " float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)");
+        " float softcap=0.0, int window_left=-1, int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("dropout_keep_mask(Tensor rng_state, int batch, int heads, int seqlen_q, int seqlen_k, float dropout_p)"
         " -> Tensor");
   // Variable-length batches (varlen_ops.cpp): q (total_q, Hq, D), k/v (total_k, Hk, D), int32 offsets;
@@ -308,12 +319,13 @@ TORCH_LIBRARY(flashattn, m) {
   // the device, a device-side assertion), max_seqlen_q / _k as the longest sequence allowed (-1: none).
   m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q,"
         " Tensor? seqused_k, float scale, bool is_causal, bool causal_bottom_right, bool deterministic=False,"
-        " SymInt max_seqlen_q=-1, SymInt max_seqlen_k=-1, Tensor? sink=None, float softcap=0.0)"
+        " SymInt max_seqlen_q=-1, SymInt max_seqlen_k=-1, Tensor? sink=None, float softcap=0.0,"
+        " int window_left=-1, int window_right=-1)"
         " -> (Tensor out, Tensor lse)");
   m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,"
         " Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, float scale, bool is_causal,"
         " bool causal_bottom_right, bool deterministic=False, Tensor? sink=None, Tensor(a!)? dsink=None,"
-        " float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)");
+        " float softcap=0.0, int window_left=-1, int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
 }
 
 TORCH_LIBRARY_IMPL(flashattn, CPU, m) {

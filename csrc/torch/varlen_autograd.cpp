@@ -22,12 +22,12 @@ using torch::autograd::variable_list;
 using VarlenFwdSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool, bool, bool, c10::SymInt,
-    c10::SymInt, const std::optional<at::Tensor>&, double);
+    c10::SymInt, const std::optional<at::Tensor>&, double, int64_t, int64_t);
 using VarlenBwdSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
     const std::optional<at::Tensor>&, double, bool, bool, bool, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, double);
+    const std::optional<at::Tensor>&, double, int64_t, int64_t);
 
 std::optional<at::Tensor> present(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
@@ -53,7 +53,8 @@ class VarlenFwdFunction : public torch::autograd::Function<VarlenFwdFunction> {
                                const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k,
                                double scale, bool is_causal, bool causal_bottom_right, bool deterministic,
                                c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
-                               const std::optional<at::Tensor>& sink, double softcap) {
+                               const std::optional<at::Tensor>& sink, double softcap, int64_t window_left,
+                               int64_t window_right) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("flashattn::varlen_fwd", "")
                                .typed<VarlenFwdSignature>();
@@ -62,9 +63,11 @@ class VarlenFwdFunction : public torch::autograd::Function<VarlenFwdFunction> {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       std::tie(out, lse) = op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal,
                                    causal_bottom_right, deterministic, std::move(max_seqlen_q),
-                                   std::move(max_seqlen_k), sink, softcap);
+                                   std::move(max_seqlen_k), sink, softcap, window_left, window_right);
     }
     ctx->saved_data["softcap"] = softcap;
+    ctx->saved_data["window_left"] = window_left;
+    ctx->saved_data["window_right"] = window_right;
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q.value_or(at::Tensor()),
                             seqused_k.value_or(at::Tensor()), sink.value_or(at::Tensor())});
     ctx->saved_data["scale"] = scale;
@@ -95,10 +98,12 @@ class VarlenFwdFunction : public torch::autograd::Function<VarlenFwdFunction> {
                                 ctx->saved_data["is_causal"].toBool(),
                                 ctx->saved_data["causal_bottom_right"].toBool(),
                                 ctx->saved_data["deterministic"].toBool(), present(sink), present(dsink),
-                                ctx->saved_data["softcap"].toDouble());
-    // One gradient per forward argument: q, k, v, then the ten arguments that take none, the sink, softcap.
+                                ctx->saved_data["softcap"].toDouble(), ctx->saved_data["window_left"].toInt(),
+                                ctx->saved_data["window_right"].toInt());
+    // One gradient per forward argument: q, k, v, then the ten arguments that take none, the sink, softcap
+    // and the window.
     variable_list out = {dq, dk, dv};
-    out.resize(15);
+    out.resize(17);
     if (dsink.defined()) out[13] = dsink.to(sink.scalar_type());
     return out;
   }
@@ -110,11 +115,12 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_autograd(const at::Tensor& q, cons
                                                        const std::optional<at::Tensor>& seqused_k, double scale,
                                                        bool is_causal, bool causal_bottom_right, bool deterministic,
                                                        c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
-                                                       const std::optional<at::Tensor>& sink, double softcap) {
+                                                       const std::optional<at::Tensor>& sink, double softcap,
+                                                       int64_t window_left, int64_t window_right) {
   const variable_list outputs =
       VarlenFwdFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal,
                                causal_bottom_right, deterministic, std::move(max_seqlen_q), std::move(max_seqlen_k),
-                               sink, softcap);
+                               sink, softcap, window_left, window_right);
   return {outputs[0], outputs[1]};
 }
 

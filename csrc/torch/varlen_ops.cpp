@@ -97,6 +97,14 @@ void check_cpu_offsets(const char* op, const VarlenShape& s, const at::Tensor& c
   check_offset_values(op, cu_k, used_k, s.packed.seqlen_k, max_seqlen_k, "cu_seqlens_k", "seqused_k", "max_seqlen_k");
 }
 
+// The sliding window of a variable-length call (resolve_window): every sequence is at most the packed
+// row counts long, and its causal_offset adds the window's causal_shift.
+KeyWindow packed_window(const char* op, const VarlenShape& s, bool is_causal, int64_t window_left,
+                        int64_t window_right) {
+  return resolve_window(op, is_causal, window_left, window_right, std::max(s.packed.seqlen_q, s.packed.seqlen_k),
+                        std::nullopt);
+}
+
 // Sequence b's rows (the offsets checked by check_cpu_offsets: inside q's and k's rows).
 CpuSpan cpu_span(const at::Tensor& cu_q, const at::Tensor& cu_k, const std::optional<at::Tensor>& used_q,
                  const std::optional<at::Tensor>& used_k, int64_t b) {
@@ -115,12 +123,13 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at:
                                                   bool is_causal, bool causal_bottom_right,
                                                   bool /*deterministic: the backward's*/, int64_t max_seqlen_q,
                                                   int64_t max_seqlen_k, const std::optional<at::Tensor>& sink,
-                                                  double softcap) {
+                                                  double softcap, int64_t window_left, int64_t window_right) {
   const char* op = "flashattn.varlen_fwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_sink(op, sink, q, s.packed.heads_q);
   check_softcap(op, softcap, std::nullopt);
   check_cpu_offsets(op, s, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+  const KeyWindow window = packed_window(op, s, is_causal, window_left, window_right);
   const at::ScalarType lse_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor out = at::zeros(q.sizes(), q.options());
   at::Tensor lse = at::full({s.packed.heads_q, s.packed.seqlen_q}, -std::numeric_limits<double>::infinity(),
@@ -129,11 +138,11 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at:
     const CpuSpan span = cpu_span(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, b);
     // Without keys: out 0 and lse -inf (or, with a sink, the sink's logit: the op computes that).
     if (span.len_q == 0 || (span.len_k == 0 && !sink.has_value())) continue;
-    const int64_t offset = causal_bottom_right ? span.len_k - span.len_q : 0;
+    const int64_t offset = (causal_bottom_right ? span.len_k - span.len_q : 0) + window.causal_shift;
     auto [o, l] = cpu::fwd(q.narrow(0, span.q_begin, span.len_q).unsqueeze(0),
                            k.narrow(0, span.k_begin, span.len_k).unsqueeze(0),
-                           v.narrow(0, span.k_begin, span.len_k).unsqueeze(0), scale, is_causal, offset,
-                           std::nullopt, 0.0, std::nullopt, sink, softcap);
+                           v.narrow(0, span.k_begin, span.len_k).unsqueeze(0), scale, window.is_causal,
+                           offset, std::nullopt, 0.0, std::nullopt, sink, softcap, window.span);
     out.narrow(0, span.q_begin, span.len_q).copy_(o[0]);
     lse.narrow(1, span.q_begin, span.len_q).copy_(l[0]);
   }
@@ -145,7 +154,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     const at::Tensor& lse, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
     const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k, double scale,
     bool is_causal, bool causal_bottom_right, bool /*deterministic: the CPU backward always is*/,
-    const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& dsink, double softcap) {
+    const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& dsink, double softcap,
+    int64_t window_left, int64_t window_right) {
   const char* op = "flashattn.varlen_bwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_varlen_bwd_inputs(op, dout, q, out, lse, s);
@@ -153,6 +163,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
   check_dsink(op, dsink, sink, q, s.packed.heads_q);
   check_softcap(op, softcap, std::nullopt);
   check_cpu_offsets(op, s, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, -1, -1);
+  const KeyWindow window = packed_window(op, s, is_causal, window_left, window_right);
   if (dsink.has_value()) dsink->copy_(sink_gradient_of_rows(*sink, dout.unsqueeze(0), out.unsqueeze(0), lse.unsqueeze(0)));
   at::Tensor dq = at::zeros(q.sizes(), q.options());
   at::Tensor dk = at::zeros(k.sizes(), k.options());
@@ -160,12 +171,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
   for (int64_t b = 0; b < s.batch; ++b) {
     const CpuSpan span = cpu_span(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, b);
     if (span.len_q == 0 || span.len_k == 0) continue;
-    const int64_t offset = causal_bottom_right ? span.len_k - span.len_q : 0;
+    const int64_t offset = (causal_bottom_right ? span.len_k - span.len_q : 0) + window.causal_shift;
     auto rows_q = [&](const at::Tensor& t) { return t.narrow(0, span.q_begin, span.len_q).unsqueeze(0); };
     auto rows_k = [&](const at::Tensor& t) { return t.narrow(0, span.k_begin, span.len_k).unsqueeze(0); };
     auto [g_q, g_k, g_v] = cpu::bwd(rows_q(dout), rows_q(q), rows_k(k), rows_k(v), rows_q(out),
-                                    lse.narrow(1, span.q_begin, span.len_q).unsqueeze(0), scale, is_causal, offset,
-                                    std::nullopt, std::nullopt, 0.0, std::nullopt, softcap);
+                                    lse.narrow(1, span.q_begin, span.len_q).unsqueeze(0), scale, window.is_causal,
+                                    offset, std::nullopt, std::nullopt, 0.0, std::nullopt, softcap, window.span);
     dq.narrow(0, span.q_begin, span.len_q).copy_(g_q[0]);
     dk.narrow(0, span.k_begin, span.len_k).copy_(g_k[0]);
     dv.narrow(0, span.k_begin, span.len_k).copy_(g_v[0]);
@@ -213,10 +224,11 @@ VarlenParams make_varlen(const at::Tensor& cu_q, const at::Tensor& cu_k, const s
   return v;
 }
 
-AttentionShape varlen_shape(const VarlenShape& s, const at::Tensor& q, double scale, bool is_causal) {
+AttentionShape varlen_shape(const VarlenShape& s, const at::Tensor& q, double scale, const KeyWindow& window) {
   CheckedShape packed = s.packed;
   packed.batch = s.batch;  // sequences; seqlen_q / seqlen_k stay the packed row counts
-  return cuda_ops::make_shape(packed, q, scale, is_causal);
+  packed.window_span = window.span;  // each sequence's causal_offset is its own (cuda/varlen.h, SeqSpan)
+  return cuda_ops::make_shape(packed, q, scale, window.is_causal);
 }
 
 std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -226,16 +238,17 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
                                                    bool is_causal, bool causal_bottom_right,
                                                    bool /*deterministic: the backward's*/, int64_t max_seqlen_q,
                                                    int64_t max_seqlen_k, const std::optional<at::Tensor>& sink_in,
-                                                   double softcap) {
+                                                   double softcap, int64_t window_left, int64_t window_right) {
   const char* op = "flashattn.varlen_fwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_sink(op, sink_in, q, s.packed.heads_q);
   check_softcap(op, softcap, std::nullopt);
+  const KeyWindow window = packed_window(op, s, is_causal, window_left, window_right);
   const at::Tensor sink = sink_in.has_value() ? sink_values(*sink_in) : at::Tensor();
   const c10::cuda::CUDAGuard device_guard(q.device());
   const at::Tensor q4 = as_batch_of_one(q), k4 = as_batch_of_one(k), v4 = as_batch_of_one(v);
   FwdParams p;
-  p.shape = cuda_ops::with_softcap(varlen_shape(s, q, scale, is_causal), softcap);
+  p.shape = cuda_ops::with_softcap(varlen_shape(s, q, scale, window), softcap);
   p.shape.rows_aligned_16 = cuda_ops::rows_aligned_16(q4) && cuda_ops::rows_aligned_16(k4) && cuda_ops::rows_aligned_16(v4);
   const bool tma = cuda_ops::tma_describable(q4) && cuda_ops::tma_describable(k4) && cuda_ops::tma_describable(v4);
   check_varlen_gpu(op, q, p.shape, tma && p.shape.rows_aligned_16);
@@ -257,6 +270,7 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
   const int64_t capacity = varlen_list_capacity_bound(p.shape.heads_q, p.shape.batch, s.packed.seqlen_q);
   p.varlen = make_varlen(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, causal_bottom_right, s, max_seqlen_q,
                          max_seqlen_k, capacity, list);
+  p.varlen.causal_shift = static_cast<int>(window.causal_shift);
   at::Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));
   p.tile_counter = tile_counter.data_ptr<int>();
   p.q = q.data_ptr();
@@ -279,18 +293,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     const at::Tensor& lse_in, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
     const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k, double scale,
     bool is_causal, bool causal_bottom_right, bool deterministic, const std::optional<at::Tensor>& sink,
-    const std::optional<at::Tensor>& dsink, double softcap) {
+    const std::optional<at::Tensor>& dsink, double softcap, int64_t window_left, int64_t window_right) {
   const char* op = "flashattn.varlen_bwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_varlen_bwd_inputs(op, dout, q, out, lse_in, s);
   check_sink(op, sink, q, s.packed.heads_q);
   check_dsink(op, dsink, sink, q, s.packed.heads_q);
   check_softcap(op, softcap, std::nullopt);
+  const KeyWindow window = packed_window(op, s, is_causal, window_left, window_right);
   const c10::cuda::CUDAGuard device_guard(q.device());
   const at::Tensor q4 = as_batch_of_one(q), k4 = as_batch_of_one(k), v4 = as_batch_of_one(v);
   const at::Tensor out4 = as_batch_of_one(out), dout4 = as_batch_of_one(dout);
   BwdParams p;
-  p.shape = cuda_ops::with_softcap(varlen_shape(s, q, scale, is_causal), softcap);
+  p.shape = cuda_ops::with_softcap(varlen_shape(s, q, scale, window), softcap);
   p.shape.rows_aligned_16 = cuda_ops::rows_aligned_16(q4) && cuda_ops::rows_aligned_16(k4) &&
                             cuda_ops::rows_aligned_16(v4) && cuda_ops::rows_aligned_16(out4) &&
                             cuda_ops::rows_aligned_16(dout4);
@@ -327,6 +342,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
   const int64_t capacity = varlen_list_capacity_bound(p.shape.heads_kv, p.shape.batch, s.packed.seqlen_k);
   p.varlen = make_varlen(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, causal_bottom_right, s, -1, -1, capacity,
                          list);
+  p.varlen.causal_shift = static_cast<int>(window.causal_shift);
   p.varlen.workspace_rows = workspace_rows;
   p.varlen.workspace_align = workspace_align;
   p.q = q.data_ptr();
