@@ -8,18 +8,38 @@ import torch
 
 from . import ops
 
-__all__ = ["check_devices", "check_sink", "check_tensor", "fa2_attention", "reject_unimplemented"]
+__all__ = ["check_devices", "check_sink", "check_tensor", "fa2_attention", "reject_alibi", "window_bounds",
+           "window_keys"]
 
 
-def reject_unimplemented(window_size, alibi_slopes) -> None:
-    """Raises NotImplementedError for the flash_attn arguments whose features flashattn does not have yet."""
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError(
-            f"flashattn: window_size={tuple(window_size)} (sliding-window attention) is not implemented yet "
-            "(only window_size=(-1, -1))"
-        )
+def reject_alibi(alibi_slopes) -> None:
+    """Raises NotImplementedError for alibi_slopes, which flashattn does not have yet."""
     if alibi_slopes is not None:
         raise NotImplementedError("flashattn: alibi_slopes is not implemented yet (only alibi_slopes=None)")
+
+
+def window_bounds(window_size) -> tuple:
+    """(left, right) of a FlashAttention-2 ``window_size``: two ints, a negative one unbounded (as -1)."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"flashattn: window_size must be a pair of ints (left, right), got {window_size!r}") from None
+    for name, bound in (("left", left), ("right", right)):
+        if isinstance(bound, bool) or not isinstance(bound, int):
+            raise TypeError(f"flashattn: window_size's {name} bound must be an int (-1: unbounded), got {bound!r}")
+    return max(int(left), -1), max(int(right), -1)
+
+
+def window_keys(query_pos: torch.Tensor, keys: torch.Tensor, window) -> torch.Tensor:
+    """Whether each key position lies in the sliding window (left, right) of each query's diagonal
+    position: ``query_pos - left <= key <= query_pos + right`` (-1: unbounded), broadcast over the two."""
+    left, right = window
+    inside = torch.ones_like(keys - query_pos, dtype=torch.bool)
+    if left >= 0:
+        inside = inside & (keys >= query_pos - left)
+    if right >= 0:
+        inside = inside & (keys <= query_pos + right)
+    return inside
 
 
 def check_tensor(name: str, t, ndim: int, layout: str) -> None:
@@ -93,17 +113,19 @@ def scale_or_default(softmax_scale, head_dim: int) -> float:
 
 
 def fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic, with_keep_mask, attn_mask=None,
-                  sink=None, softcap=0.0):
+                  sink=None, softcap=0.0, window=(-1, -1)):
     """ops.attention with the FlashAttention-2 API's defaults (scale, bottom-right causal mask):
     (out, softmax_lse, keep_mask), keep_mask the dropout keep-mask (batch, nheads, seqlen_q, seqlen_k)
     bool, True = kept, when with_keep_mask and dropout_p > 0, else None. sink: the attention sinks
-    (nheads,), or None; softcap: the score cap (0.0: none)."""
+    (nheads,), or None; softcap: the score cap (0.0: none); window: the sliding window (left, right),
+    aligned as the causal mask (window_bounds)."""
     softmax_scale = scale_or_default(softmax_scale, q.size(-1))
     dropout_p = float(dropout_p)
     # Drawn here rather than inside ops.attention so that the keep-mask can be shown for the same state.
     rng_state = ops.draw_rng_state(q.device) if dropout_p > 0.0 else None
     out, softmax_lse = ops.attention(q, k, v, float(softmax_scale), bool(causal), True, bool(deterministic),
-                                     attn_mask, dropout_p, rng_state, sink=sink, softcap=float(softcap))
+                                     attn_mask, dropout_p, rng_state, sink=sink, softcap=float(softcap),
+                                     window_left=window[0], window_right=window[1])
     keep_mask = None
     if with_keep_mask and rng_state is not None:
         keep_mask = ops.dropout_keep_mask(rng_state, q.size(0), q.size(2), q.size(1), k.size(1), dropout_p)

@@ -13,16 +13,18 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._fa2_common import check_devices, check_sink, check_tensor, fa2_attention, reject_unimplemented, unpack
+from ._fa2_common import check_devices, check_sink, check_tensor, fa2_attention, reject_alibi, unpack, window_bounds
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]
 
 
-def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, softcap, deterministic, return_attn_probs, learnable_sink):
+def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window, softcap, deterministic, return_attn_probs,
+                learnable_sink):
     check_devices(q, k, v)
     check_sink(learnable_sink, q, 2)
     out, softmax_lse, keep_mask = fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic,
-                                                return_attn_probs, sink=learnable_sink, softcap=softcap)
+                                                return_attn_probs, sink=learnable_sink, softcap=softcap,
+                                                window=window)
     return (out, softmax_lse, keep_mask) if return_attn_probs else out
 
 
@@ -38,7 +40,11 @@ _FA2_ARGS_DOC = """
         causal: causal mask aligned to the bottom-right corner: key j is visible to query i iff
             ``j <= i + seqlen_k - seqlen_q``. When ``seqlen_q > seqlen_k`` the first
             ``seqlen_q - seqlen_k`` query rows see no key; their output is 0.
-        window_size: must be ``(-1, -1)`` (no sliding window yet; other values raise NotImplementedError).
+        window_size: ``(left, right)``, a sliding window: query i sees only the keys j with
+            ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right`` (aligned as the
+            causal mask; -1: unbounded on that side; ``causal`` makes right 0). ``(-1, -1)``: none. The
+            kernels skip the key blocks outside every row's window, so a window of W keys costs about
+            what W keys cost.
         softcap: 0.0 (none), or a cap > 0 of every scaled score: ``softcap * tanh(score / softcap)``
             before the softmax (Gemma 2's attention soft-capping), with its exact backward.
         alibi_slopes: must be None (no ALiBi yet; other values raise NotImplementedError).
@@ -91,11 +97,12 @@ def flash_attn_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_unimplemented(window_size, alibi_slopes)
+    reject_alibi(alibi_slopes)
+    window = window_bounds(window_size)
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     check_tensor("k", k, 4, "(batch, seqlen_k, nheads_k, headdim)")
     check_tensor("v", v, 4, "(batch, seqlen_k, nheads_k, headdim)")
-    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, softcap, deterministic, return_attn_probs,
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window, softcap, deterministic, return_attn_probs,
                        learnable_sink)
 
 
@@ -124,10 +131,11 @@ def flash_attn_kvpacked_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_unimplemented(window_size, alibi_slopes)
+    reject_alibi(alibi_slopes)
+    window = window_bounds(window_size)
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     k, v = unpack("kv", kv, 5, 2, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
-    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, softcap, deterministic, return_attn_probs,
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window, softcap, deterministic, return_attn_probs,
                        learnable_sink)
 
 
@@ -155,9 +163,10 @@ def flash_attn_qkvpacked_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_unimplemented(window_size, alibi_slopes)
+    reject_alibi(alibi_slopes)
+    window = window_bounds(window_size)
     q, k, v = unpack("qkv", qkv, 5, 2, 3, "(batch, seqlen, 3, nheads, headdim)")
-    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, softcap, deterministic, return_attn_probs,
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window, softcap, deterministic, return_attn_probs,
                        learnable_sink)
 
 

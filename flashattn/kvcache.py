@@ -28,7 +28,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ._fa2_common import check_devices, check_tensor, fa2_attention, reject_unimplemented
+from ._fa2_common import check_devices, check_tensor, fa2_attention, reject_alibi, window_bounds, window_keys
 
 __all__ = ["flash_attn_with_kvcache"]
 
@@ -147,15 +147,16 @@ def flash_attn_with_kvcache(
     cache_leftpad: int32 ``(batch,)`` on q's device, the cache index where each sequence's keys start
     (0 <= cache_leftpad[b] <= cache_seqlens[b]); the rows before it are never attended to. Positions
     (rotary and the causal diagonal) stay the cache's row indices.
-    softcap as in :func:`flash_attn_func`.
+    softcap and window_size as in :func:`flash_attn_func`, the window around each query's diagonal
+    position ``cache_seqlens[b] - seqlen_q + i`` (after the append).
 
-    Not implemented (they raise NotImplementedError): block_table (paged caches), window_size,
-    alibi_slopes.
+    Not implemented (they raise NotImplementedError): block_table (paged caches), alibi_slopes.
 
     Returns out ``(batch, seqlen_q, nheads, headdim)``, and with ``return_softmax_lse=True`` also the
     log-sum-exp ``(batch, nheads, seqlen_q)`` float32 (-inf for a row that sees no key).
     """
-    reject_unimplemented(window_size, alibi_slopes)
+    reject_alibi(alibi_slopes)
+    window = window_bounds(window_size)
     if block_table is not None:
         raise NotImplementedError("flashattn: block_table is not implemented yet in flash_attn_with_kvcache (only None)")
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
@@ -218,10 +219,13 @@ def flash_attn_with_kvcache(
                             f"flashattn: cache_seqlens must be in 0..{seqlen_cache}")
 
     keys = torch.arange(seqlen_cache, device=q.device)
-    if causal and seqlen_q > 1:
-        # Query i of sequence b sees keys j <= lengths[b] - seqlen_q + i.
-        last_key = lengths[:, None] - seqlen_q + torch.arange(seqlen_q, device=q.device)  # [batch, seqlen_q]
-        visible = (keys <= last_key[:, :, None])[:, None]  # [batch, 1, seqlen_q, seqlen_cache]
+    window = (window[0], 0 if causal else window[1])
+    if window != (-1, -1):
+        # Query i of sequence b sits at diagonal position lengths[b] - seqlen_q + i (with causal: it sees
+        # the keys up to there); the window bounds the keys around it.
+        diagonal = lengths[:, None] - seqlen_q + torch.arange(seqlen_q, device=q.device)  # [batch, seqlen_q]
+        visible = window_keys(diagonal[:, :, None], keys, window) & (keys < lengths[:, None, None])
+        visible = visible[:, None]  # [batch, 1, seqlen_q, seqlen_cache]
     else:
         visible = (keys < lengths[:, None])[:, None, None, :]  # [batch, 1, 1, seqlen_cache]
     if leftpad is not None:

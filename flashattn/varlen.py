@@ -26,8 +26,8 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from . import _C, ops
-from ._fa2_common import (check_devices, check_max_seqlen, check_sink, check_tensor, fa2_attention, reject_unimplemented,
-                          scale_or_default, unpack)
+from ._fa2_common import (check_devices, check_max_seqlen, check_sink, check_tensor, fa2_attention, reject_alibi,
+                          scale_or_default, unpack, window_bounds, window_keys)
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
 
@@ -154,7 +154,8 @@ def _padded_layout(cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k, max_seqlen_
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-            deterministic, return_attn_probs, block_table, seqused_q=None, seqused_k=None, sink=None, softcap=0.0):
+            deterministic, return_attn_probs, block_table, seqused_q=None, seqused_k=None, sink=None, softcap=0.0,
+            window=(-1, -1)):
     if block_table is not None:
         raise NotImplementedError("flashattn: block_table (paged KV cache) is not implemented yet (only None)")
     check_devices(q, k, v)
@@ -185,7 +186,8 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
             limits.append(max_seqlen)
         scale = scale_or_default(softmax_scale, q.size(-1))
         out, softmax_lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale,
-                                          bool(causal), True, bool(deterministic), *limits, sink, float(softcap))
+                                          bool(causal), True, bool(deterministic), *limits, sink, float(softcap),
+                                          *window)
         return (out, softmax_lse, None) if return_attn_probs else out
     lengths_q = _assert_offsets("cu_seqlens_q", "max_seqlen_q", cu_seqlens_q, max_seqlen_q, total_q)
     lengths_k = _assert_offsets("cu_seqlens_k", "max_seqlen_k", cu_seqlens_k, max_seqlen_k, k.size(0))
@@ -198,13 +200,14 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     # The padded batch's sizes: a tensor max_seqlen is read here (a host synchronization).
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     lay = _padded_layout(cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k, max_seqlen_q, max_seqlen_k, total_q,
-                         k.size(0), nheads, causal)
+                         k.size(0), nheads, causal or window != (-1, -1))
+    key_mask = _window_key_mask(lay.key_mask, max_seqlen_q, max_seqlen_k, causal, window, q.device)
     q_pad = _gather_padded(q, cu_seqlens_q, lay.offset_q)  # (batch, max_seqlen_q, nheads, headdim)
     k_pad = _gather_padded(k, cu_seqlens_k, lay.offset_k)  # (batch, max_seqlen_k, nheads_k, headdim)
     v_pad = _gather_padded(v, cu_seqlens_k, lay.offset_k)
     batch = lay.offset_q.size(0)
     out_pad, lse_pad, keep_mask = fa2_attention(q_pad, k_pad, v_pad, dropout_p, softmax_scale, causal, deterministic,
-                                                return_attn_probs, lay.key_mask, sink, softcap)
+                                                return_attn_probs, key_mask, sink, softcap)
     positions = lay.positions_q
     out = out_pad.reshape((batch * max_seqlen_q,) + tuple(q.shape[1:])).index_select(0, positions)
     if not return_attn_probs:
@@ -214,20 +217,30 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     return out, softmax_lse, keep_mask
 
 
+def _window_key_mask(key_mask, max_seqlen_q, max_seqlen_k, causal, window, device):
+    """The padded batch's key mask with the window (left, right) joined: padding before each sequence keeps
+    its diagonal the padded batch's bottom-right one (the kernels take no window with a mask)."""
+    if window == (-1, -1):
+        return key_mask
+    queries = torch.arange(max_seqlen_q, device=device)[:, None] + (max_seqlen_k - max_seqlen_q)
+    keys = torch.arange(max_seqlen_k, device=device)
+    return key_mask & window_keys(queries, keys, (window[0], 0 if causal else window[1]))
+
+
 def varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                    softmax_scale, causal, deterministic=False):
-    """(dq, dk, dv) of the forward :func:`_varlen` computes without dropout (bottom-right causal mask,
-    ``softmax_lse`` ``(nheads, total_q)``), outside autograd: ``varlen_bwd`` where the variable-length
-    kernels serve the call, else over the padded batch as the forward pads it."""
+                    softmax_scale, causal, deterministic=False, window=(-1, -1)):
+    """(dq, dk, dv) of the forward :func:`_varlen` computes without dropout (bottom-right causal mask and
+    window, ``softmax_lse`` ``(nheads, total_q)``), outside autograd: ``varlen_bwd`` where the
+    variable-length kernels serve the call, else over the padded batch as the forward pads it."""
     softmax_scale = scale_or_default(softmax_scale, q.size(-1))
     if _in_kernels(q, k, v, 0.0, None):
         return ops.varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, None, None,
-                              float(softmax_scale), bool(causal), True, bool(deterministic))
+                              float(softmax_scale), bool(causal), True, bool(deterministic), None, None, 0.0, *window)
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     total_q, nheads = q.size(0), q.size(1)
     lay = _padded_layout(cu_seqlens_q, cu_seqlens_k, cu_seqlens_q[1:] - cu_seqlens_q[:-1],
                          cu_seqlens_k[1:] - cu_seqlens_k[:-1], max_seqlen_q, max_seqlen_k, total_q, k.size(0), nheads,
-                         causal)
+                         causal or window != (-1, -1))
     batch = lay.offset_q.size(0)
     q_pad, dout_pad, out_pad = (_gather_padded(x, cu_seqlens_q, lay.offset_q) for x in (q, dout, out))
     k_pad, v_pad = (_gather_padded(x, cu_seqlens_k, lay.offset_k) for x in (k, v))
@@ -238,7 +251,8 @@ def varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
     lse_pad = softmax_lse.new_full((nheads, batch * max_seqlen_q), float("inf"))
     lse_pad = lse_pad.index_copy(1, lay.positions_q, softmax_lse).view(nheads, batch, max_seqlen_q).transpose(0, 1)
     dq_pad, dk_pad, dv_pad = ops.bwd(dout_pad, q_pad, k_pad, v_pad, out_pad, lse_pad.contiguous(),
-                                     float(softmax_scale), bool(causal), True, bool(deterministic), lay.key_mask)
+                                     float(softmax_scale), bool(causal), True, bool(deterministic),
+                                     _window_key_mask(lay.key_mask, max_seqlen_q, max_seqlen_k, causal, window, q.device))
     dq = dq_pad.reshape((batch * max_seqlen_q,) + tuple(q.shape[1:])).index_select(0, lay.positions_q)
     dk = dk_pad.reshape((batch * max_seqlen_k,) + tuple(k.shape[1:])).index_select(0, lay.positions_k)
     dv = dv_pad.reshape((batch * max_seqlen_k,) + tuple(v.shape[1:])).index_select(0, lay.positions_k)
@@ -253,9 +267,9 @@ _VARLEN_DOC = """
         assertion on CUDA, where the offsets are not read on the host. In the kernels they size
         nothing; the padded path reads a tensor's value (a host synchronization) to size its batch.
 
-    The other arguments are :func:`flashattn.flash_attn_func`'s, per sequence: ``causal`` aligns
-    each sequence's mask to its own bottom-right corner (key j visible to query i iff
-    ``j <= i + len_k - len_q``), ``learnable_sink`` (keyword only) joins every sequence's rows of
+    The other arguments are :func:`flashattn.flash_attn_func`'s, per sequence: ``causal`` and
+    ``window_size`` align each sequence's mask to its own bottom-right corner (key j visible to query
+    i iff ``j <= i + len_k - len_q``), ``learnable_sink`` (keyword only) joins every sequence's rows of
     query head h. ``block_table`` must be None (no paged KV cache yet).
 
     Returns ``out`` ``(total_q, nheads, headdim)``; with ``return_attn_probs=True`` also
@@ -264,7 +278,8 @@ _VARLEN_DOC = """
     max_seqlen_k)``, sequences at the start of their rows, or at the end with ``causal``.
 
     Runs in the variable-length kernels on the CPU and on sm_90 GPUs at head dims 33..128 (a multiple
-    of 8) without dropout, else over a padded copy of the batch (see :mod:`flashattn.varlen`).
+    of 8) without dropout, else over a padded copy of the batch (see :mod:`flashattn.varlen`; a
+    window there is a materialized mask).
 """
 
 _SEQUSED_DOC = """
@@ -296,12 +311,14 @@ def flash_attn_varlen_func(
     seqused_k: Optional[torch.Tensor] = None,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_unimplemented(window_size, alibi_slopes)
+    reject_alibi(alibi_slopes)
+    window = window_bounds(window_size)
     check_tensor("q", q, 3, "(total_q, nheads, headdim)")
     check_tensor("k", k, 3, "(total_k, nheads_k, headdim)")
     check_tensor("v", v, 3, "(total_k, nheads_k, headdim)")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink, softcap)
+                   deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink, softcap,
+                   window)
 
 
 flash_attn_varlen_func.__doc__ = (
@@ -333,11 +350,12 @@ def flash_attn_varlen_kvpacked_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_unimplemented(window_size, alibi_slopes)
+    reject_alibi(alibi_slopes)
+    window = window_bounds(window_size)
     check_tensor("q", q, 3, "(total_q, nheads, headdim)")
     k, v = unpack("kv", kv, 4, 1, 2, "(total_k, 2, nheads_k, headdim)")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, None, sink=learnable_sink, softcap=softcap)
+                   deterministic, return_attn_probs, None, sink=learnable_sink, softcap=softcap, window=window)
 
 
 flash_attn_varlen_kvpacked_func.__doc__ = (
@@ -364,10 +382,11 @@ def flash_attn_varlen_qkvpacked_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_unimplemented(window_size, alibi_slopes)
+    reject_alibi(alibi_slopes)
+    window = window_bounds(window_size)
     q, k, v = unpack("qkv", qkv, 4, 1, 3, "(total, 3, nheads, headdim)")
     return _varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, None, sink=learnable_sink, softcap=softcap)
+                   deterministic, return_attn_probs, None, sink=learnable_sink, softcap=softcap, window=window)
 
 
 flash_attn_varlen_qkvpacked_func.__doc__ = (

@@ -170,7 +170,6 @@ def _old_gpu(mp):
 
 
 _UNIMPLEMENTED = {
-    "window": {"window_size": (8, 0)},
     "alibi": {"alibi_slopes": torch.ones(4)},
 }
 
@@ -242,7 +241,7 @@ CALLS: Dict[str, Callable] = {
     "qkvpacked-strided-last-dim": lambda mp: flashattn.flash_attn_qkvpacked_func(_strided_last_dim(2, 5, 3, 4, 8)),
     "qkvpacked-integer": lambda mp: flashattn.flash_attn_qkvpacked_func(_randn(2, 5, 3, 4, 8).long()),
     # flash_attn_varlen_func
-    "varlen-window": lambda mp: varlen(window_size=(8, 0)),
+    "varlen-window-not-a-pair": lambda mp: varlen(window_size=8),
     "varlen-block-table": lambda mp: varlen(block_table=torch.zeros(2, 1, dtype=torch.int32)),
     "varlen-q-4-dims": lambda mp: varlen(q=_randn(2, 5, 4, 8)),
     "varlen-cu-not-a-tensor": lambda mp: varlen(cu_seqlens_q=[0, 4, 10]),
@@ -333,6 +332,7 @@ def _bwd_lse_on_cpu():
 _OUT_OF_RANGE = {
     "dropout-one": {"dropout_p": 1.0},
     "softcap-negative": {"softcap": -1.0},
+    "window-not-a-pair": {"window_size": 8},
 }
 
 for _name, _kwargs in {**_UNIMPLEMENTED, **_OUT_OF_RANGE}.items():

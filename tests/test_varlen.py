@@ -121,8 +121,6 @@ def test_varlen_argument_errors():
         flashattn.flash_attn_varlen_func(q[None], q, q, cu, cu, 6, 6)
     with pytest.raises(NotImplementedError, match="block_table"):
         flashattn.flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, block_table=cu)
-    with pytest.raises(NotImplementedError, match="window_size"):
-        flashattn.flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, window_size=(4, 0))
     # The offsets themselves are checked on the device (here, the CPU raises at once).
     with pytest.raises(RuntimeError, match="longer than max_seqlen_q"):
         flashattn.flash_attn_varlen_func(q, q, q, cu, cu, 5, 6)
