@@ -233,7 +233,9 @@ def test_dropout_in_training_runs_on_the_kernels(monkeypatch):
     replay = iter(states)
 
     def reference_attention(q, k, v, scale, is_causal, bottom_right, deterministic=False, attn_mask=None,
-                            dropout_p=0.0, rng_state=None, generator=None, sink=None, softcap=0.0):
+                            dropout_p=0.0, rng_state=None, generator=None, sink=None, softcap=0.0, window_left=-1,
+                            window_right=-1):
+        assert (window_left, window_right) == (-1, -1)  # no sliding window in this model
         keep = flashattn.ops.dropout_keep_mask(next(replay), q.size(0), q.size(2), q.size(1), k.size(1), dropout_p)
         return attention_reference(q, k, v, scale, is_causal, bottom_right, return_lse=True, attn_mask=attn_mask,
                                    dropout_p=dropout_p, dropout_mask=keep, sink=sink, softcap=softcap)
@@ -339,8 +341,8 @@ def test_sinks_with_a_fallback_reason_are_refused():
 
 def test_mistral_style_sliding_window_matches_eager():
     """A tiny Mistral-style model whose sliding window (8) is shorter than the sequence (21): logits and
-    gradients as with transformers' eager attention (the window reaches the kernels as the mask
-    transformers builds for it)."""
+    gradients as with transformers' eager attention, the window on the kernels as their window_size (no
+    mask), also for a padded batch (unpadded to the varlen kernels, each row's window its own)."""
     if not hasattr(transformers, "MistralConfig"):
         pytest.skip("this transformers has no Mistral")
     config = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -349,6 +351,14 @@ def test_mistral_style_sliding_window_matches_eager():
     ref, ours = _eager_pair(config)
     input_ids = torch.randint(1, 128, (2, 21))
     ref_logits = _assert_matches_eager(ref, ours, input_ids)
+    assert fa_hf.path_counts[fa_hf.CAUSAL_TOP_LEFT] == LAYERS and fa_hf.path_counts[fa_hf.MASKED] == 0
+    padding = torch.ones(2, 21, dtype=torch.long)
+    padding[1, :5] = 0  # left padding in the second row
+    with torch.no_grad():
+        ref_padded = ref(input_ids, attention_mask=padding).logits
+        padded = ours(input_ids, attention_mask=padding).logits
+    torch.testing.assert_close(padded[padding.bool()], ref_padded[padding.bool()], **F32_TOL)
+    assert fa_hf.path_counts[fa_hf.VARLEN_UNPADDED] == LAYERS and fa_hf.path_counts[fa_hf.MASKED] == 0
     # The window matters here: full causal attention gives other logits.
     full = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa")
     full.config.sliding_window = None

@@ -52,10 +52,12 @@ What runs where. The model's attention module hands over query ``(B, Hq, S, D)``
   boolean ones).
 
 The mask function registered for "fattn" (:func:`flashattn_mask`, transformers with
-``AttentionMaskInterface``) returns None or the 2-dim padding mask for plain causal attention without a
-cache offset and None for causal documents packed by position_ids, so no S x S mask is built for them;
-for anything else it returns sdpa's boolean 4-dim mask. Where a packed or padded call falls back to
-sdpa, it gets the equivalent dense mask.
+``AttentionMaskInterface``) returns None or the 2-dim padding mask for plain and sliding-window causal
+attention without a cache offset and None for causal documents packed by position_ids, so no S x S mask
+is built for them; for anything else it returns sdpa's boolean 4-dim mask. A sliding-window layer's
+call (transformers passes its ``sliding_window`` W) then runs the kernels with ``window_size=(W - 1,
+0)``, key blocks outside the window skipped. Where a packed, padded or windowed call falls back to sdpa,
+it gets the equivalent dense mask.
 
 Checking whether a mask is a causal pattern reads it once (one host synchronization), cached for as
 long as the same mask tensor is passed to the next layers.
@@ -249,6 +251,8 @@ def _dense_fallback_mask(query, key, attention_mask, packed, causal):
         cu = packed[0].long()
         doc = torch.searchsorted(cu[1:], torch.arange(q_len, device=device), right=True)
         mask = doc[:, None] == doc[None, :]
+    elif attention_mask is None:  # no padding (a sliding-window layer's call): every key
+        mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
     else:  # (B, kv_len) padding mask; padded queries see themselves only (their rows are zeroed after)
         keys = attention_mask.bool()[:, None, :]  # (B, 1, kv_len)
         mask = keys.expand(-1, q_len, -1).clone()
@@ -258,6 +262,18 @@ def _dense_fallback_mask(query, key, attention_mask, packed, causal):
     if causal:
         mask = mask & causal_visibility(q_len, kv_len, True, device=device)
     return mask if mask.dim() == 4 else mask[None, None]
+
+
+def _sliding_window(query, key, attention_mask, is_causal, kwargs) -> Tuple[int, int]:
+    """The kernels' window_size for a call of a sliding-window layer (transformers passes the model's
+    ``sliding_window`` W: each query sees itself and the W - 1 keys before it), ``(W - 1, 0)``, where no
+    4-dim mask carries the window already (flashattn_mask leaves it out for the kernels), else (-1, -1)."""
+    window = kwargs.get("sliding_window")
+    if (isinstance(window, bool) or not isinstance(window, int) or window <= 0 or not is_causal
+            or key.dim() != 4 or key.size(2) <= window
+            or (attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2))):
+        return (-1, -1)
+    return (window - 1, 0)
 
 
 def _plan(module, query, key, value, attention_mask, dropout, is_causal, kwargs) -> Tuple[Optional[str], str]:
@@ -318,6 +334,7 @@ def flashattn_attention_forward(
     varlen_causal = bool(causal_module) and query.size(2) > 1
     sink = kwargs.get("s_aux")
     softcap = float(kwargs.get("softcap") or 0.0)
+    window = _sliding_window(query, key, attention_mask, causal_module, kwargs)
     if reason is not None and (sink is not None or softcap):
         raise ValueError(f"attn_implementation={ATTN_IMPLEMENTATION!r}: this call has attention sinks (s_aux) or "
                          f"softcap, which transformers' sdpa, its fallback, does not support, and {reason}; "
@@ -328,14 +345,18 @@ def flashattn_attention_forward(
     if reason is not None:
         _warn_fallback_once(reason)
         _count(FALLBACK)
-        if packed is not None or (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2):
+        padded = isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
+        if packed is not None or window != (-1, -1) or padded:
             # What the varlen paths compute, as a dense mask sdpa reads (S x S memory: a fallback only).
-            dense = _dense_fallback_mask(query, key, attention_mask, packed, varlen_causal)
+            dense = _dense_fallback_mask(query, key, attention_mask, packed, varlen_causal or window != (-1, -1))
+            if window != (-1, -1):
+                diagonal = torch.arange(query.size(2), device=query.device)[:, None] + key.size(2) - query.size(2)
+                dense = dense & (torch.arange(key.size(2), device=query.device) >= diagonal - window[0])
             kwargs = {name: value for name, value in kwargs.items()
                       if name not in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")}
             out, weights = sdpa_attention_forward(module, query, key, value, dense, dropout=dropout, scaling=scaling,
                                                   is_causal=False, **kwargs)
-            if packed is None:
+            if packed is None and attention_mask is not None:
                 out = out * attention_mask[:, -query.size(2):, None, None].to(out.dtype)  # zeros at padded queries
             return out, weights
         # is_causal goes on as given: transformers' sdpa derives its own flag from the mask when it is None.
@@ -351,8 +372,8 @@ def flashattn_attention_forward(
         # One row of packed documents: (1, S, H, D) -> (S, H, D) views, each document attends within itself.
         cu_q, cu_k, max_q, max_k = packed
         out = flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, dropout_p=float(dropout or 0.0),
-                                     softmax_scale=float(scaling), causal=varlen_causal, learnable_sink=sink,
-                                     softcap=softcap)
+                                     softmax_scale=float(scaling), causal=varlen_causal, window_size=window,
+                                     learnable_sink=sink, softcap=softcap)
         return out.unsqueeze(0), None  # (1, S, Hq, D)
     if path == VARLEN_UNPADDED:
         # (B, kv_len) padding mask: the real tokens (T, H, D), per row; queries are the mask's last q_len columns.
@@ -361,16 +382,19 @@ def flashattn_attention_forward(
         out = flash_attn_varlen_func(packing.gather(q, layout_q), packing.gather(k, layout_k),
                                      packing.gather(v, layout_k), layout_q.cu_seqlens, layout_k.cu_seqlens,
                                      layout_q.max_seqlen, layout_k.max_seqlen, dropout_p=float(dropout or 0.0),
-                                     softmax_scale=float(scaling), causal=varlen_causal, learnable_sink=sink,
-                                     softcap=softcap)
+                                     softmax_scale=float(scaling), causal=varlen_causal, window_size=window,
+                                     learnable_sink=sink, softcap=softcap)
         return packing.pad(out, layout_q), None  # (B, q_len, Hq, D), zeros at the pads
     causal = path in (CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT)
+    bottom_right = path == CAUSAL_BOTTOM_RIGHT
+    if window != (-1, -1):  # a causal call without a mask: the window around each query's bottom-right diagonal
+        causal = bottom_right = True
     mask = None
     if path == MASKED:
         # (B or 1, H or 1, q_len, >= kv_len) -> a (B, Hq, q_len, kv_len) view, read in place.
         mask = attention_mask[..., : k.size(1)].expand(q.size(0), q.size(2), q.size(1), k.size(1))
-    out, _ = ops.attention(q, k, v, float(scaling), causal, path == CAUSAL_BOTTOM_RIGHT, False, mask,
-                           float(dropout or 0.0), sink=sink, softcap=softcap)  # (B, S, Hq, D)
+    out, _ = ops.attention(q, k, v, float(scaling), causal, bottom_right, False, mask, float(dropout or 0.0), sink=sink,
+                           softcap=softcap, window_left=window[0], window_right=window[1])  # (B, S, Hq, D)
     return out, None
 
 
@@ -408,6 +432,21 @@ def _is_packed_causal(mask_function) -> bool:
             and getattr(same_document, "__qualname__", "").startswith("packed_sequence_mask_function."))
 
 
+def _is_sliding_causal(mask_function, window) -> bool:
+    """Whether transformers' mask function is its sliding-window causal one for a window of `window` keys
+    (``and_masks(sliding_window_overlay(window), causal_mask_function)``), recognized by structure."""
+    from transformers import masking_utils as mu
+
+    if not isinstance(window, int) or not getattr(mask_function, "__qualname__", "").startswith("and_masks."):
+        return False
+    parts = _closure(mask_function).get("mask_functions")
+    if not isinstance(parts, tuple) or len(parts) != 2 or mu.causal_mask_function not in parts:
+        return False
+    overlay = parts[0] if parts[1] is mu.causal_mask_function else parts[1]
+    return (getattr(overlay, "__qualname__", "").startswith("sliding_window_overlay.")
+            and _closure(overlay).get("sliding_window") == window)
+
+
 def flashattn_mask(*args, **kwargs):
     """transformers mask function for "fattn" (``AttentionMaskInterface``): no S x S mask where the varlen
     paths serve the call, else sdpa's boolean mask.
@@ -416,7 +455,9 @@ def flashattn_mask(*args, **kwargs):
       the ``(B, S)`` padding mask (boolean) with it, unpadded by :func:`flashattn_attention_forward`;
     * causal attention over documents packed by position_ids (no padding mask): None, the attention
       function derives the documents from the ``position_ids`` it is passed;
-    * anything else (sliding windows, chunks, bidirectional or custom overlays, KV-cache offsets): sdpa's.
+    * sliding-window causal attention without a cache offset: as plain causal attention, the attention
+      function passing the layer's ``sliding_window`` to the kernels as their window;
+    * anything else (chunks, bidirectional or custom overlays, KV-cache offsets): sdpa's.
 
     Takes the keyword arguments transformers passes (5.x: ``q_length``/``q_offset``; 4.53-4.57:
     ``cache_position``); positional calls go to sdpa's mask function unread.
@@ -435,7 +476,7 @@ def flashattn_mask(*args, **kwargs):
         q_length = kwargs["cache_position"].shape[0]
     no_offset = (isinstance(q_offset, int) and q_offset == 0 and isinstance(kv_offset, int) and kv_offset == 0)
     if no_offset and q_length is not None and q_length == kv_length:
-        plain = mask_function is mu.causal_mask_function
+        plain = mask_function is mu.causal_mask_function or _is_sliding_causal(mask_function, kwargs.get("local_size"))
         if plain and (attention_mask is None or (attention_mask.dim() == 2 and attention_mask.size(-1) == kv_length)):
             if attention_mask is None or bool(attention_mask.all()):
                 return None
