@@ -143,13 +143,16 @@ def _packed(lens_q, lens_k, hq, hk, d, seed):
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["varlen_ops", "padded_path"])
-@pytest.mark.parametrize("causal", ["none", "is_causal", "window"])
+@pytest.mark.parametrize("causal", ["none", "is_causal", "window", "sliding"])
 def test_varlen_forward_backward_per_sequence(padded, causal, monkeypatch):
     if padded:  # the path CUDA takes where the varlen kernels do not serve a call (sm80, dropout, D > 128)
         monkeypatch.setattr(fa_varlen, "_in_kernels", lambda *a: False)
     lens_q, lens_k, hq, hk, d = [3, 0, 6, 4], [5, 2, 6, 4], 4, 2, 8
     q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, hq, hk, d, seed=10)
-    kw = {"window_size_left": -1, "window_size_right": 0} if causal == "window" else {}
+    # "window": (-1, 0), the causal mask as torch.nn.attention.varlen passes it; "sliding": a window of
+    # 2 keys left and 1 right of each sequence's bottom-right diagonal.
+    kw = {"window": {"window_size_left": -1, "window_size_right": 0},
+          "sliding": {"window_size_left": 2, "window_size_right": 1}}.get(causal, {})
     is_causal = causal == "is_causal"
     out, lse, rng, unused, debug = tfi.flash_attention_forward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), 0.0,
                                                                is_causal, False, scale=0.5, **kw)
@@ -163,8 +166,12 @@ def test_varlen_forward_backward_per_sequence(padded, causal, monkeypatch):
         qi = q[sq][None].clone().requires_grad_()
         ki = k[sk].repeat_interleave(rep, 1)[None].requires_grad_()
         vi = v[sk].repeat_interleave(rep, 1)[None].requires_grad_()
-        ref, ref_lse = attention_reference(qi, ki, vi, scale=0.5, is_causal=causal != "none",
-                                           causal_bottom_right=True, return_lse=True)
+        band = None
+        if causal == "sliding":
+            offset = torch.arange(lens_k[i])[None, :] - torch.arange(lens_q[i])[:, None] - (lens_k[i] - lens_q[i])
+            band = (offset >= -2) & (offset <= 1)
+        ref, ref_lse = attention_reference(qi, ki, vi, scale=0.5, is_causal=causal in ("is_causal", "window"),
+                                           causal_bottom_right=True, return_lse=True, attn_mask=band)
         torch.testing.assert_close(out[sq], ref[0].detach())
         if lens_q[i]:
             torch.testing.assert_close(lse[:, sq], ref_lse[0].detach().to(lse.dtype))
@@ -208,8 +215,6 @@ def test_dropout_round_trip_uses_returned_rng_state():
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"return_debug_mask": True}, "return_debug_mask"),
-    ({"window_size_left": 4}, "window_size_left=4"),
-    ({"window_size_right": 3}, "window_size_right=3"),
     ({"alibi_slopes": torch.ones(2)}, "alibi_slopes"),
     ({"seqused_k": torch.ones(2, dtype=torch.int32)}, "seqused_k"),
     ({"block_table": torch.zeros(2, 1, dtype=torch.int32)}, "block_table"),

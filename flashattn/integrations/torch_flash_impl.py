@@ -15,10 +15,10 @@ or variable-length when ``cum_seq_q`` / ``cum_seq_k`` are given: ``torch.nn.atte
 return tuple: logsumexp float32 ``(batch, heads_q, seqlen_q)`` (``(heads_q, total_q)`` with
 ``cum_seq_q``), ``rng_state`` ``[2]`` uint64, ``unused`` a uint64 scalar, an empty debug mask.
 
-Limits (each raises NotImplementedError naming the argument): ``return_debug_mask=True``, sliding
-windows (``window_size_left`` other than None / -1, ``window_size_right`` other than None / -1 / 0,
-0 being the causal mask), ``alibi_slopes``,
-``block_table``, ``seqused_k``, and dropout on the variable-length path. ``num_splits`` is a
+Sliding windows (``window_size_left`` / ``window_size_right``, None or -1 unbounded; aligned
+bottom-right like the causal mask) run on the kernels' window. Limits (each raises NotImplementedError
+naming the argument): ``return_debug_mask=True``, ``alibi_slopes``, ``block_table``, ``seqused_k``, and
+dropout on the variable-length path. ``num_splits`` is a
 performance hint and is ignored. Dropout (batched) uses flashattn's own generator, not torch's philox
 stream: the forward draws a (seed, offset) pair with ``torch.randint`` (so ``torch.manual_seed``
 makes it reproducible), returns it as ``rng_state`` and the backward regenerates that mask; the masks
@@ -66,16 +66,9 @@ def _unsupported(op: str, what: str):
                               f"flash-attention hook")
 
 
-def _check_common(op, return_debug_mask=False, window_size_left=None, window_size_right=None, seqused_k=None,
-                  alibi_slopes=None, block_table=None):
+def _check_common(op, return_debug_mask=False, seqused_k=None, alibi_slopes=None, block_table=None):
     if return_debug_mask:
         _unsupported(op, "return_debug_mask=True")
-    # (-1, -1) is no window; (-1, 0) is the causal mask (torch.nn.attention.varlen passes causal so).
-    left = -1 if window_size_left is None else window_size_left
-    right = -1 if window_size_right is None else window_size_right
-    if left != -1 or right not in (-1, 0):
-        _unsupported(op, f"window_size_left={window_size_left}, window_size_right={window_size_right} "
-                         f"(sliding-window attention; only -1 / None, and window_size_right=0 for causal)")
     if alibi_slopes is not None:
         _unsupported(op, "alibi_slopes")
     if block_table is not None:
@@ -84,8 +77,10 @@ def _check_common(op, return_debug_mask=False, window_size_left=None, window_siz
         _unsupported(op, "seqused_k")
 
 
-def _causal(is_causal, window_size_right) -> bool:
-    return bool(is_causal) or window_size_right == 0
+def _window(window_size_left, window_size_right):
+    """(left, right) for the kernels: None or a negative bound unbounded (-1). (-1, 0) is the causal mask
+    (torch.nn.attention.varlen passes causal so)."""
+    return tuple(-1 if bound is None or bound < 0 else int(bound) for bound in (window_size_left, window_size_right))
 
 
 def _aux(device):
@@ -122,8 +117,9 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
     """aten::_flash_attention_forward -> (output, softmax_logsumexp, rng_state, unused, debug_attn_mask).
     query (batch, seqlen_q, heads_q, D), or (total_q, heads_q, D) with cum_seq_q / cum_seq_k."""
     op = "_flash_attention_forward"
-    _check_common(op, return_debug_mask, window_size_left, window_size_right, seqused_k, alibi_slopes, block_table)
+    _check_common(op, return_debug_mask, seqused_k, alibi_slopes, block_table)
     _check_varlen_args(op, cum_seq_q, cum_seq_k)
+    window = _window(window_size_left, window_size_right)
     dropout_p = float(dropout_p)
     _check_dropout(op, dropout_p)
     sc = scale_or_default(scale, query.size(-1))
@@ -132,11 +128,11 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
         if dropout_p > 0.0:
             _unsupported(op, "dropout_p > 0 with cum_seq_q / cum_seq_k (variable-length)")
         out, lse, _ = _varlen_mod._varlen(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, 0.0, sc,
-                                          _causal(is_causal, window_size_right), False, True, None)
+                                          bool(is_causal), False, True, None, window=window)
     else:
         rng = ops.draw_rng_state(query.device) if dropout_p > 0.0 else None
-        causal = _causal(is_causal, window_size_right)
-        out, lse = ops.fwd(query, key, value, sc, causal, True, None, dropout_p, rng, False)
+        out, lse = ops.fwd(query, key, value, sc, bool(is_causal), True, None, dropout_p, rng, False,
+                           window_left=window[0], window_right=window[1])
         if rng is not None:
             seed = rng.view(torch.uint64)
     debug = torch.empty(0, dtype=query.dtype, device=query.device)
@@ -169,7 +165,7 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
                              window_size_right=None):
     """aten::_flash_attention_backward -> (grad_query, grad_key, grad_value)."""
     op = "_flash_attention_backward"
-    _check_common(op, window_size_left=window_size_left, window_size_right=window_size_right)
+    window = _window(window_size_left, window_size_right)
     dropout_p = float(dropout_p)
     _check_dropout(op, dropout_p)
     sc = scale_or_default(scale, query.size(-1))
@@ -184,11 +180,10 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
         if dropout_p > 0.0:
             _unsupported(op, "dropout_p > 0 with cum_seq_q / cum_seq_k (variable-length)")
         return _varlen_mod.varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
-                                           max_q, max_k, sc, _causal(is_causal, window_size_right), deterministic)
+                                           max_q, max_k, sc, bool(is_causal), deterministic, window)
     rng = _rng_from_aux(op, rng_state, dropout_p)
-    causal = _causal(is_causal, window_size_right)
-    return ops.bwd(grad_out, query, key, value, out, logsumexp, sc, causal, True, deterministic, None, None,
-                   dropout_p, rng)
+    return ops.bwd(grad_out, query, key, value, out, logsumexp, sc, bool(is_causal), True, deterministic, None, None,
+                   dropout_p, rng, window_left=window[0], window_right=window[1])
 
 
 def sdpa_flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
