@@ -182,9 +182,10 @@ support matrix
                   copy of the batch (exact, the work and memory of batch * max_seqlen rows)
   KV cache        flash_attn_with_kvcache: in-place appends at cache_seqlens, causal per sequence,
                   rotary embedding, cache_batch_idx, cache_leftpad; no paged caches (block_table)
-  variants        attention sinks (learnable_sink, transformers' s_aux) and softcap (not with a
-                  floating mask), forward and backward, every path
-  not supported   sliding windows, ALiBi, a value head dim different from the query's
+  variants        attention sinks (learnable_sink, transformers' s_aux), softcap (not with a floating
+                  mask) and sliding windows (window_size; not with a mask), forward and backward,
+                  every path
+  not supported   ALiBi, a value head dim different from the query's
                   (scaled_dot_product_attention falls back for it)
   fallbacks       scaled_dot_product_attention passes to torch SDPA (one warning per reason): dropout_p
                   outside [0, 1), an attn_mask of another dtype or device, float32/float64 CUDA tensors,
