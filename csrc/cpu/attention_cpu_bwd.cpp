@@ -29,6 +29,7 @@
 #include "cpu/attention_cpu.h"
 #include "cpu/attention_cpu_bwd_plain.h"
 #include "cpu/attention_cpu_dropout.h"
+#include "cpu/attention_cpu_fwd_plain.h"
 #include "cpu/attention_cpu_mask.h"
 #include "cpu/attention_cpu_tiles.h"
 
@@ -337,8 +338,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     return {dq, dk, dv};
   }
 
-  if (!attn_mask.has_value() && dropout_p == 0.0 && bwd_plain_serves(q.scalar_type(), lse)) {
-    bwd_plain(dout, q, k, v, out, lse, dq, dk, dv, scale, KeyLimit{is_causal, causal_offset, seqlen_k, window_span}, softcap);
+  if (dropout_p == 0.0 && bwd_plain_serves(q.scalar_type(), lse) &&
+      (!attn_mask.has_value() || tiles_take_mask(k, v))) {
+    bwd_plain(dout, q, k, v, out, lse, dq, dk, dv, scale, KeyLimit{is_causal, causal_offset, seqlen_k, window_span},
+              attn_mask.has_value() ? attn_mask->detach() : at::Tensor(), dmask.has_value() ? *dmask : at::Tensor(),
+              softcap);
     return {dq, dk, dv};
   }
 

@@ -1,4 +1,4 @@
-// The CPU backward without a mask or dropout (attention_cpu_bwd_plain.h). One task per (batch, key/value
+// The CPU backward without dropout (attention_cpu_bwd_plain.h). One task per (batch, key/value
 // head): its whole dK and dV in float32, and for each of its query heads' blocks of kPlainBlockQ rows
 // the key blocks of kPlainBlockK keys they see, each block's
 //   S = (scale Q) K^T (capped with softcap), P = exp(S - lse), dV += P^T dO, dP = dO V^T,
@@ -34,8 +34,8 @@ struct BwdPlainScratch {
 
 void bwd_plain_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dq, const at::Tensor& dk,
-                       const at::Tensor& dv, double scale, const KeyLimit& keys, double softcap,
-                       BwdPlainScratch& s, int64_t b, int64_t kv_head) {
+                       const at::Tensor& dv, double scale, const KeyLimit& keys, const at::Tensor& mask,
+                       const at::Tensor& dmask, double softcap, BwdPlainScratch& s, int64_t b, int64_t kv_head) {
   const int64_t seqlen_q = q.size(1), group = q.size(2) / k.size(2);
   const at::Tensor keys_f = k.select(0, b).select(1, kv_head).to(at::kFloat);    // [Lk, D]
   const at::Tensor values_f = v.select(0, b).select(1, kv_head).to(at::kFloat);  // [Lk, D]
@@ -67,11 +67,20 @@ void bwd_plain_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Te
           p.mul_(softcap);
         }
         if (tile_needs_causal_mask(keys, q0, rows, k0, cols)) mask_causal_tile(p, keys, q0, k0);
+        at::Tensor tile;
+        if (mask.defined()) {
+          tile = mask_tile(mask, b, h, q0, k0, rows, cols);
+          apply_mask_tile(p, tile);
+        }
         p.sub_(row_lse).exp_();
         dv_acc.narrow(0, k0, cols).addmm_(p.t(), do_f);
         at::Tensor ds = matrix(s.dp, rows, cols);
         at::mm_out(ds, do_f, v_tile.t());
         ds.sub_(delta).mul_(p);
+        if (tile.defined()) {
+          ds.masked_fill_(excluded(tile), 0.f);  // an excluded key's dS is 0, whatever dP is
+          if (dmask.defined()) mask_tile(dmask, b, h, q0, k0, rows, cols).copy_(ds);
+        }
         if (chain.defined()) ds.mul_(chain);
         dq_acc.addmm_(ds, k_tile);
         dk_acc.narrow(0, k0, cols).addmm_(ds.t(), q_f);
@@ -96,7 +105,8 @@ bool bwd_plain_serves(at::ScalarType dtype, const at::Tensor& lse) {
 
 void bwd_plain(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dq, const at::Tensor& dk,
-               const at::Tensor& dv, double scale, const KeyLimit& keys, double softcap) {
+               const at::Tensor& dv, double scale, const KeyLimit& keys, const at::Tensor& mask,
+               const at::Tensor& dmask, double softcap) {
   const int64_t batch = q.size(0), heads_kv = k.size(2);
   // Detached: the tile operations must not record autograd history when the op is called directly on
   // inputs that require grad.
@@ -105,8 +115,8 @@ void bwd_plain(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
   at::parallel_for(0, batch * heads_kv, 1, [&](int64_t begin, int64_t end) {
     BwdPlainScratch scratch(softcap != 0.0);
     for (int64_t t = begin; t < end; ++t) {
-      bwd_plain_kv_head(dod, qd, kd, vd, od, lse_f, dq, dk, dv, scale, keys, softcap, scratch, t / heads_kv,
-                        t % heads_kv);
+      bwd_plain_kv_head(dod, qd, kd, vd, od, lse_f, dq, dk, dv, scale, keys, mask, dmask, softcap, scratch,
+                        t / heads_kv, t % heads_kv);
     }
   });
 }

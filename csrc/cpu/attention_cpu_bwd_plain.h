@@ -1,4 +1,4 @@
-// The CPU backward without a mask or dropout (attention_cpu_bwd_plain.cpp): the scores recomputed and
+// The CPU backward without dropout (attention_cpu_bwd_plain.cpp): the scores recomputed and
 // every product (S, dP, dV, dK, dQ) run as ATen gemms on float32 tiles, as the plain forward
 // (attention_cpu_fwd_plain.h) runs its own.
 #pragma once
@@ -18,10 +18,12 @@ bool bwd_plain_serves(at::ScalarType dtype, const at::Tensor& lse);
 
 // dq [B, Lq, Hq, D], dk / dv [B, Lk, Hk, D] (the inputs' dtype), written in place, from dout / out /
 // q [B, Lq, Hq, D], k / v [B, Lk, Hk, D] (any strides) and lse [B, Hq, Lq] (float32, the forward's);
-// softcap as the forward's (0: none).
+// mask and softcap as the forward's (undefined, 0: none); dmask (a floating mask only, or undefined): the
+// zero-filled contiguous [B, Hq, Lq, Lk] gradient of the mask, dS, written where the tiles visit.
 void bwd_plain(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dq, const at::Tensor& dk,
-               const at::Tensor& dv, double scale, const KeyLimit& keys, double softcap);
+               const at::Tensor& dv, double scale, const KeyLimit& keys, const at::Tensor& mask,
+               const at::Tensor& dmask, double softcap);
 
 }  // namespace detail
 }  // namespace cpu

@@ -223,9 +223,10 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
   at::Tensor out = at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
   at::Tensor lse = at::empty({batch, heads_q, seqlen_q}, q.options().dtype(lse_dtype));
   if (heads_q == 0) return {out, lse};  // also the only case where heads_kv may be 0
-  if (!attn_mask.has_value() && dropout_p == 0.0 && fwd_plain_serves(q.scalar_type())) {
+  if (dropout_p == 0.0 && fwd_plain_serves(q.scalar_type()) && (!attn_mask.has_value() || tiles_take_mask(k, v))) {
     const at::Tensor sink_f = sink.has_value() ? sink->detach().to(at::kFloat).contiguous() : at::Tensor();
     fwd_plain(q, k, v, out, lse, scale, KeyLimit{is_causal, causal_offset, seqlen_k, window_span},
+              attn_mask.has_value() ? attn_mask->detach() : at::Tensor(),
               sink_f.defined() ? sink_f.data_ptr<float>() : nullptr, softcap);
     return {out, lse};
   }

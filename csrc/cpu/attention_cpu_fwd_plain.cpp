@@ -1,4 +1,4 @@
-// The CPU forward without a mask or dropout (attention_cpu_fwd_plain.h): the online softmax of
+// The CPU forward without dropout (attention_cpu_fwd_plain.h): the online softmax of
 // attention_cpu_fwd.cpp over tiles of kPlainBlockQ queries x kPlainBlockK keys, each tile's S = Q K^T,
 // its exponentials and O += P V run as ATen operations (a BLAS gemm, vectorized elementwise kernels)
 // on float32 copies of the tiles. The tiles are large enough (a 256 x 512 score tile is 512 KiB) that
@@ -37,8 +37,8 @@ struct PlainScratch {
 };
 
 void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                     const at::Tensor& lse, double scale, const KeyLimit& keys, const float* sink, double softcap,
-                     PlainScratch& s, int64_t b, int64_t h, int64_t q0) {
+                     const at::Tensor& lse, double scale, const KeyLimit& keys, const at::Tensor& mask,
+                     const float* sink, double softcap, PlainScratch& s, int64_t b, int64_t h, int64_t q0) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t head_dim = q.size(3);
   const int64_t rows = std::min(kPlainBlockQ, q.size(1) - q0);
@@ -60,6 +60,7 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     at::mm_out(scores, q_tile, k_tile.t());
     if (softcap != 0.0) scores.div_(softcap).tanh_().mul_(softcap);
     if (tile_needs_causal_mask(keys, q0, rows, k0, cols)) mask_causal_tile(scores, keys, q0, k0);
+    if (mask.defined()) apply_mask_tile(scores, mask_tile(mask, b, h, q0, k0, rows, cols));
     // NaN-propagating max (amax, maximum): a NaN score reaches out and lse.
     const at::Tensor new_max = at::maximum(row_max, scores.amax(1));
     // Rows with only -inf scores so far add nothing: shift them by 0, not -inf (exp(-inf - -inf) is NaN).
@@ -91,7 +92,8 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }  // namespace
 
 void fwd_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-               const at::Tensor& lse, double scale, const KeyLimit& keys, const float* sink, double softcap) {
+               const at::Tensor& lse, double scale, const KeyLimit& keys, const at::Tensor& mask, const float* sink,
+               double softcap) {
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2);
   const int64_t q_blocks = (seqlen_q + kPlainBlockQ - 1) / kPlainBlockQ;
   // Each task, a (batch, query head, query block), writes its own rows of out and lse.
@@ -102,7 +104,7 @@ void fwd_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     PlainScratch scratch(q.size(3));
     for (int64_t t = begin; t < end; ++t) {
       const int64_t q_block = t % q_blocks, h = (t / q_blocks) % heads_q, b = t / (q_blocks * heads_q);
-      fwd_plain_block(qd, kd, vd, out, lse, scale, keys, sink, softcap, scratch, b, h, q_block * kPlainBlockQ);
+      fwd_plain_block(qd, kd, vd, out, lse, scale, keys, mask, sink, softcap, scratch, b, h, q_block * kPlainBlockQ);
     }
   });
 }

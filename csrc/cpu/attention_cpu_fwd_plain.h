@@ -1,4 +1,4 @@
-// The CPU forward without a mask or dropout for float16 / bfloat16 inputs: tiles whose products and
+// The CPU forward without dropout for float32 / float16 / bfloat16 inputs: tiles whose products and
 // exponentials run in ATen's vectorized CPU kernels. Internal to csrc/cpu/.
 #pragma once
 
@@ -10,18 +10,25 @@ namespace flashattn {
 namespace cpu {
 namespace detail {
 
-// Whether fwd_plain serves inputs of this dtype: float16 and bfloat16. Not float64 (the tiles are
-// float32), nor float32 yet: there the loops' results with a neutral mask (all True, all 0) are the
-// same bits as without one (tests/test_cpu_masks.py), which the tiles' other roundings would break;
-// the tiled backward (attention_cpu_bwd_plain.h) would serve float32 as well (it recomputes the
-// scores over the forward's tiles with its roundings, and passed the ill-conditioned float32 cases).
-inline bool fwd_plain_serves(at::ScalarType dtype) { return dtype == at::kHalf || dtype == at::kBFloat16; }
+// Whether fwd_plain serves inputs of this dtype: float32, float16 and bfloat16. Not float64 (the tiles
+// are float32). A masked call also needs finite k and v (tiles_take_mask).
+inline bool fwd_plain_serves(at::ScalarType dtype) {
+  return dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
+}
+
+// Whether the tiles may run a masked call: an excluded key takes no part in the loops, and in a gemm only
+// while its k and v rows are finite (0 * inf is NaN).
+inline bool tiles_take_mask(const at::Tensor& k, const at::Tensor& v) {
+  return at::isfinite(k).all().item<bool>() && at::isfinite(v).all().item<bool>();
+}
 
 // out [B, Lq, Hq, D] (q's dtype) and lse [B, Hq, Lq] (float32), written in place; q [B, Lq, Hq, D],
-// k / v [B, Lk, Hk, D], any strides; sink [Hq] logits joining each row's denominator, or nullptr;
-// softcap > 0 caps the scaled scores to softcap * tanh(score / softcap).
+// k / v [B, Lk, Hk, D], any strides; mask: an attention mask [B, Hq, Lq, Lk] (any strides; bool, or
+// floating, added to the scaled scores), or undefined; sink [Hq] logits joining each row's denominator,
+// or nullptr; softcap > 0 caps the scaled scores to softcap * tanh(score / softcap) (before the mask).
 void fwd_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-               const at::Tensor& lse, double scale, const KeyLimit& keys, const float* sink, double softcap);
+               const at::Tensor& lse, double scale, const KeyLimit& keys, const at::Tensor& mask, const float* sink,
+               double softcap);
 
 }  // namespace detail
 }  // namespace cpu

@@ -34,6 +34,25 @@ inline void mask_causal_tile(const at::Tensor& scores, const KeyLimit& keys, int
   }
 }
 
+// The [rows, cols] tile of (batch b, query head h)'s [Lq, Lk] plane of an attention mask ([B, Hq, Lq, Lk],
+// any strides), rows from query q0 and columns from key k0: a view.
+inline at::Tensor mask_tile(const at::Tensor& mask, int64_t b, int64_t h, int64_t q0, int64_t k0, int64_t rows,
+                            int64_t cols) {
+  return mask.select(0, b).select(0, h).narrow(0, q0, rows).narrow(1, k0, cols);
+}
+
+// Where a mask tile excludes its key: False, or -inf (whatever the score: attention_cpu_mask.h's rule).
+inline at::Tensor excluded(const at::Tensor& tile) {
+  return tile.scalar_type() == at::kBool ? tile.logical_not() : at::isneginf(tile);
+}
+
+// Applies an attention mask tile to a score tile (scores: [rows, cols] contiguous float32): a floating
+// mask adds to the scores, and an excluded key's score becomes -inf.
+inline void apply_mask_tile(const at::Tensor& scores, const at::Tensor& tile) {
+  if (tile.scalar_type() != at::kBool) scores.add_(tile);
+  scores.masked_fill_(excluded(tile), -std::numeric_limits<float>::infinity());
+}
+
 // Whether the tile of rows from q0 and cols keys from k0 holds a key some row does not see.
 inline bool tile_needs_causal_mask(const KeyLimit& keys, int64_t q0, int64_t rows, int64_t k0, int64_t cols) {
   return keys.is_causal && (keys.key_end(q0) < k0 + cols || keys.key_begin(q0 + rows - 1) > k0);
