@@ -26,7 +26,6 @@ The commit recorded with the results comes from git; in a copy without .git set 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -41,7 +40,9 @@ from harness import (  # noqa: E402  (benchmarks/harness.py)
     AnchorUnavailable,
     _fa4_interface,
     metadata,
+    render_saved,
     rotating_medians,
+    save_run,
     short_error,
     time_ms,
     warm_up,
@@ -192,10 +193,7 @@ def markdown(meta: dict, args: dict, rows: List[dict]) -> List[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.render:
-        with open(args.render) as f:
-            saved = json.load(f)
-        print("\n".join(markdown(saved["meta"], saved["args"], saved["rows"])))
-        return 0
+        return render_saved(args.render, markdown)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_variants: no CUDA GPU here (--device cpu tries the script on the CPU)")
         return 1
@@ -210,12 +208,7 @@ def main(argv=None) -> int:
                 print("\n".join(table_lines(rows[-1:])[2:]), flush=True)
     lines = markdown(meta, vars(args), rows)
     print("\n".join(lines))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "bench_variants.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
-        with open(os.path.join(args.out, "bench_variants.json"), "w") as f:
-            json.dump({"meta": meta, "args": vars(args), "rows": rows}, f, indent=1)
+    save_run(args.out, "bench_variants", lines, meta, vars(args), rows)
     return 0
 
 

@@ -28,7 +28,6 @@ The commit recorded with the results comes from git; in a copy without .git set 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -43,9 +42,12 @@ from harness import (  # noqa: E402  (benchmarks/harness.py)
     AnchorUnavailable,
     _fa4_interface,
     metadata,
+    render_saved,
     rotating_medians,
+    save_run,
     short_error,
     time_ms,
+    timed_fn,
     warm_up,
 )
 
@@ -77,15 +79,6 @@ def contenders(seqlen: int, window: int):
     except AnchorUnavailable as exc:
         missing["fa4"] = str(exc)
     return forwards, missing
-
-
-def timed_call(forward, mode, q, k, v, dout):
-    if mode == "fwd":
-        return lambda: forward(q, k, v)
-    if mode == "bwd":
-        out = forward(q, k, v)
-        return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-    return lambda: torch.autograd.grad(forward(q, k, v), (q, k, v), dout)
 
 
 def reference_error(forward, q, k, v, window: int) -> float:
@@ -132,7 +125,7 @@ def run_cell(seqlen, window, args, device="cuda") -> dict:
         def time_one(name, mode=mode):
             forward, is_chunked = forwards[name]
             inputs = (*chunked, dout_chunked) if is_chunked else (q, k, v, dout)
-            return time_ms(timed_call(forward, mode, *inputs), args.warmup, args.rep / args.rounds, device)
+            return time_ms(timed_fn(forward, mode, *inputs), args.warmup, args.rep / args.rounds, device)
 
         row["ms"][mode] = rotating_medians(forwards, time_one, args.rounds, status)
     return row
@@ -199,10 +192,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.render:
-        with open(args.render) as f:
-            saved = json.load(f)
-        print("\n".join(markdown(saved["meta"], saved["args"], saved["rows"])))
-        return 0
+        return render_saved(args.render, markdown)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_window: no CUDA GPU here (--device cpu tries the script on the CPU)")
         return 1
@@ -221,12 +211,7 @@ def main(argv=None) -> int:
             print("\n".join(table_lines(rows[-1:])[2:]), flush=True)
     lines = markdown(meta, vars(args), rows)
     print("\n".join(lines))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "bench_window.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
-        with open(os.path.join(args.out, "bench_window.json"), "w") as f:
-            json.dump({"meta": meta, "args": vars(args), "rows": rows}, f, indent=1)
+    save_run(args.out, "bench_window", lines, meta, vars(args), rows)
     return 0
 
 

@@ -439,6 +439,26 @@ def time_round_robin(impls, mode, q, k, v, dout, opts, device, status):
 # --------------------------------------------------------------------------------------------------
 
 
+def save_run(out_dir: Optional[str], stem: str, lines: List[str], meta: dict, args: dict, rows: List[dict]) -> None:
+    """A run's markdown (``lines``) and its figures as ``{"meta", "args", "rows"}`` to out_dir/stem.md and
+    out_dir/stem.json (nothing without out_dir): what render_saved reads back."""
+    if not out_dir:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
+        json.dump({"meta": meta, "args": args, "rows": rows}, f, indent=1)
+
+
+def render_saved(path: str, markdown) -> int:
+    """Prints markdown(meta, args, rows) of a run save_run wrote to ``path`` (its json); returns 0."""
+    with open(path) as f:
+        saved = json.load(f)
+    print("\n".join(markdown(saved["meta"], saved["args"], saved["rows"])))
+    return 0
+
+
 def short_error(exc: BaseException) -> str:
     """The first line of an exception, with its type, at most 160 characters."""
     text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
