@@ -45,7 +45,9 @@ void bwd_plain_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Te
     for (int64_t q0 = 0; q0 < seqlen_q; q0 += kPlainBlockQ) {
       const int64_t rows = std::min(kPlainBlockQ, seqlen_q - q0);
       const at::Tensor q_f = q.select(0, b).select(1, h).narrow(0, q0, rows).to(at::kFloat);     // [rows, D]
-      // S as the plain forward computes it, bit for bit: (scale Q) K^T over the same tiles.
+      // S as the plain forward's float32 products compute it, bit for bit: (scale Q) K^T over the same
+      // tiles (where the forward's 16-bit products run on the matrix units, its S differs from this one by
+      // float32 roundings: P = exp(S - lse) then sums to 1 within them).
       const at::Tensor q_scaled = q_f * scale;
       const at::Tensor do_f = dout.select(0, b).select(1, h).narrow(0, q0, rows).to(at::kFloat);  // [rows, D]
       const at::Tensor delta = (do_f * out.select(0, b).select(1, h).narrow(0, q0, rows).to(at::kFloat)).sum(1, true);

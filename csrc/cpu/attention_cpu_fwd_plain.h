@@ -16,6 +16,11 @@ inline bool fwd_plain_serves(at::ScalarType dtype) {
   return dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
 }
 
+// Whether the plain forward's 16-bit products of this dtype and head dim run on the CPU's 16-bit matrix
+// units (ATen's brgemm where cpublas::could_pack: AMX), P rounded to the dtype for P V; else on float32
+// copies.
+bool matrix_units_serve(at::ScalarType dtype, int64_t head_dim);
+
 // Whether the tiles may run a masked call: an excluded key takes no part in the loops, and in a gemm only
 // while its k and v rows are finite (0 * inf is NaN).
 inline bool tiles_take_mask(const at::Tensor& k, const at::Tensor& v) {

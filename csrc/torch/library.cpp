@@ -37,6 +37,7 @@
 #include <utility>
 
 #include "cpu/attention_cpu.h"
+#include "cpu/attention_cpu_fwd_plain.h"
 #include "torch/checks.h"
 #include "torch/sink.h"
 #include "torch/varlen_ops.h"
@@ -359,6 +360,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The backward's plan for a call described by a dict (flashattn.plan.plan_bwd)");
 #endif
   m.def("compiled_with_cuda", &flashattn::compiled_with_cuda, "True when the CUDA kernels were built");
+  m.def(
+      "cpu_matrix_units",
+      [](bool bfloat16) {
+        return flashattn::cpu::detail::matrix_units_serve(bfloat16 ? at::kBFloat16 : at::kHalf, 64);
+      },
+      pybind11::arg("bfloat16"),
+      "True when the CPU forward's bfloat16 (else float16) products run on the CPU's 16-bit matrix units");
   m.def("compiled_with_sm90", &flashattn::compiled_with_sm90,
         "True when the Hopper (sm_90a) forward kernels were built");
 }
