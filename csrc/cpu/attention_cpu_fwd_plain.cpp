@@ -43,9 +43,10 @@ struct PlainScratch {
 // to the inputs' dtype for P V as the GPU kernels round it. Without those units the tiles are float32
 // copies and at::mm.
 struct Matmul16 {
-  // brgemm's B operand is packed in the VNNI layout (row pairs interleaved: the inner dimension is kept
-  // even, an odd tile gets a zero row) at most this many columns at a time, with a row length that is a
-  // multiple of 16 (what ATen's packing accepts).
+  // brgemm's B operand is packed in the VNNI layout, [k / 2][ld][2] (row pairs interleaved: the inner
+  // dimension is kept even, an odd tile gets a zero row), at most this many columns at a time, ld a
+  // multiple of 16 (what ATen's cpublas::pack writes; packed here with ATen copies, since older torch
+  // builds do not export that function).
   static constexpr int64_t kPackCols = 64;
   at::ScalarType dtype;
   at::Tensor q_tile;  // [kPlainBlockQ * D]  Q, unscaled
@@ -55,7 +56,11 @@ struct Matmul16 {
   at::Tensor packed;  // [max(kPlainBlockK, D) * kPackCols]  one packed block of B
 
   static bool serves(at::ScalarType dtype, int64_t head_dim) {
+#if defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F16F16F32)
     return (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim % 2 == 0 && at::native::cpublas::could_pack(dtype);
+#else
+    return false;  // a torch whose ATen has no 16-bit brgemm
+#endif
   }
   Matmul16(at::ScalarType dtype, int64_t head_dim) : dtype(dtype) {
     const at::TensorOptions o = at::TensorOptions().dtype(dtype);
@@ -69,10 +74,12 @@ struct Matmul16 {
   // row-major 16-bit matrices.
   void gemm(int64_t m, int64_t n, int64_t k, const at::Tensor& a, const at::Tensor& b, float* c, int64_t ld_c,
             bool add_c) {
-    const auto* b_rows = static_cast<const unsigned char*>(b.const_data_ptr());
+#if defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F16F16F32)
     for (int64_t n0 = 0; n0 < n; n0 += kPackCols) {
       const int64_t cols = std::min(kPackCols, n - n0), ld = (cols + 15) / 16 * 16;
-      at::native::cpublas::pack(k, cols, n, ld, dtype, dtype, b_rows + n0 * b.element_size(), packed.data_ptr());
+      const at::Tensor vnni = packed.narrow(0, 0, k * ld).view({k / 2, ld, 2});
+      vnni.narrow(1, 0, cols).copy_(b.narrow(1, n0, cols).view({k / 2, 2, cols}).transpose(1, 2));
+      if (ld > cols) vnni.narrow(1, cols, ld - cols).zero_();
       if (dtype == at::kBFloat16) {
         at::native::cpublas::brgemm(m, cols, k, k, ld, ld_c, add_c, a.const_data_ptr<at::BFloat16>(),
                                     packed.const_data_ptr<at::BFloat16>(), c + n0, true);
@@ -81,6 +88,7 @@ struct Matmul16 {
                                     packed.const_data_ptr<at::Half>(), c + n0, true);
       }
     }
+#endif
   }
 };
 
