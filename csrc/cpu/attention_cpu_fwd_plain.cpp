@@ -7,8 +7,8 @@
 #include "cpu/attention_cpu_fwd_plain.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/native/CPUBlas.h>
 
+#include "cpu/attention_cpu_matmul16.h"
 #include "cpu/attention_cpu_plain_tiles.h"
 
 #include <algorithm>
@@ -38,63 +38,26 @@ struct PlainScratch {
         acc(at::empty({kPlainBlockQ * head_dim}, at::kFloat)) {}
 };
 
-// The 16-bit products on the CPU's 16-bit matrix units (where cpublas::could_pack says they are there:
-// AMX): S = Q K^T and P V read 16-bit tiles straight into float32 results through ATen's brgemm, P rounded
-// to the inputs' dtype for P V as the GPU kernels round it. Without those units the tiles are float32
-// copies and at::mm.
-struct Matmul16 {
-  // brgemm's B operand is packed in the VNNI layout, [k / 2][ld][2] (row pairs interleaved: the inner
-  // dimension is kept even, an odd tile gets a zero row), at most this many columns at a time, ld a
-  // multiple of 16 (what ATen's cpublas::pack writes; packed here with ATen copies, since older torch
-  // builds do not export that function).
-  static constexpr int64_t kPackCols = 64;
-  at::ScalarType dtype;
+// The forward's 16-bit tiles for Matmul16 (P rounded to the inputs' dtype for P V, as the GPU kernels
+// round it).
+struct Fwd16 {
+  Matmul16 matmul;
   at::Tensor q_tile;  // [kPlainBlockQ * D]  Q, unscaled
   at::Tensor kt;      // [D * kPlainBlockK]  K^T of a key tile
   at::Tensor v_tile;  // [kPlainBlockK * D]  V of a key tile (an even row count)
-  at::Tensor p_tile;  // [kPlainBlockQ * kPlainBlockK]  P in the inputs' dtype
-  at::Tensor packed;  // [max(kPlainBlockK, D) * kPackCols]  one packed block of B
+  at::Tensor p_tile;  // [kPlainBlockQ * kPlainBlockK]  P
 
-  static bool serves(at::ScalarType dtype, int64_t head_dim) {
-#if defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F16F16F32)
-    return (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim % 2 == 0 && at::native::cpublas::could_pack(dtype);
-#else
-    return false;  // a torch whose ATen has no 16-bit brgemm
-#endif
-  }
-  Matmul16(at::ScalarType dtype, int64_t head_dim) : dtype(dtype) {
-    const at::TensorOptions o = at::TensorOptions().dtype(dtype);
-    q_tile = at::empty({kPlainBlockQ * head_dim}, o);
-    kt = at::empty({head_dim * kPlainBlockK}, o);
-    v_tile = at::empty({kPlainBlockK * head_dim}, o);
-    p_tile = at::empty({kPlainBlockQ * kPlainBlockK}, o);
-    packed = at::empty({std::max(kPlainBlockK, head_dim) * kPackCols}, o);
-  }
-  // C [m, n] (float32, row stride ld_c) = (add_c ? C : 0) + A B: A [m, k] and B [k, n] contiguous
-  // row-major 16-bit matrices.
-  void gemm(int64_t m, int64_t n, int64_t k, const at::Tensor& a, const at::Tensor& b, float* c, int64_t ld_c,
-            bool add_c) {
-#if defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F16F16F32)
-    for (int64_t n0 = 0; n0 < n; n0 += kPackCols) {
-      const int64_t cols = std::min(kPackCols, n - n0), ld = (cols + 15) / 16 * 16;
-      const at::Tensor vnni = packed.narrow(0, 0, k * ld).view({k / 2, ld, 2});
-      vnni.narrow(1, 0, cols).copy_(b.narrow(1, n0, cols).view({k / 2, 2, cols}).transpose(1, 2));
-      if (ld > cols) vnni.narrow(1, cols, ld - cols).zero_();
-      if (dtype == at::kBFloat16) {
-        at::native::cpublas::brgemm(m, cols, k, k, ld, ld_c, add_c, a.const_data_ptr<at::BFloat16>(),
-                                    packed.const_data_ptr<at::BFloat16>(), c + n0, true);
-      } else {
-        at::native::cpublas::brgemm(m, cols, k, k, ld, ld_c, add_c, a.const_data_ptr<at::Half>(),
-                                    packed.const_data_ptr<at::Half>(), c + n0, true);
-      }
-    }
-#endif
-  }
+  Fwd16(at::ScalarType dtype, int64_t head_dim)
+      : matmul(dtype, std::max(kPlainBlockK, head_dim)),
+        q_tile(at::empty({kPlainBlockQ * head_dim}, at::TensorOptions().dtype(dtype))),
+        kt(at::empty({head_dim * kPlainBlockK}, q_tile.options())),
+        v_tile(at::empty({kPlainBlockK * head_dim}, q_tile.options())),
+        p_tile(at::empty({kPlainBlockQ * kPlainBlockK}, q_tile.options())) {}
 };
 
 void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                      const at::Tensor& lse, double scale, const KeyLimit& keys, const at::Tensor& mask,
-                     const float* sink, double softcap, PlainScratch& s, Matmul16* m16, int64_t b, int64_t h,
+                     const float* sink, double softcap, PlainScratch& s, Fwd16* m16, int64_t b, int64_t h,
                      int64_t q0) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t head_dim = q.size(3);
@@ -116,7 +79,7 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     at::Tensor v_tile;  // float32 [cols, D] without m16
     if (m16 != nullptr) {
       const at::Tensor kt = matrix(m16->kt, head_dim, cols).copy_(keys_b.narrow(0, k0, cols).t());
-      m16->gemm(rows, cols, head_dim, q_tile, kt, scores.data_ptr<float>(), cols, false);
+      m16->matmul.gemm(rows, cols, head_dim, q_tile, kt, scores.data_ptr<float>(), cols, false);
       scores.mul_(scale);
     } else {
       const at::Tensor k_tile = matrix(s.k_tile, cols, head_dim).copy_(keys_b.narrow(0, k0, cols));
@@ -135,16 +98,16 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     row_sum.mul_(rescale).add_(scores.sum(1));
     acc.mul_(rescale.unsqueeze(1));
     if (m16 != nullptr) {
-      const int64_t even = (cols + 1) / 2 * 2;
-      const at::Tensor p_tile = matrix(m16->p_tile, rows, even);
+      const int64_t inner = even(cols);
+      const at::Tensor p_tile = matrix(m16->p_tile, rows, inner);
       p_tile.narrow(1, 0, cols).copy_(scores);
-      const at::Tensor v16 = matrix(m16->v_tile, even, head_dim);
+      const at::Tensor v16 = matrix(m16->v_tile, inner, head_dim);
       v16.narrow(0, 0, cols).copy_(values_b.narrow(0, k0, cols));
-      if (even > cols) {
+      if (inner > cols) {
         p_tile.narrow(1, cols, 1).zero_();
         v16.narrow(0, cols, 1).zero_();
       }
-      m16->gemm(rows, head_dim, even, p_tile, v16, acc.data_ptr<float>(), head_dim, true);
+      m16->matmul.gemm(rows, head_dim, inner, p_tile, v16, acc.data_ptr<float>(), head_dim, true);
     } else {
       acc.addmm_(scores, v_tile);
     }
@@ -184,14 +147,14 @@ void fwd_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   const bool use_m16 = matrix_units_serve(q.scalar_type(), q.size(3));
   at::parallel_for(0, batch * heads_q * q_blocks, 1, [&](int64_t begin, int64_t end) {
     PlainScratch scratch(q.size(3));
-    std::optional<Matmul16> m16;
+    std::optional<Fwd16> m16;
     if (use_m16) m16.emplace(q.scalar_type(), q.size(3));
     for (int64_t t = begin; t < end; ++t) {
       const int64_t q_block = t % q_blocks, h = (t / q_blocks) % heads_q, b = t / (q_blocks * heads_q);
       fwd_plain_block(qd, kd, vd, out, lse, scale, keys, mask, sink, softcap, scratch, m16 ? &*m16 : nullptr, b, h,
                       q_block * kPlainBlockQ);
     }
-    if (use_m16) at::native::cpublas::brgemm_release();  // the matrix units' state of this thread
+    if (use_m16) Matmul16::release();
   });
 }
 
