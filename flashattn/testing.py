@@ -24,6 +24,7 @@ __all__ = [
     "ZERO_REF_SLACK",
     "CaseResult",
     "OracleFigure",
+    "assert_attention_oracle",
     "assert_oracle",
     "check_case",
     "dtype_name",
@@ -93,6 +94,19 @@ def assert_oracle(name: str, result: torch.Tensor, ref: torch.Tensor, baseline: 
         f"{name}: max|out - ref| = {figure.err:.3e} exceeds {factor:g} * max|baseline - ref| + {ABS_SLACK:g} "
         f"= {figure.bound:.3e}"
     )
+
+
+def assert_attention_oracle(out, lse, grads, ref, base,
+                            grad_names=("dq", "dk", "dv", "dsink")) -> None:
+    """assert_oracle on an attention call's out, lse and gradients: ref and base are (out, lse, grads) of the
+    float64 reference and of the same math in the inputs' dtype. lse must be -inf exactly on the rows the
+    reference leaves without a key (and is judged on the others)."""
+    assert_oracle("out", out, ref[0], base[0], OUT_FACTOR)
+    empty = torch.isneginf(ref[1])
+    assert torch.equal(torch.isneginf(lse).cpu(), empty.cpu()), "lse: -inf rows differ from the reference"
+    assert_oracle("lse", lse[~empty], ref[1][~empty], base[1][~empty], OUT_FACTOR)
+    for name, g, r, b in zip(grad_names, grads, ref[2], base[2]):
+        assert_oracle(name, g, r, b, GRAD_FACTOR)
 
 
 def make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, device, layout="contiguous"):
