@@ -38,21 +38,18 @@ struct PlainScratch {
         acc(at::empty({kPlainBlockQ * head_dim}, at::kFloat)) {}
 };
 
-// The forward's 16-bit tiles for Matmul16 (P rounded to the inputs' dtype for P V, as the GPU kernels
-// round it).
+// The forward's 16-bit tiles for Matmul16, which reads Q, K and V in place: P, rounded to the inputs'
+// dtype for P V as the GPU kernels round it, and a copy of V only for a key tile of odd length (padded
+// with a zero row: the products' inner dimension is even).
 struct Fwd16 {
   Matmul16 matmul;
-  at::Tensor q_tile;  // [kPlainBlockQ * D]  Q, unscaled
-  at::Tensor kt;      // [D * kPlainBlockK]  K^T of a key tile
-  at::Tensor v_tile;  // [kPlainBlockK * D]  V of a key tile (an even row count)
-  at::Tensor p_tile;  // [kPlainBlockQ * kPlainBlockK]  P
+  at::Tensor v_tile;  // [(kPlainBlockK + 1) * D]
+  at::Tensor p_tile;  // [kPlainBlockQ * kPlainBlockK]
 
   Fwd16(at::ScalarType dtype, int64_t head_dim)
       : matmul(dtype, std::max(kPlainBlockK, head_dim)),
-        q_tile(at::empty({kPlainBlockQ * head_dim}, at::TensorOptions().dtype(dtype))),
-        kt(at::empty({head_dim * kPlainBlockK}, q_tile.options())),
-        v_tile(at::empty({kPlainBlockK * head_dim}, q_tile.options())),
-        p_tile(at::empty({kPlainBlockQ * kPlainBlockK}, q_tile.options())) {}
+        v_tile(at::empty({(kPlainBlockK + 1) * head_dim}, at::TensorOptions().dtype(dtype))),
+        p_tile(at::empty({kPlainBlockQ * kPlainBlockK}, v_tile.options())) {}
 };
 
 void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
@@ -64,8 +61,8 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t rows = std::min(kPlainBlockQ, q.size(1) - q0);
   const int64_t kv_head = h / (q.size(2) / k.size(2));
   const at::Tensor q_rows = q.select(0, b).select(1, h).narrow(0, q0, rows);
-  const at::Tensor q_tile = m16 != nullptr ? matrix(m16->q_tile, rows, head_dim).copy_(q_rows)
-                                           : matrix(s.q_tile, rows, head_dim).copy_(q_rows).mul_(scale);
+  // With m16, Q unscaled and in place; else a scaled float32 copy.
+  const at::Tensor q_tile = m16 != nullptr ? q_rows : matrix(s.q_tile, rows, head_dim).copy_(q_rows).mul_(scale);
   const at::Tensor keys_b = k.select(0, b).select(1, kv_head), values_b = v.select(0, b).select(1, kv_head);
   const at::Tensor acc = matrix(s.acc, rows, head_dim).zero_();
   at::Tensor row_max = at::full({rows}, kNegInf, s.acc.options());
@@ -78,8 +75,8 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     at::Tensor scores = matrix(s.scores, rows, cols);
     at::Tensor v_tile;  // float32 [cols, D] without m16
     if (m16 != nullptr) {
-      const at::Tensor kt = matrix(m16->kt, head_dim, cols).copy_(keys_b.narrow(0, k0, cols).t());
-      m16->matmul.gemm(rows, cols, head_dim, q_tile, kt, scores.data_ptr<float>(), cols, false);
+      m16->matmul.gemm(rows, cols, head_dim, q_tile, keys_b.narrow(0, k0, cols).t(), scores.data_ptr<float>(), cols,
+                       false);
       scores.mul_(scale);
     } else {
       const at::Tensor k_tile = matrix(s.k_tile, cols, head_dim).copy_(keys_b.narrow(0, k0, cols));
@@ -101,10 +98,11 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       const int64_t inner = even(cols);
       const at::Tensor p_tile = matrix(m16->p_tile, rows, inner);
       p_tile.narrow(1, 0, cols).copy_(scores);
-      const at::Tensor v16 = matrix(m16->v_tile, inner, head_dim);
-      v16.narrow(0, 0, cols).copy_(values_b.narrow(0, k0, cols));
+      at::Tensor v16 = values_b.narrow(0, k0, cols);
       if (inner > cols) {
         p_tile.narrow(1, cols, 1).zero_();
+        v16 = matrix(m16->v_tile, inner, head_dim);
+        v16.narrow(0, 0, cols).copy_(values_b.narrow(0, k0, cols));
         v16.narrow(0, cols, 1).zero_();
       }
       m16->matmul.gemm(rows, head_dim, inner, p_tile, v16, acc.data_ptr<float>(), head_dim, true);

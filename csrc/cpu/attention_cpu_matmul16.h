@@ -29,21 +29,22 @@ class Matmul16 {
       : dtype_(dtype), packed_(at::empty({(max_inner + 1) / 2 * 2 * kPackCols}, at::TensorOptions().dtype(dtype))) {}
   at::ScalarType dtype() const { return dtype_; }
 
-  // C [m, n] (float32, row stride ld_c) = (add_c ? C : 0) + A B: A [m, k] and B [k, n] contiguous
-  // row-major matrices of the dtype, k even.
+  // C [m, n] (float32, row stride ld_c) = (add_c ? C : 0) + A B, A [m, k] and B [k, n] of the dtype, k
+  // even: A with a contiguous last dim (any row stride), B any strides (a transposed view included: it
+  // is read once, into the packed blocks).
   void gemm(int64_t m, int64_t n, int64_t k, const at::Tensor& a, const at::Tensor& b, float* c, int64_t ld_c,
             bool add_c) {
 #if defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F16F16F32)
     for (int64_t n0 = 0; n0 < n; n0 += kPackCols) {
       const int64_t cols = std::min(kPackCols, n - n0), ld = (cols + 15) / 16 * 16;
       const at::Tensor vnni = packed_.narrow(0, 0, k * ld).view({k / 2, ld, 2});
-      vnni.narrow(1, 0, cols).copy_(b.narrow(1, n0, cols).view({k / 2, 2, cols}).transpose(1, 2));
+      vnni.narrow(1, 0, cols).copy_(b.narrow(1, n0, cols).unflatten(0, {k / 2, 2}).transpose(1, 2));
       if (ld > cols) vnni.narrow(1, cols, ld - cols).zero_();
       if (dtype_ == at::kBFloat16) {
-        at::native::cpublas::brgemm(m, cols, k, k, ld, ld_c, add_c, a.const_data_ptr<at::BFloat16>(),
+        at::native::cpublas::brgemm(m, cols, k, a.stride(0), ld, ld_c, add_c, a.const_data_ptr<at::BFloat16>(),
                                     packed_.const_data_ptr<at::BFloat16>(), c + n0, true);
       } else {
-        at::native::cpublas::brgemm(m, cols, k, k, ld, ld_c, add_c, a.const_data_ptr<at::Half>(),
+        at::native::cpublas::brgemm(m, cols, k, a.stride(0), ld, ld_c, add_c, a.const_data_ptr<at::Half>(),
                                     packed_.const_data_ptr<at::Half>(), c + n0, true);
       }
     }
