@@ -83,6 +83,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without transfor
     ) from exc
 
 from .. import ops
+from .._fa2_common import window_keys
 from ..reference import causal_visibility
 from ..sdpa import fallback_reason
 from ..varlen import flash_attn_varlen_func
@@ -351,7 +352,7 @@ def flashattn_attention_forward(
             dense = _dense_fallback_mask(query, key, attention_mask, packed, varlen_causal or window != (-1, -1))
             if window != (-1, -1):
                 diagonal = torch.arange(query.size(2), device=query.device)[:, None] + key.size(2) - query.size(2)
-                dense = dense & (torch.arange(key.size(2), device=query.device) >= diagonal - window[0])
+                dense = dense & window_keys(diagonal, torch.arange(key.size(2), device=query.device), window)
             kwargs = {name: value for name, value in kwargs.items()
                       if name not in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")}
             out, weights = sdpa_attention_forward(module, query, key, value, dense, dropout=dropout, scaling=scaling,
