@@ -19,8 +19,9 @@
 //     A operands (dK, dV stay in registers for the whole CTA). dS^T is also written to shared memory
 //     (swizzled), and once both consumers' tiles are there each computes half the columns of
 //     dQ_partial = dS K over all 128 keys (with 128-query steps: the rows of its own 64 queries); the
-//     halves meet in one fp32 staging tile that is added into the dq workspace with one asynchronous
-//     bulk reduction per step (one per 128 keys, not per 64).
+//     halves meet in one fp32 staging tile that the producer warpgroup's second warp, the dQ writer
+//     (sm90/bwd_dq_writer.h), adds into the dq workspace with one asynchronous bulk reduction per step
+//     (one per 128 keys, not per 64), taking deterministic mode's turns.
 // The kMasked variant applies params.mask (its tile classes on this kernel's 64-query x 128-key grid):
 // producer and consumers walk only the steps whose tile lets some key through (the same walk on both
 // sides, so the ring stays in step), steps whose tile needs it add the mask element by element to the
@@ -48,6 +49,7 @@
 #include "cuda/mask_view.h"
 #include "cuda/softcap.h"
 #include "sm90/bwd_config.h"
+#include "sm90/bwd_dq_writer.h"
 #include "sm90/bwd_dropout.h"
 #include "sm90/class_bits.h"
 #include "sm90/fragments.h"
@@ -80,7 +82,7 @@ struct BwdSteps {
 
 // The key block a CTA owns (n0 = n_block * kBlockN its first key): n_block varies fastest in blockIdx.x,
 // then the kv head, then the batch; n_block runs in decreasing order in deterministic mode under causal
-// masking (the order of its dq turns, DqTurns::take).
+// masking (the order of its dq turns, DqTurns).
 struct BwdKeyBlock {
   int n_block, kv_head, batch, n0;
 };
@@ -449,104 +451,6 @@ cudaError_t make_bwd_tensor_maps(const BwdParams& p, BwdTensorMaps* maps) {
   return err;
 }
 
-// Deterministic mode (BwdParams::deterministic): the key blocks add their dQ partials into a query
-// block in a fixed order (take()), through the dq_keys_done counters as in the sm80 backward. The
-// blocks a key block waits for have lower blockIdx.x (bwd_key_block), so they were dispatched first and
-// keep their SMs until they finish; the first block of the order never waits, so by induction every
-// awaited turn is passed (wait_for_dq_turn in the sm80 backward makes the same argument). Used by the
-// reducer thread alone. A turn is passed once its reduction has completed, which the reducer checks
-// where the next step waits for the staging tile anyway, so the reduction still overlaps that step's
-// first GEMMs.
-// A step of kRows = 128 queries (the unmasked kernel at width 64) adds into two query blocks at once:
-// it takes the turn of each block that has rows and whose queries see the key block, in increasing
-// order, and passes both. A key block never waits for one after it in either block's order, so
-// holding the first turn while waiting for the second cannot deadlock; the rows it adds without a turn
-// (a block none of whose queries see its keys) are zeros.
-template <int kBlockN, int kRows = kDqTileRows>
-struct DqTurns {
-  static constexpr int kBlocks = kRows / kDqTileRows;  // query blocks per step
-  static_assert(kRows % kDqTileRows == 0 && kBlocks <= 2, "one or two query blocks a step");
-  // The counter of the (first) query block reduced last, while its turn is held (null: none). In
-  // shared memory, touched by the reducer thread only: a pointer kept in registers across the step
-  // loop made the masked kernel spill.
-  __device__ __forceinline__ static int*& held() {
-    __shared__ int* counter;
-    return counter;
-  }
-  // With two blocks a step, the second block's.
-  __device__ __forceinline__ static int*& held_second() {
-    __shared__ int* counter;
-    return counter;
-  }
-  __device__ __forceinline__ static void start() {
-    held() = nullptr;
-    if constexpr (kBlocks > 1) held_second() = nullptr;
-  }
-  // The key blocks that see query block m0 / 64 are 0 .. n_last. Without causal masking they take
-  // their turns in increasing order; under causal masking in decreasing order, n_last first: key block
-  // n starts at the query block of its diagonal, where it is then the first (in increasing order, each
-  // diagonal block would wait for every key block before it to walk down to its first query block).
-  __device__ __forceinline__ static void take(const BwdParams& p, int batch, int head, int m0, int n_block) {
-    const AttentionShape& sh = p.shape;
-    const int blocks = (sh.seqlen_q + kDqTileRows - 1) / kDqTileRows;
-    take_at(p.dq_keys_done + (static_cast<int64_t>(batch) * sh.heads_q + head) * blocks + m0 / kDqTileRows, sh, m0,
-            n_block);
-  }
-  // A variable-length batch's: one counter per 64 workspace rows, the query block's at stats_row (its
-  // workspace row), `sh` its sequence's shape.
-  __device__ __forceinline__ static void take_varlen(const BwdParams& p, const AttentionShape& sh, int64_t stats_row,
-                                                     int m0, int n_block) {
-    take_at(p.dq_keys_done + stats_row / kDqTileRows, sh, m0, n_block);
-  }
-  // The turn of key block n_block at the query block from query m0: negative when none of its queries
-  // sees the key block (possible in a 128-query step only): the block lies right of their diagonals or,
-  // under a sliding window, left of their windows (the key blocks that take turns are then those from
-  // the first row's window start to the last row's diagonal, still n_last first).
-  __device__ __forceinline__ static int turn_at(const AttentionShape& sh, int m0, int n_block) {
-    if (!sh.is_causal) return n_block;
-    if (sh.window_span >= 0 && (n_block + 1) * kBlockN <= m0 + sh.causal_offset - sh.window_span) return -1;
-    const int last_key = min(min(m0 + kDqTileRows, sh.seqlen_q) - 1 + sh.causal_offset, sh.seqlen_k - 1);
-    return last_key / kBlockN - n_block;
-  }
-  // `counter`: that of the step's first query block (the second block's follows it).
-  __device__ __forceinline__ static void take_at(int* counter, const AttentionShape& sh, int m0, int n_block) {
-    const int turn = turn_at(sh, m0, n_block);
-    if (kBlocks == 1 || turn >= 0) {
-      while (ld_acquire_gpu(counter) != turn * kBlockN) {
-      }
-      held() = counter;
-    }
-    if constexpr (kBlocks > 1) {
-      const int second = turn_at(sh, m0 + kDqTileRows, n_block);
-      if (m0 + kDqTileRows < sh.seqlen_q && second >= 0) {  // the second block has rows (and a counter)
-        while (ld_acquire_gpu(counter + 1) != second * kBlockN) {
-        }
-        held_second() = counter + 1;
-      }
-    }
-    fence_proxy_async_global();  // the earlier turns' reductions before this one's
-  }
-  // Waits for the last reduction to complete (its reads of the staging tile included) and passes its
-  // turns on.
-  __device__ __forceinline__ static void pass() {
-    bulk_wait();
-    int* counter = held();
-    if (counter != nullptr) {
-      fence_proxy_async_global();
-      red_add_release_gpu(counter, kBlockN);
-      held() = nullptr;
-    }
-    if constexpr (kBlocks > 1) {
-      int* second = held_second();
-      if (second != nullptr) {
-        fence_proxy_async_global();
-        red_add_release_gpu(second, kBlockN);
-        held_second() = nullptr;
-      }
-    }
-  }
-};
-
 // Stages a consumer's dQ partial (64 queries x kCols head dims from col0, accumulator layout) in the
 // fp32 staging tile at `stage` in the sm90 tile layout (cuda/dq_accum_layout.h): a warp's stores are
 // 512 contiguous bytes.
@@ -557,21 +461,6 @@ __device__ __forceinline__ void store_dq_tile(uint32_t stage, const float (&dq)[
     st_shared_f32x4(stage + dq_tile_fragment_offset(col0 / 8 + j, thread) * 4,
                     make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
   }
-}
-
-// Adds the staged dQ tiles of query blocks m0 / 64 .. (m0 + kRows) / 64 - 1 of (batch, head) into the
-// dq workspace (tile layout, the blocks adjacent: whole blocks, rows past seqlen_q included, which hold
-// zeros).
-// ... at workspace row `rows` (that of query m0).
-template <int kWidth, int kRows>
-__device__ __forceinline__ void reduce_dq_rows(const BwdParams& p, const float* stage, int64_t rows) {
-  static_assert(kRows % kDqTileRows == 0, "whole blocks of the tile layout");
-  bulk_reduce_add_f32(p.dq_accum + rows * kWidth, stage, kRows * kWidth * 4);
-  bulk_commit();
-}
-template <int kWidth, int kRows>
-__device__ __forceinline__ void reduce_dq_tile(const BwdParams& p, const float* stage, int batch, int head, int m0) {
-  reduce_dq_rows<kWidth, kRows>(p, stage, (static_cast<int64_t>(batch) * p.shape.heads_q + head) * p.stats_stride + m0);
 }
 
 // kDropout (with kMasked only): the launch applies params.dropout. A form of its own, so that the
@@ -632,12 +521,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
   BwdStepWalk<T, kMasked> walk{p, steps, kv_head, batch, n_block};
 
+  // The dQ reductions through the writer warp where deterministic mode's turns apply: in the unmasked
+  // kernel, and in the masked one's kMaskedTurns form (sm90/bwd_dq_writer.h).
+  const bool to_writer = (!kMasked || kMaskedTurns) && p.deterministic;
+  // The dq workspace row of the step of query head `head` from query m0.
+  auto dq_row = [&](int head, int m0) -> int64_t {
+    return kVarlen ? rows.stats(head) + m0 : (static_cast<int64_t>(batch) * sh.heads_q + head) * p.stats_stride + m0;
+  };
+
   if (threadIdx.x == 0) init_bwd_barriers(maps, bars);
   __syncthreads();
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x < 32) produce_bwd<T, Cfg, kMasked, kVarlen>(p, maps, bars, base, n0, kv_head, batch, steps, walk, rows);
+    // Branching on a value the compiler knows is warp-uniform kept the producer within its registers.
+    const int warp = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 32), 0);
+    if (warp == 1 && to_writer) {
+      using Turns = DqTurns<kBlockN, kBlockM>;
+      write_dq<Cfg::kHeadDim, kBlockM, kBlockN>(
+          p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), [&](int head, int m0) {
+            DqReduction r;
+            r.row = dq_row(head, m0);
+            Turns::ticket(r, kVarlen ? Turns::varlen_counter(p, r.row) : Turns::counter(p, batch, head, m0), sh, m0,
+                          n_block);
+            return r;
+          });
+    } else if (warp == 0) {
+      produce_bwd<T, Cfg, kMasked, kVarlen>(p, maps, bars, base, n0, kv_head, batch, steps, walk, rows);
+    }
     return;
   }
   registers_increase<Cfg::kConsumerRegisters>();
@@ -646,11 +557,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int thread_in_group = threadIdx.x % 128;
   const int warp_in_group = thread_in_group / 32;
   const int lane = threadIdx.x % 32;
-  const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
-  // Deterministic mode's turns: in the unmasked kernel, and in the masked one's kMaskedTurns form.
-  constexpr bool kDeterministicTurns = !kMasked || kMaskedTurns;
-  using Turns = DqTurns<kBlockN, kBlockM>;
-  if (reducer) Turns::start();  // also read by the final pass() when kDeterministicTurns is off
+  // The warp that issues each step's dQ reduction or hands it to the writer warp.
+  const bool reducer_warp = threadIdx.x / 32 == 4;
+  const DqReducer reducer{to_writer};
   const int key0 = n0 + consumer * 64;      // this warpgroup's keys: [key0, key0 + 64)
   // The consumer's share of dQ: its 64 queries (from dq_row0, every head dim) or its kDqCols head dims
   // (DqPieces, every query of the step).
@@ -662,8 +571,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const uint32_t ds_tiles = smem + Cfg::kDsOffset;  // both consumers' dS^T (Cfg::kDsBytes each)
   const uint32_t ds_tile = ds_tiles + consumer * Cfg::kDsBytes;
   const uint32_t ds_dq_queries = ds_tiles + (dq_row0 / 64) * Cfg::kDsQueryBlockBytes;  // the dQ GEMM's A
-  const float* dq_stage = reinterpret_cast<const float*>(base + Cfg::kDqOffset);  // [kBlockM * kHeadDim], tile layout
-  // This consumer's part of the staging tile: its query block's when the consumers split dQ by rows.
+  // This consumer's part of the dQ staging tile ([kBlockM * kHeadDim] fp32, the tile layout): its query
+  // block's when the consumers split dQ by rows.
   const uint32_t dq_stage_addr = smem + Cfg::kDqOffset + dq_row0 * Cfg::kHeadDim * 4;
   const uint32_t stats_addr = smem + Cfg::kStatsOffset;
 
@@ -672,8 +581,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   for (int i = 0; i < Cfg::kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
 
   int step = walk.next(0);
+  int iter = 0;  // steps run so far, as in produce_bwd
   mbar_wait(&bars.kv_full, 0);
-  for (int iter = 0; step < steps.count(); ++iter) {  // iter: steps run so far, as in produce_bwd
+  for (; step < steps.count(); ++iter) {
     // Before next() moves the class window on: whether the step reads its mask elements, or applies
     // its key-prefix tile as a length (key_end) instead.
     const bool needs_elements = walk.needs_elements(step);
@@ -807,13 +717,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     accumulator_to_a<T, kBlockM>(ds_frag, dp);
     store_ds_swizzled(ds_tile, ds_frag, warp_in_group, lane);
     fence_proxy_async_shared();
-    if (reducer) {  // the previous step's dQ reduction has left dq_stage
-      if (kDeterministicTurns && p.deterministic) {
-        Turns::pass();
-      } else {
-        bulk_wait_read();
-      }
-    }
+    if (reducer_warp) reducer.await_stage(iter);  // the previous step's dQ reduction has left dq_stage
     named_barrier_sync(kBwdConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free
 
     float dq[Cfg::kDqCols / 2];
@@ -845,18 +749,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     fence_proxy_async_shared();
     // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
     named_barrier_sync(kBwdConsumerBarrier, 256);
-    if (reducer) {
-      if constexpr (kVarlen) {
-        if (kDeterministicTurns && p.deterministic) Turns::take_varlen(p, sh, rows.stats(head) + m0, m0, n_block);
-        reduce_dq_rows<Cfg::kHeadDim, kBlockM>(p, dq_stage, rows.stats(head) + m0);
-      } else {
-        if (kDeterministicTurns && p.deterministic) Turns::take(p, batch, head, m0, n_block);
-        reduce_dq_tile<Cfg::kHeadDim, kBlockM>(p, dq_stage, batch, head, m0);
-      }
+    if (reducer_warp) {
+      reducer.send_stage<Cfg::kHeadDim, kBlockM>(p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), head, m0,
+                                                 [&] { return dq_row(head, m0); });
     }
     step = next;
   }
-  if (reducer) Turns::pass();
+  if (reducer_warp) reducer.finish(iter);
 
   // dK = scale * dS^T Q and dV, straight from the accumulators.
   store_dk_dv<T>(p, sh, rows.k_row0, dk, dv, rows.tensor_batch, kv_head, key0, 0, warp_in_group, lane);

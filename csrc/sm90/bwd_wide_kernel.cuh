@@ -11,13 +11,14 @@
 //     its head dims (BwdWideConfig: halves at width 256, 128 and 64 at 192) of dV += P^T dO and
 //     dK += dS^T Q over all 64 keys (dK and dV stay in registers for the whole CTA) and of
 //     dQ_partial = dS K, which meets the other consumer's columns in an fp32 staging tile (the sm90
-//     tile layout, cuda/dq_accum_layout.h) added into the dq workspace with one bulk reduction per
-//     step. An uneven split costs little: both consumers' GEMMs run on the SM's one set of tensor
+//     tile layout, cuda/dq_accum_layout.h) that the dQ writer warp (sm90/bwd_dq_writer.h) adds into
+//     the dq workspace with one bulk reduction per step. An uneven split costs little: both consumers' GEMMs run on the SM's one set of tensor
 //     cores, so what counts is their sum.
 // The kMasked variant applies params.mask (on the masked backward's 64-query x 128-key class grid: a
 // 64-key block reads the classes of the 128-key tile it lies in) and writes dS to params.dmask when
 // set; its kDropout form applies params.dropout too. No key-length form (the planner gives none at these
-// widths). Deterministic mode as in bwd_kernel.cuh (DqTurns), in the unmasked variant.
+// widths). Deterministic mode as in bwd_kernel.cuh (DqTurns), in the unmasked variant and the masked
+// one's kMaskedTurns form.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -119,6 +120,13 @@ __device__ __forceinline__ uint32_t wide_keep_bits(const DropoutRow& rng, int ro
   return keep;
 }
 
+// Whether the dQ reductions go through the writer warp: where deterministic mode's turns apply, as in
+// bwd_kernel.
+template <bool kMasked, bool kMaskedTurns>
+__device__ __forceinline__ bool wide_to_writer(const BwdParams& p) {
+  return (!kMasked || kMaskedTurns) && p.deterministic;
+}
+
 // Both consumers past this point together, their shared-memory writes before it seen by the other
 // after it. When they run one copy of the step loop (an even split), one bar.sync. Otherwise their
 // copies would reach that barrier from different instructions, which the aligned barrier does not
@@ -149,18 +157,17 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
   const int n_block = block.n_block, kv_head = block.kv_head, batch = block.batch, n0 = block.n0;
   const int warp_in_group = (threadIdx.x % 128) / 32;
   const int lane = threadIdx.x % 32;
-  const bool reducer = threadIdx.x == 128;  // issues the dQ bulk reductions
-  using Turns = DqTurns<kBlockN>;  // deterministic mode's turns at the dQ reductions
-  constexpr bool kDeterministicTurns = !kMasked || kMaskedTurns;  // as in bwd_kernel
-  if (reducer) Turns::start();
+  // The warp that issues each step's dQ reduction or hands it to the writer warp (sm90/bwd_dq_writer.h):
+  // consumer 0's first.
+  const bool reducer_warp = threadIdx.x / 32 == 4;
+  const DqReducer reducer{wide_to_writer<kMasked, kMaskedTurns>(p)};
   const int key0 = n0 + consumer * kKeys;  // this consumer's score columns: keys [key0, key0 + 32)
   const uint32_t smem = smem_u32(base);
   const uint32_t key_rows = smem + consumer * kKeys * 128;  // its 32 rows of K in every column block
   const uint32_t value_rows = key_rows + Cfg::kVOffset;
   const uint32_t k_cols = smem + (dim0 / 64) * Cfg::kKVColBlockBytes;  // K from its first head-dim column block
   const uint32_t p_tile = smem + Cfg::kPOffset, ds_tile = smem + Cfg::kDsOffset;
-  const float* dq_stage = reinterpret_cast<const float*>(base + Cfg::kDqOffset);  // [64 * kHeadDim], tile layout
-  const uint32_t dq_stage_addr = smem + Cfg::kDqOffset;
+  const uint32_t dq_stage_addr = smem + Cfg::kDqOffset;  // [64 * kHeadDim] fp32, tile layout
   const float* stats_ring = reinterpret_cast<const float*>(base + Cfg::kStatsOffset);
   // This thread's two query rows of every score accumulator: r0 and r0 + 8.
   const int r0 = warp_in_group * 16 + lane / 4;
@@ -170,8 +177,9 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
   for (int i = 0; i < kDims / 2; ++i) dk[i] = dv[i] = 0.f;
 
   int step = walk.next(0);
+  int iter = 0;  // steps run so far, as in produce_bwd
   mbar_wait(&bars.kv_full, 0);
-  for (int iter = 0; step < steps.count(); ++iter) {  // iter: steps run so far, as in produce_bwd
+  for (; step < steps.count(); ++iter) {
     const bool mask_needed = walk.needs_elements(step);  // before next() moves the class window on
     const int next = walk.next(step + 1);
     const int stage = iter % kStages;
@@ -257,13 +265,7 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
     store_scores_swizzled<T, Cfg>(p_tile, s, consumer, warp_in_group, lane);
     store_scores_swizzled<T, Cfg>(ds_tile, dp, consumer, warp_in_group, lane);
     fence_proxy_async_shared();
-    if (reducer) {  // the previous step's dQ reduction has left dq_stage
-      if (kDeterministicTurns && p.deterministic) {
-        Turns::pass();
-      } else {
-        bulk_wait_read();
-      }
-    }
+    if (reducer_warp) reducer.await_stage(iter);  // the previous step's dQ reduction has left dq_stage
     wide_consumers_meet<Cfg>(consumer);  // both halves of P and dS written, dq_stage free
 
     float dq[kDims / 2];
@@ -283,13 +285,14 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
     fence_proxy_async_shared();
     // dq_stage complete; neither consumer rewrites P or dS before both consumers' products are done.
     wide_consumers_meet<Cfg>(consumer);
-    if (reducer) {
-      if (kDeterministicTurns && p.deterministic) Turns::take(p, batch, head, m0, n_block);
-      reduce_dq_tile<Cfg::kHeadDim, Cfg::kBlockM>(p, dq_stage, batch, head, m0);
+    if (reducer_warp) {
+      reducer.send_stage<Cfg::kHeadDim, kBlockM>(p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), head, m0, [&] {
+        return (static_cast<int64_t>(batch) * sh.heads_q + head) * p.stats_stride + m0;
+      });
     }
     step = next;
   }
-  if (reducer) Turns::pass();
+  if (reducer_warp) reducer.finish(iter);
 
   // dK = scale * dS^T Q and dV, straight from the accumulators: keys n0 + row, head dims dim0 + col.
   store_dk_dv<T>(p, p.shape, 0, dk, dv, batch, kv_head, n0, dim0, warp_in_group, lane);
@@ -322,7 +325,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
 
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x < 32) {
+    const int warp = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 32), 0);  // uniform, as in bwd_kernel
+    if (warp == 1 && wide_to_writer<kMasked, kMaskedTurns>(p)) {
+      using Turns = DqTurns<kBlockN>;
+      write_dq<Cfg::kHeadDim, kBlockM, kBlockN>(
+          p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), [&](int head, int m0) {
+            DqReduction r;
+            r.row = (static_cast<int64_t>(batch) * sh.heads_q + head) * p.stats_stride + m0;
+            Turns::ticket(r, Turns::counter(p, batch, head, m0), sh, m0, n_block);
+            return r;
+          });
+    } else if (warp == 0) {
       produce_bwd<T, Cfg, kMasked, false>(p, maps, bars, base, n0, kv_head, batch, steps, walk,
                                           bwd_batched_rows(p, batch));
     }
