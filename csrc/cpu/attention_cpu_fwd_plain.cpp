@@ -1,8 +1,9 @@
 // The CPU forward without dropout (attention_cpu_fwd_plain.h): the online softmax of
-// attention_cpu_fwd.cpp over tiles of kPlainBlockQ queries x kPlainBlockK keys, each tile's S = Q K^T,
-// its exponentials and O += P V run as ATen operations (a BLAS gemm, vectorized elementwise kernels)
-// on float32 copies of the tiles. The tiles are large enough (a 256 x 512 score tile is 512 KiB) that
-// an operation's fixed cost is small beside its work. Called from inside at::parallel_for, where ATen
+// attention_cpu_fwd.cpp over tiles of kPlainBlockQ queries x kPlainBlockK keys, each tile's S = Q K^T
+// and O += P V as ATen operations (a BLAS gemm) on float32 copies of the tiles (or 16-bit products on
+// the matrix units), its online-softmax step (max, exponentials, sum, rescale) as one vectorized pass
+// per row (attention_cpu_softmax_rows.h). The tiles are large enough (a 256 x 512 score tile is 512
+// KiB) that an operation's fixed cost is small beside its work. Called from inside at::parallel_for, where ATen
 // runs each operation on the calling thread, so tasks never share threads.
 #include "cpu/attention_cpu_fwd_plain.h"
 
@@ -10,6 +11,7 @@
 
 #include "cpu/attention_cpu_matmul16.h"
 #include "cpu/attention_cpu_plain_tiles.h"
+#include "cpu/attention_cpu_softmax_rows.h"
 
 #include <algorithm>
 #include <limits>
@@ -65,7 +67,7 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const at::Tensor q_tile = m16 != nullptr ? q_rows : matrix(s.q_tile, rows, head_dim).copy_(q_rows).mul_(scale);
   const at::Tensor keys_b = k.select(0, b).select(1, kv_head), values_b = v.select(0, b).select(1, kv_head);
   const at::Tensor acc = matrix(s.acc, rows, head_dim).zero_();
-  at::Tensor row_max = at::full({rows}, kNegInf, s.acc.options());
+  at::Tensor row_max = at::full({rows}, kNegInf, s.acc.options());  // updated in place by online_softmax_rows
   const at::Tensor row_sum = at::zeros({rows}, s.acc.options());
   // Under a causal mask the block's last row sees the most keys; keys past it are never loaded, nor
   // keys before a sliding window's start for the first row.
@@ -86,14 +88,9 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     if (softcap != 0.0) scores.div_(softcap).tanh_().mul_(softcap);
     if (tile_needs_causal_mask(keys, q0, rows, k0, cols)) mask_causal_tile(scores, keys, q0, k0);
     if (mask.defined()) apply_mask_tile(scores, mask_tile(mask, b, h, q0, k0, rows, cols));
-    // NaN-propagating max (amax, maximum): a NaN score reaches out and lse.
-    const at::Tensor new_max = at::maximum(row_max, scores.amax(1));
-    // Rows with only -inf scores so far add nothing: shift them by 0, not -inf (exp(-inf - -inf) is NaN).
-    const at::Tensor shift = new_max.masked_fill(new_max == kNegInf, 0.f);
-    scores.sub_(shift.unsqueeze(1)).exp_();                                  // P, relative to new_max
-    const at::Tensor rescale = (row_max - shift).exp_();                    // 0 on a row's first visible tile
-    row_sum.mul_(rescale).add_(scores.sum(1));
-    acc.mul_(rescale.unsqueeze(1));
+    // P relative to the rows' new max, the running max and sum, acc rescaled: one pass per row.
+    online_softmax_rows(scores.data_ptr<float>(), rows, cols, row_max.data_ptr<float>(), row_sum.data_ptr<float>(),
+                        acc.data_ptr<float>(), head_dim);
     if (m16 != nullptr) {
       const int64_t inner = even(cols);
       const at::Tensor p_tile = matrix(m16->p_tile, rows, inner);
@@ -109,7 +106,6 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     } else {
       acc.addmm_(scores, v_tile);
     }
-    row_max = new_max;
   }
   // A sink adds exp(sink - m) to l, m moving up to the sink where it is larger (nothing overflows); the
   // output, relative to the old m, is scaled by exp(m_old - m), 0 for a row that saw no key.

@@ -38,6 +38,7 @@
 
 #include "cpu/attention_cpu.h"
 #include "cpu/attention_cpu_fwd_plain.h"
+#include "cpu/attention_cpu_softmax_rows.h"
 #include "torch/checks.h"
 #include "torch/sink.h"
 #include "torch/varlen_ops.h"
@@ -367,6 +368,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       pybind11::arg("bfloat16"),
       "True when the CPU forward's bfloat16 (else float16) products run on the CPU's 16-bit matrix units");
+  m.def("cpu_softmax_rows_form", &flashattn::cpu::detail::online_softmax_rows_form,
+        "The vector form of the CPU forward's per-row softmax step on this CPU: avx512, avx2 or scalar");
   m.def("compiled_with_sm90", &flashattn::compiled_with_sm90,
         "True when the Hopper (sm_90a) forward kernels were built");
 }
