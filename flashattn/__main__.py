@@ -244,8 +244,10 @@ def info() -> None:
                                             else f"sm80 kernels (mma.sync, cp.async) on GPU {index}")
             print(f"  GPU {index}              {name}, compute capability {capability[0]}.{capability[1]}, "
                   f"{total:.0f} GiB: {verdict}")
+    softmax_form = getattr(flashattn.ops._C, "cpu_softmax_rows_form", lambda: "unknown")()
     print(f"  CPU                {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"vector ISA {torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, 'cpu') else 'unknown'}")
+          f"vector ISA {torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, 'cpu') else 'unknown'} "
+          f"(flashattn's softmax step: {softmax_form})")
 
     print("active paths")
     if gpu_path:
