@@ -19,9 +19,9 @@
 //     A operands (dK, dV stay in registers for the whole CTA). dS^T is also written to shared memory
 //     (swizzled), and once both consumers' tiles are there each computes half the columns of
 //     dQ_partial = dS K over all 128 keys (with 128-query steps: the rows of its own 64 queries); the
-//     halves meet in one fp32 staging tile that the producer warpgroup's second warp, the dQ writer
-//     (sm90/bwd_dq_writer.h), adds into the dq workspace with one asynchronous bulk reduction per step
-//     (one per 128 keys, not per 64), taking deterministic mode's turns.
+//     halves meet in one fp32 staging tile, added into the dq workspace with one asynchronous bulk
+//     reduction per step (one per 128 keys, not per 64), issued by a consumer warp or, in deterministic
+//     mode, by the producer warpgroup's second warp, which takes the turns (sm90/bwd_dq_writer.h).
 // The kMasked variant applies params.mask (its tile classes on this kernel's 64-query x 128-key grid):
 // producer and consumers walk only the steps whose tile lets some key through (the same walk on both
 // sides, so the ring stays in step), steps whose tile needs it add the mask element by element to the

@@ -11,8 +11,8 @@
 //     its head dims (BwdWideConfig: halves at width 256, 128 and 64 at 192) of dV += P^T dO and
 //     dK += dS^T Q over all 64 keys (dK and dV stay in registers for the whole CTA) and of
 //     dQ_partial = dS K, which meets the other consumer's columns in an fp32 staging tile (the sm90
-//     tile layout, cuda/dq_accum_layout.h) that the dQ writer warp (sm90/bwd_dq_writer.h) adds into
-//     the dq workspace with one bulk reduction per step. An uneven split costs little: both consumers' GEMMs run on the SM's one set of tensor
+//     tile layout, cuda/dq_accum_layout.h) added into the dq workspace with one bulk reduction per
+//     step (issued as in bwd_kernel.cuh, sm90/bwd_dq_writer.h). An uneven split costs little: both consumers' GEMMs run on the SM's one set of tensor
 //     cores, so what counts is their sum.
 // The kMasked variant applies params.mask (on the masked backward's 64-query x 128-key class grid: a
 // 64-key block reads the classes of the 128-key tile it lies in) and writes dS to params.dmask when
