@@ -11,6 +11,13 @@ SCRIPT = os.path.join(REPO, "scripts", "sanitize.py")
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import sanitize_cases  # noqa: E402  (the worker's case lists)
 
+import flashattn  # noqa: E402
+import pytest  # noqa: E402
+
+# The worker's backward phases plan their cases with the GPU planner, which a CPU-only build has not.
+needs_planner = pytest.mark.skipif(not flashattn.cuda_kernels_built(),
+                                   reason="the worker's backward phases need the GPU planner (a build with the CUDA kernels)")
+
 # Mimics `compute-sanitizer --tool T --error-exitcode N cmd...`: passes the program's output through,
 # adds a memcheck-style report when the third case of phase FAKE_PHASE begins, or kills the program there
 # (FAKE_MODE=crash), then prints the summary line and exits N on errors.
@@ -68,12 +75,14 @@ def test_report_attributes_an_error_to_its_phase_and_kernel(tmp_path):
     assert "Invalid __global__ read of size 16 bytes" in report and "b1-q97-k97-h4/2-d72-fp16-bottom_right" in report
 
 
+@needs_planner
 def test_clean_run_exits_zero(tmp_path):
     proc, report = _run(tmp_path, "error", phase="nowhere", phases="bwd-default")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| memcheck | bwd (default dispatch) | clean |" in report and "### memcheck: clean" in report
 
 
+@needs_planner
 def test_a_crashed_worker_is_resumed_after_the_item(tmp_path):
     proc, report = _run(tmp_path, "crash", phase="bwd-sm80", phases="bwd-sm80")
     assert proc.returncode == 1, proc.stdout + proc.stderr
