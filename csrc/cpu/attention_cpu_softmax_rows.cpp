@@ -32,6 +32,9 @@ inline RowShift row_shift(float old_max, float new_max) {
   return {shift, std::exp(old_max - shift)};
 }
 
+// exp(x), 0 below kMinExpArg: the scalar form of the vector exps' rule.
+inline float exp_or_zero(float x) { return x < kMinExpArg ? 0.f : std::exp(x); }
+
 inline void scale_acc_row(float* acc_row, int64_t head_dim, float c) {
   for (int64_t d = 0; d < head_dim; ++d) acc_row[d] *= c;
 }
@@ -48,8 +51,7 @@ void softmax_rows_scalar(float* scores, int64_t rows, int64_t cols, float* row_m
     const RowShift t = row_shift(row_max[r], m);
     float sum = 0.f;
     for (int64_t j = 0; j < cols; ++j) {
-      const float x = s[j] - t.shift;
-      s[j] = x < kMinExpArg ? 0.f : std::exp(x);
+      s[j] = exp_or_zero(s[j] - t.shift);
       sum += s[j];
     }
     row_sum[r] = row_sum[r] * t.rescale + sum;
@@ -171,8 +173,7 @@ __attribute__((target("avx2,fma"))) void softmax_rows_avx2(float* scores, int64_
     float sum = 0.f;
     for (float x : lanes) sum += x;
     for (int64_t j = whole; j < cols; ++j) {
-      const float x = s[j] - t.shift;
-      s[j] = x < kMinExpArg ? 0.f : std::exp(x);
+      s[j] = exp_or_zero(s[j] - t.shift);
       sum += s[j];
     }
     row_sum[r] = row_sum[r] * t.rescale + sum;

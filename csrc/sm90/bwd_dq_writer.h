@@ -44,9 +44,16 @@ struct DqMessage {
 // Where the writer adds one step's partial, and deterministic mode's turns for it.
 struct DqReduction {
   int64_t row;   // dq workspace row of the step's first query
-  int* counter;  // deterministic mode: the dq_keys_done counter of the step's first query block, else null
+  int* counter;  // the dq_keys_done counter of the step's first query block (null: no turns)
   int wait[2];   // the values counter[0] and counter[1] must reach before the reduction (-1: no turn there)
 };
+
+// Whether a backward kernel form sends its dQ reductions through the writer warp: in deterministic mode,
+// in the forms that take the turns (the unmasked kernel and the masked one's kMaskedTurns form).
+template <bool kMasked, bool kMaskedTurns>
+__device__ __forceinline__ bool dq_to_writer(const BwdParams& p) {
+  return (!kMasked || kMaskedTurns) && p.deterministic;
+}
 
 __device__ __forceinline__ DqMessage& dq_message() {
   __shared__ DqMessage message;

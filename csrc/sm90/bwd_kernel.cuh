@@ -521,9 +521,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
   BwdStepWalk<T, kMasked> walk{p, steps, kv_head, batch, n_block};
 
-  // The dQ reductions through the writer warp where deterministic mode's turns apply: in the unmasked
-  // kernel, and in the masked one's kMaskedTurns form (sm90/bwd_dq_writer.h).
-  const bool to_writer = (!kMasked || kMaskedTurns) && p.deterministic;
+  const bool to_writer = dq_to_writer<kMasked, kMaskedTurns>(p);
   // The dq workspace row of the step of query head `head` from query m0.
   auto dq_row = [&](int head, int m0) -> int64_t {
     return kVarlen ? rows.stats(head) + m0 : (static_cast<int64_t>(batch) * sh.heads_q + head) * p.stats_stride + m0;

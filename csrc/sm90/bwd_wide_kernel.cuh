@@ -120,13 +120,6 @@ __device__ __forceinline__ uint32_t wide_keep_bits(const DropoutRow& rng, int ro
   return keep;
 }
 
-// Whether the dQ reductions go through the writer warp: where deterministic mode's turns apply, as in
-// bwd_kernel.
-template <bool kMasked, bool kMaskedTurns>
-__device__ __forceinline__ bool wide_to_writer(const BwdParams& p) {
-  return (!kMasked || kMaskedTurns) && p.deterministic;
-}
-
 // Both consumers past this point together, their shared-memory writes before it seen by the other
 // after it. When they run one copy of the step loop (an even split), one bar.sync. Otherwise their
 // copies would reach that barrier from different instructions, which the aligned barrier does not
@@ -160,7 +153,7 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
   // The warp that issues each step's dQ reduction or hands it to the writer warp (sm90/bwd_dq_writer.h):
   // consumer 0's first.
   const bool reducer_warp = threadIdx.x / 32 == 4;
-  const DqReducer reducer{wide_to_writer<kMasked, kMaskedTurns>(p)};
+  const DqReducer reducer{dq_to_writer<kMasked, kMaskedTurns>(p)};
   const int key0 = n0 + consumer * kKeys;  // this consumer's score columns: keys [key0, key0 + 32)
   const uint32_t smem = smem_u32(base);
   const uint32_t key_rows = smem + consumer * kKeys * 128;  // its 32 rows of K in every column block
@@ -326,12 +319,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   if (warpgroup == 0) {
     registers_decrease<Cfg::kProducerRegisters>();
     const int warp = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 32), 0);  // uniform, as in bwd_kernel
-    if (warp == 1 && wide_to_writer<kMasked, kMaskedTurns>(p)) {
+    if (warp == 1 && dq_to_writer<kMasked, kMaskedTurns>(p)) {
       using Turns = DqTurns<kBlockN>;
       write_dq<Cfg::kHeadDim, kBlockM, kBlockN>(
           p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), [&](int head, int m0) {
             DqReduction r;
-            r.row = (static_cast<int64_t>(batch) * sh.heads_q + head) * p.stats_stride + m0;
+            r.row = bwd_batched_rows(p, batch).stats(head) + m0;
             Turns::ticket(r, Turns::counter(p, batch, head, m0), sh, m0, n_block);
             return r;
           });
