@@ -7,16 +7,19 @@
 // meeting). Otherwise lane 0 of the consumers' reducer warp issues each reduction itself, right after
 // the consumers meet: without turns to wait for, the hand-over to another warp only adds its latency.
 //
-// The writer's hand-over, per step, between the consumers' reducer warp (threads 128..159) and the writer warp,
-// through two named barriers of 64 threads (those two warps) and a message in shared memory:
-//   consumers: store the dQ partial in the staging tile, meet (the partial complete), then the reducer
-//     warp writes the step's message (its query head and first query) and arrives at kBwdDqFullBarrier;
-//   writer: waits there, reads the message, locates the step's workspace rows (and its turns), [takes
-//     the turns], issues the reduction, waits until it has read the staging tile, arrives at
-//     kBwdDqFreeBarrier, [waits for its completion, passes the turns];
-//   consumers: before they next write the staging tile, the reducer warp waits at kBwdDqFreeBarrier.
-// After their last step the consumers wait for that step's stage release too, then send a message with
-// m0 -1, which ends the writer's loop: every arrival is matched, none is left at the CTA's exit.
+// The writer's hand-over, per step, between the consumers' reducer warp (threads 128..159) and the writer
+// warp, through two mbarriers (DqHandover); the writer walks the CTA's steps itself, as the consumers
+// and the producer do, so nothing but the staged partial passes between them:
+//   consumers: store the dQ partial in the staging tile, meet (the partial complete), then lane 0 of the
+//     reducer warp arrives on `full`;
+//   writer: locates the step's workspace rows (and its turns), waits on `full`, [takes the turns], issues
+//     the reduction, waits until it has read the staging tile, arrives on `free`, [waits for its
+//     completion, passes the turns];
+//   consumers: before they next write the staging tile, the reducer warp waits on `free`.
+// Step k (from 0) completes phase k of `full` and its reading phase k of `free`: neither side runs more
+// than one phase ahead of the other, so parity k % 2 names the phase. (No message in shared memory:
+// compute-sanitizer's racecheck reports a message's write and read as a race across these mbarriers,
+// and across named barriers with bar.arrive, although both order them.)
 #pragma once
 
 #include <cstdint>
@@ -29,17 +32,22 @@
 namespace flashattn {
 namespace sm90 {
 
-// Named barriers of the hand-over (kBwdConsumerBarrier and the stage barriers sit below them).
-constexpr int kBwdDqFullBarrier = 14;
-constexpr int kBwdDqFreeBarrier = 15;
-constexpr int kBwdDqHandoverThreads = 64;  // the consumers' reducer warp and the writer warp
-
-// One step, written by the reducer warp's lane 0, read by the writer warp: only what the consumers hold
-// anyway, so that the hand-over costs their registers nothing.
-struct DqMessage {
-  int head;  // the step's query head
-  int m0;    // its first query (-1: no more steps)
+// The hand-over's two mbarriers (one arrival per phase each).
+struct DqHandover {
+  uint64_t full;  // the staged partial ready
+  uint64_t free;  // the staging tile read by the reduction
 };
+
+__device__ __forceinline__ DqHandover& dq_handover() {
+  __shared__ DqHandover handover;
+  return handover;
+}
+
+// Thread 0, before the CTA's first __syncthreads (and the mbarriers' init fence).
+__device__ __forceinline__ void init_dq_handover() {
+  mbar_init(&dq_handover().full, 1);
+  mbar_init(&dq_handover().free, 1);
+}
 
 // Where the writer adds one step's partial, and deterministic mode's turns for it.
 struct DqReduction {
@@ -53,11 +61,6 @@ struct DqReduction {
 template <bool kMasked, bool kMaskedTurns>
 __device__ __forceinline__ bool dq_to_writer(const BwdParams& p) {
   return (!kMasked || kMaskedTurns) && p.deterministic;
-}
-
-__device__ __forceinline__ DqMessage& dq_message() {
-  __shared__ DqMessage message;
-  return message;
 }
 
 // Deterministic mode's order (BwdParams::deterministic): the key blocks add their dQ partials into a
@@ -116,22 +119,22 @@ struct DqTurns {
   }
 };
 
-// Run by the 32 lanes of the writer warp until the consumers' last message: adds the staged dQ partial
-// at `stage` (kRows queries x kWidth head dims, fp32, the tile layout: whole blocks, rows past seqlen_q
-// included, which hold zeros) into the dq workspace where locate(head, m0) says (a DqReduction); lane 0
-// issues.
-template <int kWidth, int kRows, int kBlockN, typename Locate>
-__device__ __forceinline__ void write_dq(const BwdParams& p, const float* stage, Locate&& locate) {
+// Run by the 32 lanes of the writer warp over the CTA's steps: next(head, m0) gives the next step's
+// query head and first query, false past the last (the walk the consumers run). Adds each step's staged
+// dQ partial at `stage` (kRows queries x kWidth head dims, fp32, the tile layout: whole blocks, rows past
+// seqlen_q included, which hold zeros) into the dq workspace where locate(head, m0) says (a
+// DqReduction); lane 0 issues.
+template <int kWidth, int kRows, int kBlockN, typename Next, typename Locate>
+__device__ __forceinline__ void write_dq(const BwdParams& p, const float* stage, Next&& next, Locate&& locate) {
   static_assert(kRows % kDqTileRows == 0, "whole blocks of the tile layout");
-  const DqMessage& message = dq_message();
+  DqHandover& handover = dq_handover();
   const bool leader = threadIdx.x % 32 == 0;
-  for (;;) {
-    named_barrier_sync(kBwdDqFullBarrier, kBwdDqHandoverThreads);
-    const int head = message.head, m0 = message.m0;
-    if (m0 < 0) break;
+  int head = 0, m0 = 0;
+  for (int k = 0; next(head, m0); ++k) {
     const DqReduction r = locate(head, m0);
     int* const counter = r.counter;
     const int wait0 = r.wait[0], wait1 = r.wait[1];
+    mbar_wait(&handover.full, k & 1);
     if (leader) {
       if (counter != nullptr) {
         if (wait0 >= 0) {
@@ -147,15 +150,15 @@ __device__ __forceinline__ void write_dq(const BwdParams& p, const float* stage,
       bulk_reduce_add_f32(p.dq_accum + r.row * kWidth, stage, kRows * kWidth * 4);
       bulk_commit();
       bulk_wait_read();
+      mbar_arrive(&handover.free);  // the staging tile may be rewritten
+      if (counter != nullptr) {
+        bulk_wait();  // the reduction has completed: pass the turns on
+        fence_proxy_async_global();
+        if (wait0 >= 0) red_add_release_gpu(counter, kBlockN);
+        if (wait1 >= 0) red_add_release_gpu(counter + 1, kBlockN);
+      }
     }
     __syncwarp();
-    named_barrier_arrive(kBwdDqFreeBarrier, kBwdDqHandoverThreads);  // the staging tile may be rewritten
-    if (leader && counter != nullptr) {
-      bulk_wait();  // the reduction has completed: pass the turns on
-      fence_proxy_async_global();
-      if (wait0 >= 0) red_add_release_gpu(counter, kBlockN);
-      if (wait1 >= 0) red_add_release_gpu(counter + 1, kBlockN);
-    }
   }
   if (leader) bulk_wait();
 }
@@ -169,7 +172,7 @@ struct DqReducer {
   // reduction has read it.
   __device__ __forceinline__ void await_stage(int iter) const {
     if (to_writer) {
-      if (iter > 0) named_barrier_sync(kBwdDqFreeBarrier, kBwdDqHandoverThreads);
+      if (iter > 0) mbar_wait(&dq_handover().free, (iter - 1) & 1);  // step iter - 1's partial read
     } else if (threadIdx.x % 32 == 0) {
       bulk_wait_read();
     }
@@ -180,28 +183,21 @@ struct DqReducer {
   template <int kWidth, int kRows, typename Row>
   __device__ __forceinline__ void send_stage(const BwdParams& p, const float* stage, int head, int m0, Row&& row) const {
     if (to_writer) {
-      send(head, m0);
+      if (threadIdx.x % 32 == 0) mbar_arrive(&dq_handover().full);  // the partial, staged before the meeting
+      __syncwarp();
     } else if (threadIdx.x % 32 == 0) {
       bulk_reduce_add_f32(p.dq_accum + row() * kWidth, stage, kRows * kWidth * 4);
       bulk_commit();
     }
   }
-  // After the consumers' last step (iter: the steps they ran): ends the writer's loop, or waits for
-  // the last reduction.
+  // After the consumers' last step (iter: the steps they ran): waits until the writer's last reduction
+  // has read the staging tile, or for the last reduction.
   __device__ __forceinline__ void finish(int iter) const {
     if (to_writer) {
       await_stage(iter);
-      send(0, -1);
     } else if (threadIdx.x % 32 == 0) {
       bulk_wait();
     }
-  }
-
- private:
-  __device__ __forceinline__ static void send(int head, int m0) {
-    if (threadIdx.x % 32 == 0) dq_message() = DqMessage{head, m0};
-    __syncwarp();
-    named_barrier_arrive(kBwdDqFullBarrier, kBwdDqHandoverThreads);
   }
 };
 

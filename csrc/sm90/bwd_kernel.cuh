@@ -437,6 +437,7 @@ __device__ __forceinline__ void init_bwd_barriers(const BwdTensorMaps& maps, Bwd
   for (int i = 0; i < Cfg::kStages; ++i) {
     mbar_init(&bars.qdo_full[i], 32);  // one arrival per producer lane, plus the TMA bytes
   }
+  init_dq_handover();
   mbar_fence_init();
 }
 
@@ -536,8 +537,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     const int warp = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 32), 0);
     if (warp == 1 && to_writer) {
       using Turns = DqTurns<kBlockN, kBlockM>;
+      // The consumers' walk over the steps, run again here.
+      auto next = [&, step = walk.next(0)](int& head, int& m0) mutable {
+        if (step >= steps.count()) return false;
+        head = steps.head(step, kv_head);
+        m0 = steps.m0<kBlockM>(step);
+        step = walk.next(step + 1);
+        return true;
+      };
       write_dq<Cfg::kHeadDim, kBlockM, kBlockN>(
-          p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), [&](int head, int m0) {
+          p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), next, [&](int head, int m0) {
             DqReduction r;
             r.row = dq_row(head, m0);
             Turns::ticket(r, kVarlen ? Turns::varlen_counter(p, r.row) : Turns::counter(p, batch, head, m0), sh, m0,

@@ -321,8 +321,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
     const int warp = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 32), 0);  // uniform, as in bwd_kernel
     if (warp == 1 && dq_to_writer<kMasked, kMaskedTurns>(p)) {
       using Turns = DqTurns<kBlockN>;
+      // The consumers' walk over the steps, run again here.
+      auto next = [&, step = walk.next(0)](int& head, int& m0) mutable {
+        if (step >= steps.count()) return false;
+        head = steps.head(step, kv_head);
+        m0 = steps.m0<kBlockM>(step);
+        step = walk.next(step + 1);
+        return true;
+      };
       write_dq<Cfg::kHeadDim, kBlockM, kBlockN>(
-          p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), [&](int head, int m0) {
+          p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), next, [&](int head, int m0) {
             DqReduction r;
             r.row = bwd_batched_rows(p, batch).stats(head) + m0;
             Turns::ticket(r, Turns::counter(p, batch, head, m0), sh, m0, n_block);
