@@ -3,16 +3,21 @@
 // the key blocks of kPlainBlockK keys they see, each block's
 //   S = (scale Q) K^T (capped with softcap), P = exp(S - lse), dV += P^T dO, dP = dO V^T,
 //   dS = P (dP - delta) (times 1 - tanh^2 with softcap), dQ += dS K, dK += dS^T Q
-// as ATen operations on the calling thread (at::parallel_for runs each task's operations there), in
-// per-thread buffers (fresh tile-sized tensors per operation cost page faults).
+// on the calling thread (at::parallel_for runs each task there), in per-thread buffers (fresh
+// tile-sized tensors per operation cost page faults). P and dS take one fused pass each
+// (attention_cpu_bwd_rows.h). bfloat16 inputs multiply bfloat16 operands into float32 results
+// (cpublas gemm: P and dS rounded to bfloat16 for their products, as the GPU kernels do); float32
+// and float16 inputs multiply float32 copies with ATen's mm.
 #include "cpu/attention_cpu_bwd_plain.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "cpu/attention_cpu_bwd_rows.h"
 #include "cpu/attention_cpu_fwd_plain.h"
 #include "cpu/attention_cpu_plain_tiles.h"
 
@@ -21,24 +26,109 @@ namespace cpu {
 namespace detail {
 namespace {
 
-struct BwdPlainScratch {
-  at::Tensor scores;  // [kPlainBlockQ * kPlainBlockK]  S, then P
-  at::Tensor dp;      // [kPlainBlockQ * kPlainBlockK]  dP, then dS
-  at::Tensor chain;   // [kPlainBlockQ * kPlainBlockK]  1 - tanh^2 (with softcap only)
+#ifdef CPUBLAS_BRGEMM_BF16BF16F32
+constexpr bool kHasBf16Gemm = true;
+#else
+constexpr bool kHasBf16Gemm = false;  // a torch whose ATen has no bfloat16 x bfloat16 -> float32 gemm
+#endif
 
-  explicit BwdPlainScratch(bool softcapped)
+// C [m, n] (float32, row stride ld_c) = (add_c ? C : 0) + A [m, k] B [k, n], A and B bfloat16 with
+// contiguous rows of strides ld_a and ld_b: cpublas's brgemm in its unpacked form, which is its gemm
+// with bfloat16 operands and a float32 result.
+inline void gemm_bf16(int64_t m, int64_t n, int64_t k, const at::BFloat16* a, int64_t ld_a, const at::BFloat16* b,
+                      int64_t ld_b, float* c, int64_t ld_c, bool add_c) {
+#ifdef CPUBLAS_BRGEMM_BF16BF16F32
+  at::native::cpublas::brgemm(m, n, k, ld_a, ld_b, ld_c, add_c, a, b, c, /*is_vnni=*/false);
+#endif
+}
+
+inline uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+// t ([rows, cols]) with contiguous rows: itself, or a contiguous copy.
+inline at::Tensor with_unit_column_stride(const at::Tensor& t) {
+  return t.stride(1) == 1 && t.stride(0) >= t.size(1) ? t : t.contiguous();
+}
+
+struct BwdPlainScratch {
+  at::Tensor scores;  // [kPlainBlockQ * kPlainBlockK] float32  S, then P
+  at::Tensor dp;      // [kPlainBlockQ * kPlainBlockK] float32  dP, then dS
+  at::Tensor chain;   // [kPlainBlockQ * kPlainBlockK] float32  1 - tanh^2 (with softcap only)
+  // bfloat16 inputs only:
+  at::Tensor p16;     // [kPlainBlockQ * kPlainBlockK]  P
+  at::Tensor ds16;    // [kPlainBlockQ * kPlainBlockK]  dS
+  at::Tensor q_t;     // [D * kPlainBlockQ]   Q^T of the query block
+  at::Tensor dout_t;  // [Dv * kPlainBlockQ]  dO^T of the query block
+
+  BwdPlainScratch(bool softcapped, bool bf16, int64_t head_dim, int64_t head_dim_v)
       : scores(at::empty({kPlainBlockQ * kPlainBlockK}, at::kFloat)),
         dp(at::empty({kPlainBlockQ * kPlainBlockK}, at::kFloat)),
-        chain(softcapped ? at::empty({kPlainBlockQ * kPlainBlockK}, at::kFloat) : at::Tensor()) {}
+        chain(softcapped ? at::empty({kPlainBlockQ * kPlainBlockK}, at::kFloat) : at::Tensor()) {
+    if (bf16) {
+      p16 = at::empty({kPlainBlockQ * kPlainBlockK}, at::kBFloat16);
+      ds16 = at::empty({kPlainBlockQ * kPlainBlockK}, at::kBFloat16);
+      q_t = at::empty({head_dim * kPlainBlockQ}, at::kBFloat16);
+      dout_t = at::empty({head_dim_v * kPlainBlockQ}, at::kBFloat16);
+    }
+  }
 };
 
+// The lse of a block's rows as P's pass takes it: a row that saw no key has lse -inf, and +inf instead
+// gives it P = 0 (not exp(-inf + inf)).  [rows] float32, contiguous.
+at::Tensor rows_lse(const at::Tensor& lse, int64_t b, int64_t h, int64_t q0, int64_t rows) {
+  const at::Tensor row_lse = lse.select(0, b).select(0, h).narrow(0, q0, rows);
+  return at::where(at::isneginf(row_lse), std::numeric_limits<float>::infinity(), row_lse).contiguous();
+}
+
+// delta = rowsum(dO * O) of a block's rows.  [rows] float32, contiguous.
+at::Tensor rows_delta(const at::Tensor& dout, const at::Tensor& out, int64_t b, int64_t h, int64_t q0, int64_t rows) {
+  const at::Tensor do_f = dout.select(0, b).select(1, h).narrow(0, q0, rows).to(at::kFloat);
+  return (do_f * out.select(0, b).select(1, h).narrow(0, q0, rows).to(at::kFloat)).sum(1).contiguous();
+}
+
+// What a score tile takes between its product and P's pass: the scale (where the product left it out),
+// softcap (returning 1 - tanh^2 in `chain`), the causal mask, the attention mask (returning its tile).
+// Returns the factor P's pass still applies to the scores (scale, or 1 once applied here).
+float prepare_scores(const at::Tensor& p, bool scaled, double scale, double softcap, const KeyLimit& keys,
+                     const at::Tensor& mask, int64_t b, int64_t h, int64_t q0, int64_t k0, at::Tensor& chain,
+                     const at::Tensor& chain_buffer, at::Tensor& tile) {
+  const int64_t rows = p.size(0), cols = p.size(1);
+  float a = scaled ? 1.f : static_cast<float>(scale);
+  if (softcap != 0.0 || mask.defined()) {
+    if (a != 1.f) p.mul_(a);
+    a = 1.f;
+  }
+  if (softcap != 0.0) {
+    chain = matrix(chain_buffer, rows, cols);
+    p.div_(softcap).tanh_();
+    at::mul_out(chain, p, p).neg_().add_(1.0);  // 1 - tanh^2
+    p.mul_(softcap);
+  }
+  if (tile_needs_causal_mask(keys, q0, rows, k0, cols)) mask_causal_tile(p, keys, q0, k0);  // -inf: any scale
+  if (mask.defined()) {
+    tile = mask_tile(mask, b, h, q0, k0, rows, cols);
+    apply_mask_tile(p, tile);
+  }
+  return a;
+}
+
+// What dS takes after its pass: an excluded key's dS is 0 (whatever dP is), dmask gets dS, softcap's chain.
+void finish_dscores(const at::Tensor& ds, const at::Tensor& tile, const at::Tensor& dmask, const at::Tensor& chain,
+                    int64_t b, int64_t h, int64_t q0, int64_t k0) {
+  if (tile.defined()) {
+    ds.masked_fill_(excluded(tile), 0.f);
+    if (dmask.defined()) mask_tile(dmask, b, h, q0, k0, ds.size(0), ds.size(1)).copy_(ds);
+  }
+  if (chain.defined()) ds.mul_(chain);
+}
+
+// float32 and float16 inputs: products of float32 copies of the tiles.
 void bwd_plain_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dq, const at::Tensor& dk,
                        const at::Tensor& dv, double scale, const KeyLimit& keys, const at::Tensor& mask,
                        const at::Tensor& dmask, double softcap, BwdPlainScratch& s, int64_t b, int64_t kv_head) {
   const int64_t seqlen_q = q.size(1), group = q.size(2) / k.size(2);
   const at::Tensor keys_f = k.select(0, b).select(1, kv_head).to(at::kFloat);    // [Lk, D]
-  const at::Tensor values_f = v.select(0, b).select(1, kv_head).to(at::kFloat);  // [Lk, D]
+  const at::Tensor values_f = v.select(0, b).select(1, kv_head).to(at::kFloat);  // [Lk, Dv]
   const at::Tensor dk_acc = at::zeros_like(keys_f), dv_acc = at::zeros_like(values_f);
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = kv_head * group + g;
@@ -49,11 +139,9 @@ void bwd_plain_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Te
       // tiles (where the forward's 16-bit products run on the matrix units, its S differs from this one by
       // float32 roundings: P = exp(S - lse) then sums to 1 within them).
       const at::Tensor q_scaled = q_f * scale;
-      const at::Tensor do_f = dout.select(0, b).select(1, h).narrow(0, q0, rows).to(at::kFloat);  // [rows, D]
-      const at::Tensor delta = (do_f * out.select(0, b).select(1, h).narrow(0, q0, rows).to(at::kFloat)).sum(1, true);
-      // A row that saw no key has lse -inf: +inf instead gives it P = 0 (not exp(-inf + inf)).
-      at::Tensor row_lse = lse.select(0, b).select(0, h).narrow(0, q0, rows).unsqueeze(1);  // [rows, 1]
-      row_lse = at::where(at::isneginf(row_lse), std::numeric_limits<float>::infinity(), row_lse);
+      const at::Tensor do_f = dout.select(0, b).select(1, h).narrow(0, q0, rows).to(at::kFloat);  // [rows, Dv]
+      const at::Tensor delta = rows_delta(dout, out, b, h, q0, rows);
+      const at::Tensor row_lse = rows_lse(lse, b, h, q0, rows);
       const at::Tensor dq_acc = at::zeros_like(q_f);
       const int64_t key_stop = keys.key_end(q0 + rows - 1);
       for (int64_t k0 = keys.first_tile_key(q0, kPlainBlockK); k0 < key_stop; k0 += kPlainBlockK) {
@@ -61,29 +149,14 @@ void bwd_plain_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Te
         const at::Tensor k_tile = keys_f.narrow(0, k0, cols), v_tile = values_f.narrow(0, k0, cols);
         at::Tensor p = matrix(s.scores, rows, cols);
         at::mm_out(p, q_scaled, k_tile.t());
-        at::Tensor chain;
-        if (softcap != 0.0) {
-          chain = matrix(s.chain, rows, cols);
-          p.div_(softcap).tanh_();
-          at::mul_out(chain, p, p).neg_().add_(1.0);  // 1 - tanh^2
-          p.mul_(softcap);
-        }
-        if (tile_needs_causal_mask(keys, q0, rows, k0, cols)) mask_causal_tile(p, keys, q0, k0);
-        at::Tensor tile;
-        if (mask.defined()) {
-          tile = mask_tile(mask, b, h, q0, k0, rows, cols);
-          apply_mask_tile(p, tile);
-        }
-        p.sub_(row_lse).exp_();
+        at::Tensor chain, tile;
+        const float a = prepare_scores(p, /*scaled=*/true, scale, softcap, keys, mask, b, h, q0, k0, chain, s.chain, tile);
+        bwd_probs_rows(p.data_ptr<float>(), rows, cols, a, row_lse.data_ptr<float>(), nullptr);
         dv_acc.narrow(0, k0, cols).addmm_(p.t(), do_f);
         at::Tensor ds = matrix(s.dp, rows, cols);
         at::mm_out(ds, do_f, v_tile.t());
-        ds.sub_(delta).mul_(p);
-        if (tile.defined()) {
-          ds.masked_fill_(excluded(tile), 0.f);  // an excluded key's dS is 0, whatever dP is
-          if (dmask.defined()) mask_tile(dmask, b, h, q0, k0, rows, cols).copy_(ds);
-        }
-        if (chain.defined()) ds.mul_(chain);
+        bwd_dscores_rows(ds.data_ptr<float>(), p.data_ptr<float>(), rows, cols, delta.data_ptr<float>(), nullptr);
+        finish_dscores(ds, tile, dmask, chain, b, h, q0, k0);
         dq_acc.addmm_(ds, k_tile);
         dk_acc.narrow(0, k0, cols).addmm_(ds.t(), q_f);
       }
@@ -92,6 +165,71 @@ void bwd_plain_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Te
   }
   dk.select(0, b).select(1, kv_head).copy_(dk_acc.mul_(scale));
   dv.select(0, b).select(1, kv_head).copy_(dv_acc);
+}
+
+// bfloat16 inputs: bfloat16 operands, float32 results. dK and dV accumulate transposed (dK^T += Q^T dS,
+// dV^T += dO^T P), so that every product reads its operands as rows: Q^T and dO^T are copied once per
+// query block, K^T and V^T once per key/value head.
+void bwd_bf16_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dq, const at::Tensor& dk,
+                      const at::Tensor& dv, double scale, const KeyLimit& keys, const at::Tensor& mask,
+                      const at::Tensor& dmask, double softcap, BwdPlainScratch& s, int64_t b, int64_t kv_head) {
+  const int64_t seqlen_q = q.size(1), seqlen_k = k.size(1), group = q.size(2) / k.size(2);
+  const int64_t head_dim = q.size(3), head_dim_v = v.size(3);
+  const at::Tensor k_head = with_unit_column_stride(k.select(0, b).select(1, kv_head));  // [Lk, D]
+  const at::Tensor keys_t = k_head.t().contiguous();                                   // [D, Lk]
+  const at::Tensor values_t = v.select(0, b).select(1, kv_head).t().contiguous();      // [Dv, Lk]
+  const at::Tensor dk_acc_t = at::zeros({head_dim, seqlen_k}, at::kFloat);             // [D, Lk]
+  const at::Tensor dv_acc_t = at::zeros({head_dim_v, seqlen_k}, at::kFloat);           // [Dv, Lk]
+  const at::BFloat16* const k_ptr = k_head.const_data_ptr<at::BFloat16>();
+  const at::BFloat16* const k_t_ptr = keys_t.const_data_ptr<at::BFloat16>();
+  const at::BFloat16* const v_t_ptr = values_t.const_data_ptr<at::BFloat16>();
+  float* const dk_t_ptr = dk_acc_t.data_ptr<float>();
+  float* const dv_t_ptr = dv_acc_t.data_ptr<float>();
+  const auto p16 = reinterpret_cast<const at::BFloat16*>(bits(s.p16));
+  const auto ds16 = reinterpret_cast<const at::BFloat16*>(bits(s.ds16));
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t h = kv_head * group + g;
+    for (int64_t q0 = 0; q0 < seqlen_q; q0 += kPlainBlockQ) {
+      const int64_t rows = std::min(kPlainBlockQ, seqlen_q - q0);
+      const at::Tensor q_rows = with_unit_column_stride(q.select(0, b).select(1, h).narrow(0, q0, rows));      // [rows, D]
+      const at::Tensor do_rows = with_unit_column_stride(dout.select(0, b).select(1, h).narrow(0, q0, rows));  // [rows, Dv]
+      matrix(s.q_t, head_dim, rows).copy_(q_rows.t());
+      matrix(s.dout_t, head_dim_v, rows).copy_(do_rows.t());
+      const at::BFloat16* const q_t = s.q_t.const_data_ptr<at::BFloat16>();       // [D, rows]
+      const at::BFloat16* const do_t = s.dout_t.const_data_ptr<at::BFloat16>();   // [Dv, rows]
+      const at::Tensor delta = rows_delta(dout, out, b, h, q0, rows);
+      const at::Tensor row_lse = rows_lse(lse, b, h, q0, rows);
+      const at::Tensor dq_acc = at::zeros({rows, head_dim}, at::kFloat);
+      const int64_t key_stop = keys.key_end(q0 + rows - 1);
+      for (int64_t k0 = keys.first_tile_key(q0, kPlainBlockK); k0 < key_stop; k0 += kPlainBlockK) {
+        const int64_t cols = std::min(kPlainBlockK, key_stop - k0);
+        at::Tensor p = matrix(s.scores, rows, cols);
+        gemm_bf16(rows, cols, head_dim, q_rows.const_data_ptr<at::BFloat16>(), q_rows.stride(0), k_t_ptr + k0, seqlen_k,
+                  p.data_ptr<float>(), cols, false);  // Q K^T
+        at::Tensor chain, tile;
+        const float a = prepare_scores(p, /*scaled=*/false, scale, softcap, keys, mask, b, h, q0, k0, chain, s.chain, tile);
+        bwd_probs_rows(p.data_ptr<float>(), rows, cols, a, row_lse.data_ptr<float>(), bits(s.p16));
+        gemm_bf16(head_dim_v, cols, rows, do_t, rows, p16, cols, dv_t_ptr + k0, seqlen_k, true);  // dV^T += dO^T P
+        at::Tensor ds = matrix(s.dp, rows, cols);
+        gemm_bf16(rows, cols, head_dim_v, do_rows.const_data_ptr<at::BFloat16>(), do_rows.stride(0), v_t_ptr + k0,
+                  seqlen_k, ds.data_ptr<float>(), cols, false);  // dP = dO V^T
+        const bool more = tile.defined() || chain.defined();
+        bwd_dscores_rows(ds.data_ptr<float>(), p.data_ptr<float>(), rows, cols, delta.data_ptr<float>(),
+                         more ? nullptr : bits(s.ds16));
+        if (more) {
+          finish_dscores(ds, tile, dmask, chain, b, h, q0, k0);
+          to_bf16_bits(ds.data_ptr<float>(), rows * cols, bits(s.ds16));
+        }
+        gemm_bf16(rows, head_dim, cols, ds16, cols, k_ptr + k0 * k_head.stride(0), k_head.stride(0), dq_acc.data_ptr<float>(),
+                  head_dim, true);  // dQ += dS K
+        gemm_bf16(head_dim, cols, rows, q_t, rows, ds16, cols, dk_t_ptr + k0, seqlen_k, true);  // dK^T += Q^T dS
+      }
+      dq.select(0, b).select(1, h).narrow(0, q0, rows).copy_(dq_acc.mul_(scale));
+    }
+  }
+  dk.select(0, b).select(1, kv_head).copy_(dk_acc_t.t().mul_(scale));
+  dv.select(0, b).select(1, kv_head).copy_(dv_acc_t.t());
 }
 
 }  // namespace
@@ -110,15 +248,16 @@ void bwd_plain(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                const at::Tensor& dv, double scale, const KeyLimit& keys, const at::Tensor& mask,
                const at::Tensor& dmask, double softcap) {
   const int64_t batch = q.size(0), heads_kv = k.size(2);
+  const bool bf16 = kHasBf16Gemm && q.scalar_type() == at::kBFloat16;
   // Detached: the tile operations must not record autograd history when the op is called directly on
   // inputs that require grad.
   const at::Tensor dod = dout.detach(), qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
   const at::Tensor lse_f = lse.detach().to(at::kFloat);
   at::parallel_for(0, batch * heads_kv, 1, [&](int64_t begin, int64_t end) {
-    BwdPlainScratch scratch(softcap != 0.0);
+    BwdPlainScratch scratch(softcap != 0.0, bf16, q.size(3), v.size(3));
     for (int64_t t = begin; t < end; ++t) {
-      bwd_plain_kv_head(dod, qd, kd, vd, od, lse_f, dq, dk, dv, scale, keys, mask, dmask, softcap, scratch,
-                        t / heads_kv, t % heads_kv);
+      (bf16 ? bwd_bf16_kv_head : bwd_plain_kv_head)(dod, qd, kd, vd, od, lse_f, dq, dk, dv, scale, keys, mask, dmask,
+                                                    softcap, scratch, t / heads_kv, t % heads_kv);
     }
   });
 }
