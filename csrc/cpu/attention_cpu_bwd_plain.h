@@ -1,6 +1,9 @@
-// The CPU backward without dropout (attention_cpu_bwd_plain.cpp): the scores recomputed and
-// every product (S, dP, dV, dK, dQ) run as ATen gemms on float32 tiles, as the plain forward
-// (attention_cpu_fwd_plain.h) runs its own.
+// The CPU backward without dropout (attention_cpu_bwd_plain.cpp): the scores recomputed and every
+// product (S, dP, dV, dK, dQ) run as a gemm with float32 results. Float32 and float16 inputs
+// multiply as float32 tiles (ATen gemms, as the plain forward, attention_cpu_fwd_plain.h, runs its
+// own); bfloat16 inputs multiply as bfloat16 operands (P and dS rounded to bfloat16 for their
+// products), with dQ, dK and dV accumulated in float32. P and dS come from one fused vector pass
+// per row (attention_cpu_bwd_rows.h).
 #pragma once
 
 #include <ATen/ATen.h>
