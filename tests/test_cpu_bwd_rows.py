@@ -4,7 +4,10 @@ lse, dS from dP, their bfloat16 copies) in each of their vector forms: every for
 own), dq, dk and dv against float64 autograd (the GUIDE's oracle: within twice the error of the same
 math in the inputs' dtype), on what the vector code must get right: rows whose length is no multiple of
 the vector width, causal diagonals, rows without a visible key (their dq exactly 0), a boolean mask, a
-floating mask, softcap (dS finished after its pass), GQA, large scores, in float32 and bfloat16.
+floating mask, softcap (dS finished after its pass), GQA, large scores, odd head dims, row and key
+counts, in float32 and bfloat16; and keys no query sees holding NaN, which must reach no gradient. The
+cap also picks the bfloat16 products' form (csrc/cpu/attention_cpu_bwd_bf16_products.h): AVX512-BF16
+where the CPU has it and nothing caps it, else cpublas's gemm.
 """
 import json
 import os
@@ -50,7 +53,8 @@ def within_oracle(result, ref, base):
     return float((result.double() - ref).abs().max()) <= 2 * float((base.double() - ref).abs().max()) + 1e-5
 
 torch.manual_seed(0)
-results = {"form": flashattn._C.cpu_softmax_rows_form(), "cases": []}
+results = {"form": flashattn._C.cpu_softmax_rows_form(), "products": flashattn._C.cpu_bwd_bf16_products_form(),
+           "cases": []}
 CASES = [  # lq, lk, heads, kv heads, d, causal, mask kind, softcap, big
     (37, 97, 2, 2, 64, False, None, 0.0, False),
     (600, 531, 4, 2, 40, True, None, 0.0, False),
@@ -58,6 +62,7 @@ CASES = [  # lq, lk, heads, kv heads, d, causal, mask kind, softcap, big
     (130, 300, 2, 2, 64, False, "float", 0.0, False),
     (90, 513, 2, 2, 32, True, None, 20.0, False),
     (64, 700, 2, 2, 64, False, None, 0.0, True),
+    (301, 45, 2, 1, 33, False, None, 0.0, False),  # odd head dim, odd rows and keys
 ]
 for dtype in (torch.float32, torch.bfloat16):
     for lq, lk, heads, heads_kv, d, causal, mask_kind, softcap, big in CASES:
@@ -86,6 +91,22 @@ for dtype in (torch.float32, torch.bfloat16):
         if mask_kind == "bool":
             ok = ok and bool((got[0][:, 5] == 0).all())
         results["cases"].append([str(dtype), lq, lk, heads, heads_kv, d, causal, mask_kind, softcap, big, ok])
+# Keys no query sees (top-left causal, Lq < Lk, an odd number of keys seen) hold NaN: they must not
+# reach any gradient (the bfloat16 products pair the last seen key with the next one).
+q, dout = torch.randn(1, 301, 2, 64, dtype=torch.bfloat16), torch.randn(1, 301, 2, 64, dtype=torch.bfloat16)
+k, v = (torch.randn(1, 600, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+k[:, 301:], v[:, 301:] = float("nan"), float("nan")
+ours = lambda q, k, v: flashattn.scaled_dot_product_attention(
+    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
+got = grads(ours, (q, k, v), dout)
+ref = grads(lambda q, k, v: attention(q, k[:, :301], v[:, :301], 0.125, True, None, 0.0, torch.float64),
+            (q.double(), k.double(), v.double()), dout.double())
+base = grads(lambda q, k, v: attention(q, k[:, :301], v[:, :301], 0.125, True, None, 0.0, torch.bfloat16),
+             (q, k, v), dout)
+results["unseen_nan_keys"] = (
+    all(bool(torch.isfinite(g[:, :301]).all()) and within_oracle(g[:, :301], r[:, :301], b[:, :301])
+        for g, r, b in zip(got, ref, base))
+    and bool((got[1][:, 301:] == 0).all()) and bool((got[2][:, 301:] == 0).all()))
 print(json.dumps(results))
 """
 
@@ -107,6 +128,9 @@ def test_every_vector_form_matches_the_reference(cap):
         assert result["form"] == "scalar"
     elif cap == "avx2":
         assert result["form"] in ("avx2", "scalar")  # scalar on a CPU without AVX2
-    assert len(result["cases"]) == 12
+    if cap is not None:
+        assert result["products"] != "avx512_bf16"  # the cap rules the AVX512-BF16 products out too
+    assert len(result["cases"]) == 14
     failed = [case for case in result["cases"] if not case[-1]]
-    assert not failed, f"form {result['form']}: {failed}"
+    assert not failed, f"form {result['form']}, products {result['products']}: {failed}"
+    assert result["unseen_nan_keys"], f"form {result['form']}, products {result['products']}"

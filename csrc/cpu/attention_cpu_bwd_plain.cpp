@@ -5,19 +5,21 @@
 //   dS = P (dP - delta) (times 1 - tanh^2 with softcap), dQ += dS K, dK += dS^T Q
 // on the calling thread (at::parallel_for runs each task there), in per-thread buffers (fresh
 // tile-sized tensors per operation cost page faults). P and dS take one fused pass each
-// (attention_cpu_bwd_rows.h). bfloat16 inputs multiply bfloat16 operands into float32 results
-// (cpublas gemm: P and dS rounded to bfloat16 for their products, as the GPU kernels do); float32
-// and float16 inputs multiply float32 copies with ATen's mm.
+// (attention_cpu_bwd_rows.h). bfloat16 inputs multiply bfloat16 operands into float32 results (P and
+// dS rounded to bfloat16 for their products, as the GPU kernels do), in the form of
+// attention_cpu_bwd_bf16_products.h the CPU runs; float32 and float16 inputs multiply float32 copies
+// with ATen's mm.
 #include "cpu/attention_cpu_bwd_plain.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "cpu/attention_cpu_bwd_bf16_products.h"
 #include "cpu/attention_cpu_bwd_rows.h"
+#include "cpu/attention_cpu_gemm_bf16.h"
 #include "cpu/attention_cpu_fwd_plain.h"
 #include "cpu/attention_cpu_plain_tiles.h"
 
@@ -25,22 +27,6 @@ namespace flashattn {
 namespace cpu {
 namespace detail {
 namespace {
-
-#ifdef CPUBLAS_BRGEMM_BF16BF16F32
-constexpr bool kHasBf16Gemm = true;
-#else
-constexpr bool kHasBf16Gemm = false;  // a torch whose ATen has no bfloat16 x bfloat16 -> float32 gemm
-#endif
-
-// C [m, n] (float32, row stride ld_c) = (add_c ? C : 0) + A [m, k] B [k, n], A and B bfloat16 with
-// contiguous rows of strides ld_a and ld_b: cpublas's brgemm in its unpacked form, which is its gemm
-// with bfloat16 operands and a float32 result.
-inline void gemm_bf16(int64_t m, int64_t n, int64_t k, const at::BFloat16* a, int64_t ld_a, const at::BFloat16* b,
-                      int64_t ld_b, float* c, int64_t ld_c, bool add_c) {
-#ifdef CPUBLAS_BRGEMM_BF16BF16F32
-  at::native::cpublas::brgemm(m, n, k, ld_a, ld_b, ld_c, add_c, a, b, c, /*is_vnni=*/false);
-#endif
-}
 
 inline uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 
@@ -58,6 +44,7 @@ struct BwdPlainScratch {
   at::Tensor ds16;    // [kPlainBlockQ * kPlainBlockK]  dS
   at::Tensor q_t;     // [D * kPlainBlockQ]   Q^T of the query block
   at::Tensor dout_t;  // [Dv * kPlainBlockQ]  dO^T of the query block
+  at::Tensor tile_pairs;  // P's, then dS's pair layout (PairProducts only)
 
   BwdPlainScratch(bool softcapped, bool bf16, int64_t head_dim, int64_t head_dim_v)
       : scores(at::empty({kPlainBlockQ * kPlainBlockK}, at::kFloat)),
@@ -68,6 +55,9 @@ struct BwdPlainScratch {
       ds16 = at::empty({kPlainBlockQ * kPlainBlockK}, at::kBFloat16);
       q_t = at::empty({head_dim * kPlainBlockQ}, at::kBFloat16);
       dout_t = at::empty({head_dim_v * kPlainBlockQ}, at::kBFloat16);
+      if (gemm_bf16_pairs_chosen()) {
+        tile_pairs = at::empty({PairProducts::pair_tile_words(kPlainBlockQ, kPlainBlockK)}, at::kInt);
+      }
     }
   }
 };
@@ -168,26 +158,22 @@ void bwd_plain_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Te
 }
 
 // bfloat16 inputs: bfloat16 operands, float32 results. dK and dV accumulate transposed (dK^T += Q^T dS,
-// dV^T += dO^T P), so that every product reads its operands as rows: Q^T and dO^T are copied once per
-// query block, K^T and V^T once per key/value head.
+// dV^T += dO^T P), so that every product's A operand is read as rows: Q^T and dO^T are copied once per
+// query block (the B operands are the products form's to lay out).
+template <typename Products>
 void bwd_bf16_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dq, const at::Tensor& dk,
                       const at::Tensor& dv, double scale, const KeyLimit& keys, const at::Tensor& mask,
-                      const at::Tensor& dmask, double softcap, BwdPlainScratch& s, int64_t b, int64_t kv_head) {
+                      const at::Tensor& dmask, double softcap, BwdPlainScratch& s, Products& products, int64_t b,
+                      int64_t kv_head) {
   const int64_t seqlen_q = q.size(1), seqlen_k = k.size(1), group = q.size(2) / k.size(2);
   const int64_t head_dim = q.size(3), head_dim_v = v.size(3);
-  const at::Tensor k_head = with_unit_column_stride(k.select(0, b).select(1, kv_head));  // [Lk, D]
-  const at::Tensor keys_t = k_head.t().contiguous();                                   // [D, Lk]
-  const at::Tensor values_t = v.select(0, b).select(1, kv_head).t().contiguous();      // [Dv, Lk]
-  const at::Tensor dk_acc_t = at::zeros({head_dim, seqlen_k}, at::kFloat);             // [D, Lk]
-  const at::Tensor dv_acc_t = at::zeros({head_dim_v, seqlen_k}, at::kFloat);           // [Dv, Lk]
-  const at::BFloat16* const k_ptr = k_head.const_data_ptr<at::BFloat16>();
-  const at::BFloat16* const k_t_ptr = keys_t.const_data_ptr<at::BFloat16>();
-  const at::BFloat16* const v_t_ptr = values_t.const_data_ptr<at::BFloat16>();
+  const at::Tensor dk_acc_t = at::zeros({head_dim, seqlen_k}, at::kFloat);    // [D, Lk]
+  const at::Tensor dv_acc_t = at::zeros({head_dim_v, seqlen_k}, at::kFloat);  // [Dv, Lk]
   float* const dk_t_ptr = dk_acc_t.data_ptr<float>();
   float* const dv_t_ptr = dv_acc_t.data_ptr<float>();
-  const auto p16 = reinterpret_cast<const at::BFloat16*>(bits(s.p16));
-  const auto ds16 = reinterpret_cast<const at::BFloat16*>(bits(s.ds16));
+  const uint16_t* const p16 = bits(s.p16);
+  const uint16_t* const ds16 = bits(s.ds16);
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = kv_head * group + g;
     for (int64_t q0 = 0; q0 < seqlen_q; q0 += kPlainBlockQ) {
@@ -196,8 +182,8 @@ void bwd_bf16_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Ten
       const at::Tensor do_rows = with_unit_column_stride(dout.select(0, b).select(1, h).narrow(0, q0, rows));  // [rows, Dv]
       matrix(s.q_t, head_dim, rows).copy_(q_rows.t());
       matrix(s.dout_t, head_dim_v, rows).copy_(do_rows.t());
-      const at::BFloat16* const q_t = s.q_t.const_data_ptr<at::BFloat16>();       // [D, rows]
-      const at::BFloat16* const do_t = s.dout_t.const_data_ptr<at::BFloat16>();   // [Dv, rows]
+      const uint16_t* const q_t = bf16_bits(s.q_t);        // [D, rows]
+      const uint16_t* const do_t = bf16_bits(s.dout_t);    // [Dv, rows]
       const at::Tensor delta = rows_delta(dout, out, b, h, q0, rows);
       const at::Tensor row_lse = rows_lse(lse, b, h, q0, rows);
       const at::Tensor dq_acc = at::zeros({rows, head_dim}, at::kFloat);
@@ -205,15 +191,13 @@ void bwd_bf16_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Ten
       for (int64_t k0 = keys.first_tile_key(q0, kPlainBlockK); k0 < key_stop; k0 += kPlainBlockK) {
         const int64_t cols = std::min(kPlainBlockK, key_stop - k0);
         at::Tensor p = matrix(s.scores, rows, cols);
-        gemm_bf16(rows, cols, head_dim, q_rows.const_data_ptr<at::BFloat16>(), q_rows.stride(0), k_t_ptr + k0, seqlen_k,
-                  p.data_ptr<float>(), cols, false);  // Q K^T
+        products.scores(rows, cols, k0, bf16_bits(q_rows), q_rows.stride(0), p.data_ptr<float>());  // Q K^T
         at::Tensor chain, tile;
         const float a = prepare_scores(p, /*scaled=*/false, scale, softcap, keys, mask, b, h, q0, k0, chain, s.chain, tile);
         bwd_probs_rows(p.data_ptr<float>(), rows, cols, a, row_lse.data_ptr<float>(), bits(s.p16));
-        gemm_bf16(head_dim_v, cols, rows, do_t, rows, p16, cols, dv_t_ptr + k0, seqlen_k, true);  // dV^T += dO^T P
+        products.add_dv(rows, cols, k0, do_t, p16, dv_t_ptr);  // dV^T += dO^T P
         at::Tensor ds = matrix(s.dp, rows, cols);
-        gemm_bf16(rows, cols, head_dim_v, do_rows.const_data_ptr<at::BFloat16>(), do_rows.stride(0), v_t_ptr + k0,
-                  seqlen_k, ds.data_ptr<float>(), cols, false);  // dP = dO V^T
+        products.dprobs(rows, cols, k0, bf16_bits(do_rows), do_rows.stride(0), ds.data_ptr<float>());  // dP = dO V^T
         const bool more = tile.defined() || chain.defined();
         bwd_dscores_rows(ds.data_ptr<float>(), p.data_ptr<float>(), rows, cols, delta.data_ptr<float>(),
                          more ? nullptr : bits(s.ds16));
@@ -221,9 +205,8 @@ void bwd_bf16_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Ten
           finish_dscores(ds, tile, dmask, chain, b, h, q0, k0);
           to_bf16_bits(ds.data_ptr<float>(), rows * cols, bits(s.ds16));
         }
-        gemm_bf16(rows, head_dim, cols, ds16, cols, k_ptr + k0 * k_head.stride(0), k_head.stride(0), dq_acc.data_ptr<float>(),
-                  head_dim, true);  // dQ += dS K
-        gemm_bf16(head_dim, cols, rows, q_t, rows, ds16, cols, dk_t_ptr + k0, seqlen_k, true);  // dK^T += Q^T dS
+        products.add_dq(rows, cols, k0, ds16, dq_acc.data_ptr<float>());  // dQ += dS K
+        products.add_dk(rows, cols, k0, q_t, ds16, dk_t_ptr);             // dK^T += Q^T dS
       }
       dq.select(0, b).select(1, h).narrow(0, q0, rows).copy_(dq_acc.mul_(scale));
     }
@@ -232,7 +215,28 @@ void bwd_bf16_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Ten
   dv.select(0, b).select(1, kv_head).copy_(dv_acc_t.t());
 }
 
+// bfloat16 inputs, one (batch, key/value head): in the product form this CPU runs.
+void bwd_bf16_kv_head_any(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dq, const at::Tensor& dk,
+                          const at::Tensor& dv, double scale, const KeyLimit& keys, const at::Tensor& mask,
+                          const at::Tensor& dmask, double softcap, BwdPlainScratch& s, int64_t b, int64_t kv_head) {
+  const at::Tensor k_head = with_unit_column_stride(k.select(0, b).select(1, kv_head));  // [Lk, D]
+  const at::Tensor v_head = with_unit_column_stride(v.select(0, b).select(1, kv_head));  // [Lk, Dv]
+  if (gemm_bf16_pairs_chosen()) {
+    PairProducts products(k_head, v_head, reinterpret_cast<uint32_t*>(s.tile_pairs.data_ptr<int32_t>()));
+    bwd_bf16_kv_head(dout, q, k, v, out, lse, dq, dk, dv, scale, keys, mask, dmask, softcap, s, products, b, kv_head);
+  } else {
+    CpublasProducts products(k_head, v_head);
+    bwd_bf16_kv_head(dout, q, k, v, out, lse, dq, dk, dv, scale, keys, mask, dmask, softcap, s, products, b, kv_head);
+  }
+}
+
 }  // namespace
+
+const char* bwd_bf16_products_form() {
+  if (gemm_bf16_pairs_chosen()) return "avx512_bf16";
+  return kHasCpublasBf16Gemm ? "cpublas" : "float32";
+}
 
 bool bwd_plain_serves(at::ScalarType dtype, const at::Tensor& lse) {
   if (!fwd_plain_serves(dtype)) return false;
@@ -248,7 +252,7 @@ void bwd_plain(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                const at::Tensor& dv, double scale, const KeyLimit& keys, const at::Tensor& mask,
                const at::Tensor& dmask, double softcap) {
   const int64_t batch = q.size(0), heads_kv = k.size(2);
-  const bool bf16 = kHasBf16Gemm && q.scalar_type() == at::kBFloat16;
+  const bool bf16 = (kHasCpublasBf16Gemm || gemm_bf16_pairs_chosen()) && q.scalar_type() == at::kBFloat16;
   // Detached: the tile operations must not record autograd history when the op is called directly on
   // inputs that require grad.
   const at::Tensor dod = dout.detach(), qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
@@ -256,7 +260,7 @@ void bwd_plain(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
   at::parallel_for(0, batch * heads_kv, 1, [&](int64_t begin, int64_t end) {
     BwdPlainScratch scratch(softcap != 0.0, bf16, q.size(3), v.size(3));
     for (int64_t t = begin; t < end; ++t) {
-      (bf16 ? bwd_bf16_kv_head : bwd_plain_kv_head)(dod, qd, kd, vd, od, lse_f, dq, dk, dv, scale, keys, mask, dmask,
+      (bf16 ? bwd_bf16_kv_head_any : bwd_plain_kv_head)(dod, qd, kd, vd, od, lse_f, dq, dk, dv, scale, keys, mask, dmask,
                                                     softcap, scratch, t / heads_kv, t % heads_kv);
     }
   });

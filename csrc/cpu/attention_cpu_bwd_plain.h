@@ -28,6 +28,10 @@ void bwd_plain(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                const at::Tensor& dv, double scale, const KeyLimit& keys, const at::Tensor& mask,
                const at::Tensor& dmask, double softcap);
 
+// The form of the bfloat16 backward's products on this CPU: "avx512_bf16" (PairProducts), "cpublas"
+// (CpublasProducts) or "float32" (float32 copies, as for float16 inputs).
+const char* bwd_bf16_products_form();
+
 }  // namespace detail
 }  // namespace cpu
 }  // namespace flashattn
