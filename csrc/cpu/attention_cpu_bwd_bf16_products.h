@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "cpu/attention_cpu_gemm_bf16.h"
+#include "cpu/attention_cpu_plain_tiles.h"
 
 namespace flashattn {
 namespace cpu {
@@ -26,10 +27,6 @@ constexpr bool kHasCpublasBf16Gemm = true;
 constexpr bool kHasCpublasBf16Gemm = false;  // a torch whose ATen has no bfloat16 x bfloat16 -> float32 gemm
 #endif
 
-inline const uint16_t* bf16_bits(const at::Tensor& t) {
-  return reinterpret_cast<const uint16_t*>(t.const_data_ptr<at::BFloat16>());
-}
-
 class CpublasProducts {
  public:
   CpublasProducts(const at::Tensor& k_head, const at::Tensor& v_head)
@@ -37,11 +34,11 @@ class CpublasProducts {
 
   // s [rows, cols] = Q K^T; q [rows, D], row stride ld_q.
   void scores(int64_t rows, int64_t cols, int64_t k0, const uint16_t* q, int64_t ld_q, float* s) const {
-    gemm(rows, cols, k_.size(1), q, ld_q, bf16_bits(keys_t_) + k0, keys_t_.stride(0), s, cols, false);
+    gemm(rows, cols, k_.size(1), q, ld_q, bits(keys_t_) + k0, keys_t_.stride(0), s, cols, false);
   }
   // dp [rows, cols] = dO V^T; dout [rows, Dv], row stride ld_do.
   void dprobs(int64_t rows, int64_t cols, int64_t k0, const uint16_t* dout, int64_t ld_do, float* dp) const {
-    gemm(rows, cols, values_t_.size(0), dout, ld_do, bf16_bits(values_t_) + k0, values_t_.stride(0), dp, cols, false);
+    gemm(rows, cols, values_t_.size(0), dout, ld_do, bits(values_t_) + k0, values_t_.stride(0), dp, cols, false);
   }
   // dv_t [Dv, Lk] (float32) columns k0.. += dO^T P; dout_t [Dv, rows], p16 [rows, cols].
   void add_dv(int64_t rows, int64_t cols, int64_t k0, const uint16_t* dout_t, const uint16_t* p16, float* dv_t) {
@@ -49,7 +46,7 @@ class CpublasProducts {
   }
   // dq [rows, D] (float32) += dS K; ds16 [rows, cols].
   void add_dq(int64_t rows, int64_t cols, int64_t k0, const uint16_t* ds16, float* dq) const {
-    gemm(rows, k_.size(1), cols, ds16, cols, bf16_bits(k_) + k0 * k_.stride(0), k_.stride(0), dq, k_.size(1), true);
+    gemm(rows, k_.size(1), cols, ds16, cols, bits(k_) + k0 * k_.stride(0), k_.stride(0), dq, k_.size(1), true);
   }
   // dk_t [D, Lk] (float32) columns k0.. += Q^T dS; q_t [D, rows], ds16 [rows, cols].
   void add_dk(int64_t rows, int64_t cols, int64_t k0, const uint16_t* q_t, const uint16_t* ds16, float* dk_t) {
@@ -80,9 +77,9 @@ class PairProducts {
     kt_ = words((d_ + 1) / 2 * ld_lk_);
     vt_ = words((dv_ + 1) / 2 * ld_lk_);
     k_rows_ = words((lk_ + 1) / 2 * ld_d_);
-    pack_pairs_of_columns(bf16_bits(k_head), k_head.stride(0), lk_, d_, ptr(kt_), ld_lk_);
-    pack_pairs_of_columns(bf16_bits(v_head), v_head.stride(0), lk_, dv_, ptr(vt_), ld_lk_);
-    pack_pairs_of_rows(bf16_bits(k_head), k_head.stride(0), lk_, d_, ptr(k_rows_), ld_d_);
+    pack_pairs_of_columns(bits(k_head), k_head.stride(0), lk_, d_, ptr(kt_), ld_lk_);
+    pack_pairs_of_columns(bits(v_head), v_head.stride(0), lk_, dv_, ptr(vt_), ld_lk_);
+    pack_pairs_of_rows(bits(k_head), k_head.stride(0), lk_, d_, ptr(k_rows_), ld_d_);
   }
   static int64_t pair_tile_words(int64_t block_q, int64_t block_k) { return (block_q + 1) / 2 * pair_ld(block_k); }
 

@@ -28,13 +28,6 @@ namespace cpu {
 namespace detail {
 namespace {
 
-inline uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
-
-// t ([rows, cols]) with contiguous rows: itself, or a contiguous copy.
-inline at::Tensor with_unit_column_stride(const at::Tensor& t) {
-  return t.stride(1) == 1 && t.stride(0) >= t.size(1) ? t : t.contiguous();
-}
-
 struct BwdPlainScratch {
   at::Tensor scores;  // [kPlainBlockQ * kPlainBlockK] float32  S, then P
   at::Tensor dp;      // [kPlainBlockQ * kPlainBlockK] float32  dP, then dS
@@ -182,8 +175,8 @@ void bwd_bf16_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Ten
       const at::Tensor do_rows = with_unit_column_stride(dout.select(0, b).select(1, h).narrow(0, q0, rows));  // [rows, Dv]
       matrix(s.q_t, head_dim, rows).copy_(q_rows.t());
       matrix(s.dout_t, head_dim_v, rows).copy_(do_rows.t());
-      const uint16_t* const q_t = bf16_bits(s.q_t);        // [D, rows]
-      const uint16_t* const do_t = bf16_bits(s.dout_t);    // [Dv, rows]
+      const uint16_t* const q_t = bits(s.q_t);        // [D, rows]
+      const uint16_t* const do_t = bits(s.dout_t);    // [Dv, rows]
       const at::Tensor delta = rows_delta(dout, out, b, h, q0, rows);
       const at::Tensor row_lse = rows_lse(lse, b, h, q0, rows);
       const at::Tensor dq_acc = at::zeros({rows, head_dim}, at::kFloat);
@@ -191,13 +184,13 @@ void bwd_bf16_kv_head(const at::Tensor& dout, const at::Tensor& q, const at::Ten
       for (int64_t k0 = keys.first_tile_key(q0, kPlainBlockK); k0 < key_stop; k0 += kPlainBlockK) {
         const int64_t cols = std::min(kPlainBlockK, key_stop - k0);
         at::Tensor p = matrix(s.scores, rows, cols);
-        products.scores(rows, cols, k0, bf16_bits(q_rows), q_rows.stride(0), p.data_ptr<float>());  // Q K^T
+        products.scores(rows, cols, k0, bits(q_rows), q_rows.stride(0), p.data_ptr<float>());  // Q K^T
         at::Tensor chain, tile;
         const float a = prepare_scores(p, /*scaled=*/false, scale, softcap, keys, mask, b, h, q0, k0, chain, s.chain, tile);
         bwd_probs_rows(p.data_ptr<float>(), rows, cols, a, row_lse.data_ptr<float>(), bits(s.p16));
         products.add_dv(rows, cols, k0, do_t, p16, dv_t_ptr);  // dV^T += dO^T P
         at::Tensor ds = matrix(s.dp, rows, cols);
-        products.dprobs(rows, cols, k0, bf16_bits(do_rows), do_rows.stride(0), ds.data_ptr<float>());  // dP = dO V^T
+        products.dprobs(rows, cols, k0, bits(do_rows), do_rows.stride(0), ds.data_ptr<float>());  // dP = dO V^T
         const bool more = tile.defined() || chain.defined();
         bwd_dscores_rows(ds.data_ptr<float>(), p.data_ptr<float>(), rows, cols, delta.data_ptr<float>(),
                          more ? nullptr : bits(s.ds16));

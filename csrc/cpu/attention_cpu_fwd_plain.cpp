@@ -1,7 +1,7 @@
 // The CPU forward without dropout (attention_cpu_fwd_plain.h): the online softmax of
 // attention_cpu_fwd.cpp over tiles of kPlainBlockQ queries x kPlainBlockK keys, each tile's S = Q K^T
 // and O += P V as ATen operations (a BLAS gemm) on float32 copies of the tiles (or 16-bit products on
-// the matrix units), its online-softmax step (max, exponentials, sum, rescale) as one vectorized pass
+// the matrix units, or bfloat16 products on AVX512-BF16 without them), its online-softmax step (max, exponentials, sum, rescale) as one vectorized pass
 // per row (attention_cpu_softmax_rows.h). The tiles are large enough (a 256 x 512 score tile is 512
 // KiB) that an operation's fixed cost is small beside its work. Called from inside at::parallel_for, where ATen
 // runs each operation on the calling thread, so tasks never share threads.
@@ -9,6 +9,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "cpu/attention_cpu_bwd_rows.h"
+#include "cpu/attention_cpu_gemm_bf16.h"
 #include "cpu/attention_cpu_matmul16.h"
 #include "cpu/attention_cpu_plain_tiles.h"
 #include "cpu/attention_cpu_softmax_rows.h"
@@ -54,17 +56,34 @@ struct Fwd16 {
         p_tile(at::empty({kPlainBlockQ * kPlainBlockK}, v_tile.options())) {}
 };
 
+// The forward's bfloat16 products on AVX512-BF16 without AMX (attention_cpu_gemm_bf16.h): each key
+// tile's K^T and V in pair layout, and P rounded to bfloat16 for P V as the GPU kernels round it.
+struct FwdPairs {
+  at::Tensor kt_pairs;  // [ceil(D / 2) * pair_ld(kPlainBlockK)] words
+  at::Tensor v_pairs;   // [ceil(kPlainBlockK / 2) * pair_ld(D)] words
+  at::Tensor p16;       // [kPlainBlockQ * kPlainBlockK] bfloat16
+
+  explicit FwdPairs(int64_t head_dim)
+      : kt_pairs(at::empty({(head_dim + 1) / 2 * pair_ld(kPlainBlockK)}, at::kInt)),
+        v_pairs(at::empty({(kPlainBlockK + 1) / 2 * pair_ld(head_dim)}, at::kInt)),
+        p16(at::empty({kPlainBlockQ * kPlainBlockK}, at::kBFloat16)) {}
+};
+
+inline uint32_t* words(const at::Tensor& t) { return reinterpret_cast<uint32_t*>(t.data_ptr<int32_t>()); }
+
 void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                      const at::Tensor& lse, double scale, const KeyLimit& keys, const at::Tensor& mask,
-                     const float* sink, double softcap, PlainScratch& s, Fwd16* m16, int64_t b, int64_t h,
-                     int64_t q0) {
+                     const float* sink, double softcap, PlainScratch& s, Fwd16* m16, FwdPairs* pairs, int64_t b,
+                     int64_t h, int64_t q0) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t head_dim = q.size(3);
   const int64_t rows = std::min(kPlainBlockQ, q.size(1) - q0);
   const int64_t kv_head = h / (q.size(2) / k.size(2));
   const at::Tensor q_rows = q.select(0, b).select(1, h).narrow(0, q0, rows);
-  // With m16, Q unscaled and in place; else a scaled float32 copy.
-  const at::Tensor q_tile = m16 != nullptr ? q_rows : matrix(s.q_tile, rows, head_dim).copy_(q_rows).mul_(scale);
+  // With m16 or pairs, Q unscaled and in place; else a scaled float32 copy.
+  const at::Tensor q_tile = m16 != nullptr  ? q_rows
+                            : pairs != nullptr ? with_unit_column_stride(q_rows)
+                                               : matrix(s.q_tile, rows, head_dim).copy_(q_rows).mul_(scale);
   const at::Tensor keys_b = k.select(0, b).select(1, kv_head), values_b = v.select(0, b).select(1, kv_head);
   const at::Tensor acc = matrix(s.acc, rows, head_dim).zero_();
   at::Tensor row_max = at::full({rows}, kNegInf, s.acc.options());  // updated in place by online_softmax_rows
@@ -79,6 +98,12 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     if (m16 != nullptr) {
       m16->matmul.gemm(rows, cols, head_dim, q_tile, keys_b.narrow(0, k0, cols).t(), scores.data_ptr<float>(), cols,
                        false);
+      scores.mul_(scale);
+    } else if (pairs != nullptr) {
+      const at::Tensor k_rows = with_unit_column_stride(keys_b.narrow(0, k0, cols));  // [cols, D]
+      pack_pairs_of_columns(bits(k_rows), k_rows.stride(0), cols, head_dim, words(pairs->kt_pairs), pair_ld(cols));
+      gemm_bf16_pairs(rows, cols, head_dim, bits(q_tile), q_tile.stride(0), words(pairs->kt_pairs), pair_ld(cols),
+                      scores.data_ptr<float>(), cols, false);
       scores.mul_(scale);
     } else {
       const at::Tensor k_tile = matrix(s.k_tile, cols, head_dim).copy_(keys_b.narrow(0, k0, cols));
@@ -103,6 +128,12 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         v16.narrow(0, cols, 1).zero_();
       }
       m16->matmul.gemm(rows, head_dim, inner, p_tile, v16, acc.data_ptr<float>(), head_dim, true);
+    } else if (pairs != nullptr) {
+      to_bf16_bits(scores.data_ptr<float>(), rows * cols, bits(pairs->p16));
+      const at::Tensor v_rows = with_unit_column_stride(values_b.narrow(0, k0, cols));  // [cols, D]
+      pack_pairs_of_rows(bits(v_rows), v_rows.stride(0), cols, head_dim, words(pairs->v_pairs), pair_ld(head_dim));
+      gemm_bf16_pairs(rows, head_dim, cols, bits(pairs->p16), cols, words(pairs->v_pairs), pair_ld(head_dim),
+                      acc.data_ptr<float>(), head_dim, true);
     } else {
       acc.addmm_(scores, v_tile);
     }
@@ -139,14 +170,17 @@ void fwd_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   // directly on inputs that require grad.
   const at::Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
   const bool use_m16 = matrix_units_serve(q.scalar_type(), q.size(3));
+  const bool use_pairs = !use_m16 && q.scalar_type() == at::kBFloat16 && gemm_bf16_pairs_chosen();
   at::parallel_for(0, batch * heads_q * q_blocks, 1, [&](int64_t begin, int64_t end) {
     PlainScratch scratch(q.size(3));
     std::optional<Fwd16> m16;
     if (use_m16) m16.emplace(q.scalar_type(), q.size(3));
+    std::optional<FwdPairs> pairs;
+    if (use_pairs) pairs.emplace(q.size(3));
     for (int64_t t = begin; t < end; ++t) {
       const int64_t q_block = t % q_blocks, h = (t / q_blocks) % heads_q, b = t / (q_blocks * heads_q);
-      fwd_plain_block(qd, kd, vd, out, lse, scale, keys, mask, sink, softcap, scratch, m16 ? &*m16 : nullptr, b, h,
-                      q_block * kPlainBlockQ);
+      fwd_plain_block(qd, kd, vd, out, lse, scale, keys, mask, sink, softcap, scratch, m16 ? &*m16 : nullptr,
+                      pairs ? &*pairs : nullptr, b, h, q_block * kPlainBlockQ);
     }
     if (use_m16) Matmul16::release();
   });

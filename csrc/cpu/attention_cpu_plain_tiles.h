@@ -21,6 +21,15 @@ inline at::Tensor matrix(const at::Tensor& buffer, int64_t rows, int64_t cols) {
   return buffer.narrow(0, 0, rows * cols).view({rows, cols});
 }
 
+// t ([rows, cols]) with contiguous rows: itself, or a contiguous copy.
+inline at::Tensor with_unit_column_stride(const at::Tensor& t) {
+  return t.stride(1) == 1 && t.stride(0) >= t.size(1) ? t : t.contiguous();
+}
+
+// The bfloat16 bits of a bfloat16 tensor (the 16-bit operands of attention_cpu_gemm_bf16.h and of
+// attention_cpu_bwd_rows.h's copies).
+inline uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
 // Scores of keys outside each row's causal limit and window become -inf.  scores: [rows, cols]
 // contiguous float32, rows from query q0, columns from key k0.
 inline void mask_causal_tile(const at::Tensor& scores, const KeyLimit& keys, int64_t q0, int64_t k0) {
