@@ -248,6 +248,10 @@ def info() -> None:
     print(f"  CPU                {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
           f"vector ISA {torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, 'cpu') else 'unknown'} "
           f"(flashattn's softmax step: {softmax_form})")
+    bwd_products = getattr(flashattn.ops._C, "cpu_bwd_bf16_products_form", lambda: "unknown")()
+    fwd_products = ("matrix units" if getattr(flashattn.ops._C, "cpu_matrix_units", lambda bfloat16: False)(True)
+                    else "avx512_bf16" if bwd_products == "avx512_bf16" else "float32 copies")
+    print(f"  CPU bfloat16       products: forward {fwd_products}, backward {bwd_products}")
 
     print("active paths")
     if gpu_path:
