@@ -249,8 +249,7 @@ def info() -> None:
           f"vector ISA {torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, 'cpu') else 'unknown'} "
           f"(flashattn's softmax step: {softmax_form})")
     bwd_products = getattr(flashattn.ops._C, "cpu_bwd_bf16_products_form", lambda: "unknown")()
-    fwd_products = ("matrix units" if getattr(flashattn.ops._C, "cpu_matrix_units", lambda bfloat16: False)(True)
-                    else "avx512_bf16" if bwd_products == "avx512_bf16" else "float32 copies")
+    fwd_products = getattr(flashattn.ops._C, "cpu_fwd_bf16_products_form", lambda: "unknown")()
     print(f"  CPU bfloat16       products: forward {fwd_products}, backward {bwd_products}")
 
     print("active paths")

@@ -691,12 +691,26 @@ def check_lse(lse: torch.Tensor, ref_lse: torch.Tensor, factor: float) -> None:
     assert err <= budget, f"lse: max|lse - ref| = {err:.3e} exceeds the rounding budget {budget:.3e}"
 
 
-def flash_backward_emulation(q, k, v, dout, out, scale: float, is_causal: bool, bottom_right: bool, attn_mask=None):
+def bf16_products_rounded(dtype):
+    """The dtype the CPU backward rounds P and dS to for their products (flash_backward_emulation's
+    round_products) for inputs of ``dtype``: bfloat16 where it multiplies bfloat16 operands
+    (flashattn._C.cpu_bwd_bf16_products_form() other than "float32"), else None."""
+    from flashattn import _C
+    if dtype != torch.bfloat16 or _C.cpu_bwd_bf16_products_form() == "float32":
+        return None
+    return torch.bfloat16
+
+
+def flash_backward_emulation(q, k, v, dout, out, scale: float, is_causal: bool, bottom_right: bool, attn_mask=None,
+                             round_products=None):
     """(dq, dk, dv) the way FlashAttention's backward defines them, in float64: exact softmax and
     products, except delta = rowsum(dout * out) taken from the given ``out`` (the kernel's
     low-precision output). ``[B, L, H, D]`` tensors; a row that sees no key has zero gradients.
     With ``attn_mask`` (``[B, Hq, Lq, Lk]``, bool or additive) the scores are masked as the kernels
-    mask them, and a fourth result is dS ``[B, Hq, Lq, Lk]``, the gradient of a floating mask."""
+    mask them, and a fourth result is dS ``[B, Hq, Lq, Lk]``, the gradient of a floating mask.
+    ``round_products`` (a dtype, or None): P and dS rounded to it as operands of their products
+    (dV = P^T dO; dQ = dS K, dK = dS^T Q), as the kernels with 16-bit products round them; dS itself
+    (the mask's gradient) and the dS from P stay exact."""
     q, k, v, dout, out = (t.detach().double() for t in (q, k, v, dout, out))
     seqlen_q, heads_q = q.shape[1], q.shape[2]
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
@@ -714,9 +728,10 @@ def flash_backward_emulation(q, k, v, dout, out, scale: float, is_causal: bool, 
     dp = torch.einsum("bqhd,bkhd->bhqk", dout, v_rep)
     delta = (dout * out).sum(-1).transpose(1, 2).unsqueeze(-1)  # [B, Hq, Lq, 1]
     ds = probs * (dp - delta)
-    dq = torch.einsum("bhqk,bkhd->bqhd", ds, k_rep) * scale
-    dk = (torch.einsum("bhqk,bqhd->bkhd", ds, q) * scale).unflatten(2, (heads_kv, group)).sum(3)
-    dv = torch.einsum("bhqk,bqhd->bkhd", probs, dout).unflatten(2, (heads_kv, group)).sum(3)
+    rounded = (lambda t: t) if round_products is None else (lambda t: t.to(round_products).double())
+    dq = torch.einsum("bhqk,bkhd->bqhd", rounded(ds), k_rep) * scale
+    dk = (torch.einsum("bhqk,bqhd->bkhd", rounded(ds), q) * scale).unflatten(2, (heads_kv, group)).sum(3)
+    dv = torch.einsum("bhqk,bqhd->bkhd", rounded(probs), dout).unflatten(2, (heads_kv, group)).sum(3)
     if attn_mask is not None:
         return dq, dk, dv, ds
     return dq, dk, dv

@@ -67,6 +67,7 @@ from fuzz_strategies import (
     check_lse,
     check_rounding,
     contiguous_layout,
+    bf16_products_rounded,
     flash_backward_emulation,
     fuzz_settings,
     make_mask,
@@ -599,9 +600,22 @@ LOW_PRECISION_LIMITS = [
 ]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="fp16/bf16 oracle vs FlashAttention's delta from the low-precision out (see above)")
-@pytest.mark.parametrize("check, case", LOW_PRECISION_LIMITS)
+# The cases of LOW_PRECISION_LIMITS the oracle accepts where the CPU backward rounds P and dS to bfloat16
+# for their products (bf16_products_rounded): the rounding then matches the baseline's bfloat16 softmax
+# backward closely enough on this one.
+ORACLE_HOLDS_WITH_ROUNDED_PRODUCTS = {"one-hot-bf16"}
+
+
+def _oracle_limit_params():
+    rounded = bf16_products_rounded(torch.bfloat16) is not None
+    miss = pytest.mark.xfail(strict=True, raises=AssertionError,
+                             reason="fp16/bf16 oracle vs FlashAttention's delta from the low-precision out (see above)")
+    return [pytest.param(*p.values, id=p.id,
+                         marks=() if rounded and p.id in ORACLE_HOLDS_WITH_ROUNDED_PRODUCTS else (miss,))
+            for p in LOW_PRECISION_LIMITS]
+
+
+@pytest.mark.parametrize("check, case", _oracle_limit_params())
 def test_low_precision_oracle_limit(check, case):
     check(case, "cpu")
 
@@ -614,7 +628,8 @@ def test_low_precision_backward_is_flash_attention_backward(check, case):
     scale = _default_scale(case.head_dim) if case.scale is None else case.scale
     out, _ = torch.ops.flashattn.fwd(q, k, v, scale, case.causal, case.bottom_right)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    emulated = flash_backward_emulation(q, k, v, dout, out, scale, case.causal, case.bottom_right)
+    emulated = flash_backward_emulation(q, k, v, dout, out, scale, case.causal, case.bottom_right,
+                                        round_products=bf16_products_rounded(case.dtype))
     for name, g, e in zip(("dq", "dk", "dv"), grads, emulated):
         one_ulp = torch.finfo(case.dtype).eps * e.abs().max().item()
         assert (g.double() - e.to(case.dtype).double()).abs().max().item() <= one_ulp, name

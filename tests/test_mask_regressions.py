@@ -10,11 +10,12 @@ mask with 3 of its 8 keys -inf). The same limit as test_fuzz.LOW_PRECISION_LIMIT
 by the mask's gradient.
 
 Each case is checked twice: the oracle misses (xfail, strict; the bfloat16 fuzz case only where the CPU
-forward computes its products in float32 copies: with the CPU's 16-bit matrix units, flashattn._C.
-cpu_matrix_units, P is rounded to bfloat16 for P V as on the GPU, out comes out with other roundings, and
-that case then passes the oracle), and the kernel's dq, dk, dv and mask
-gradient equal fuzz_strategies.flash_backward_emulation (the FlashAttention backward in float64 with
-delta from the kernel's out) to one unit in the last place of the low dtype, so the misses are the
+forward computes its products in float32 copies: where it multiplies bfloat16 operands,
+flashattn._C.cpu_fwd_bf16_products_form() "matrix_units" or "avx512_bf16", P is rounded to bfloat16 for
+P V as on the GPU, out comes out with other roundings, and that case then passes the oracle), and the
+kernel's dq, dk, dv and mask gradient equal fuzz_strategies.flash_backward_emulation (the FlashAttention
+backward in float64 with delta from the kernel's out, P and dS rounded for their products where the
+CPU backward rounds them) to one unit in the last place of the low dtype, so the misses are the
 algorithm's, not an implementation fault. The fuzz strategies keep float16/bfloat16 masked cases
 away from those shapes (fuzz_strategies.LOW_PRECISION_MASK_MIN_SEQLEN); float32/float64 cases cover them.
 """
@@ -32,6 +33,7 @@ from fuzz_strategies import (
     MaskCase,
     SdpaCase,
     SdpaMaskCase,
+    bf16_products_rounded,
     contiguous_layout,
     flash_backward_emulation,
     make_mask,
@@ -116,7 +118,7 @@ def test_mask_gradient_oracle_limit(seed, dtype, excluded):
 
 
 @pytest.mark.xfail(
-    condition=not _C.cpu_matrix_units(True), strict=True, raises=AssertionError,
+    condition=_C.cpu_fwd_bf16_products_form() == "float32", strict=True, raises=AssertionError,
     reason="fp16/bf16 oracle vs FlashAttention's delta from the low-precision out, on the gradient of a "
            "broadcast mask (see the module docstring)")
 def test_fuzz_sdpa_mask_gradient_oracle_limit():
@@ -127,7 +129,8 @@ def _assert_flash_backward(q, k, v, dout, mask, full, scale, dtype):
     """The op's gradients (through its autograd, with respect to the mask before its expand) are the
     FlashAttention backward's, to one unit in the last place of ``dtype``."""
     out, grads = _grads(q, k, v, dout, mask, lambda q, k, v, m: _op_out(q, k, v, m, full, scale))
-    dq, dk, dv, ds = flash_backward_emulation(q, k, v, dout, out, scale, False, False, attn_mask=mask.expand(full))
+    dq, dk, dv, ds = flash_backward_emulation(q, k, v, dout, out, scale, False, False, attn_mask=mask.expand(full),
+                                              round_products=bf16_products_rounded(dtype))
     dmask = ds.sum_to_size(mask.shape)  # summed over the dims the mask broadcasts
     for name, g, e in zip(("dq", "dk", "dv", "dmask"), grads, (dq, dk, dv, dmask)):
         assert g.shape == e.shape, name

@@ -76,7 +76,9 @@ float prepare_scores(const at::Tensor& p, bool scaled, double scale, double soft
                      const at::Tensor& chain_buffer, at::Tensor& tile) {
   const int64_t rows = p.size(0), cols = p.size(1);
   float a = scaled ? 1.f : static_cast<float>(scale);
-  if (softcap != 0.0 || mask.defined()) {
+  // The pass takes exp(a s - lse): a masked score's -inf needs a > 0 there (a zero or negative scale
+  // would make it NaN or +inf), so such a scale is applied here, before the masks.
+  if (softcap != 0.0 || mask.defined() || !(a > 0.f)) {
     if (a != 1.f) p.mul_(a);
     a = 1.f;
   }
@@ -86,7 +88,7 @@ float prepare_scores(const at::Tensor& p, bool scaled, double scale, double soft
     at::mul_out(chain, p, p).neg_().add_(1.0);  // 1 - tanh^2
     p.mul_(softcap);
   }
-  if (tile_needs_causal_mask(keys, q0, rows, k0, cols)) mask_causal_tile(p, keys, q0, k0);  // -inf: any scale
+  if (tile_needs_causal_mask(keys, q0, rows, k0, cols)) mask_causal_tile(p, keys, q0, k0);  // -inf, a > 0 from here
   if (mask.defined()) {
     tile = mask_tile(mask, b, h, q0, k0, rows, cols);
     apply_mask_tile(p, tile);

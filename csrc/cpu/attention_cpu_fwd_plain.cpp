@@ -160,6 +160,11 @@ void fwd_plain_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 bool matrix_units_serve(at::ScalarType dtype, int64_t head_dim) { return Matmul16::serves(dtype, head_dim); }
 
+const char* fwd_bf16_products_form() {
+  if (matrix_units_serve(at::kBFloat16, 64)) return "matrix_units";
+  return gemm_bf16_pairs_chosen() ? "avx512_bf16" : "float32";
+}
+
 void fwd_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                const at::Tensor& lse, double scale, const KeyLimit& keys, const at::Tensor& mask, const float* sink,
                double softcap) {

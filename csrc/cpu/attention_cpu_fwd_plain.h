@@ -21,6 +21,10 @@ inline bool fwd_plain_serves(at::ScalarType dtype) {
 // copies.
 bool matrix_units_serve(at::ScalarType dtype, int64_t head_dim);
 
+// The form of the forward's bfloat16 products on this CPU: "matrix_units" (AMX), "avx512_bf16"
+// (attention_cpu_gemm_bf16.h), both rounding P to bfloat16 for P V, or "float32" (float32 copies).
+const char* fwd_bf16_products_form();
+
 // Whether the tiles may run a masked call: an excluded key takes no part in the loops, and in a gemm only
 // while its k and v rows are finite (0 * inf is NaN).
 inline bool tiles_take_mask(const at::Tensor& k, const at::Tensor& v) {

@@ -371,6 +371,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "True when the CPU forward's bfloat16 (else float16) products run on the CPU's 16-bit matrix units");
   m.def("cpu_softmax_rows_form", &flashattn::cpu::detail::online_softmax_rows_form,
         "The vector form of the CPU forward's per-row softmax step on this CPU: avx512, avx2 or scalar");
+  m.def("cpu_fwd_bf16_products_form", &flashattn::cpu::detail::fwd_bf16_products_form,
+        "The form of the CPU forward's bfloat16 products on this CPU: matrix_units, avx512_bf16 or float32");
   m.def("cpu_bwd_bf16_products_form", &flashattn::cpu::detail::bwd_bf16_products_form,
         "The form of the CPU backward's bfloat16 products on this CPU: avx512_bf16, cpublas or float32");
   m.def("compiled_with_sm90", &flashattn::compiled_with_sm90,
