@@ -9,12 +9,9 @@ counts, in float32 and bfloat16; and keys no query sees holding NaN, which must 
 cap also picks the bfloat16 products' form (csrc/cpu/attention_cpu_bwd_bf16_products.h): AVX512-BF16
 where the CPU has it and nothing caps it, else cpublas's gemm.
 """
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+
+from cpu_vector_forms import run_in_form
 
 WORKER = r"""
 import json, math
@@ -111,19 +108,11 @@ print(json.dumps(results))
 """
 
 
-def run_form(cap):
-    env = dict(os.environ)
-    env.pop("FLASHATTN_CPU_VECTOR", None)
-    if cap is not None:
-        env["FLASHATTN_CPU_VECTOR"] = cap
-    done = subprocess.run([sys.executable, "-c", WORKER], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("cap", [None, "avx2", "scalar"])
 def test_every_vector_form_matches_the_reference(cap):
-    result = run_form(cap)
+    result = run_in_form(WORKER, cap, timeout=600)
     if cap == "scalar":
         assert result["form"] == "scalar"
     elif cap == "avx2":

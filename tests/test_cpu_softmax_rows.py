@@ -6,12 +6,9 @@ get right: rows whose length is no multiple of the vector width, rows without a 
 scores: exactly 0 weight, out 0, lse -inf), a NaN score, large scores, causal diagonals and a boolean
 mask, in float32 and bfloat16 (both on the gemm tiles that call it).
 """
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+
+from cpu_vector_forms import run_in_form
 
 WORKER = r"""
 import json, math, sys
@@ -71,19 +68,11 @@ print(json.dumps(results))
 """
 
 
-def run_form(cap):
-    env = dict(os.environ)
-    env.pop("FLASHATTN_CPU_VECTOR", None)
-    if cap is not None:
-        env["FLASHATTN_CPU_VECTOR"] = cap
-    done = subprocess.run([sys.executable, "-c", WORKER], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("cap", [None, "avx2", "scalar"])
 def test_every_vector_form_matches_the_reference(cap):
-    result = run_form(cap)
+    result = run_in_form(WORKER, cap, timeout=300)
     if cap == "scalar":
         assert result["form"] == "scalar"
     elif cap == "avx2":
