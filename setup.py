@@ -6,7 +6,7 @@ describes the compiled module.
 Sources, by role (globbed recursively, so files can move between folders without editing this file):
   CUDA build             every .cpp and .cu file under csrc/
   CPU-only build         the .cpp files under csrc/ except those under the GPU-path folders
-                         csrc/cuda/, csrc/sm80/ and csrc/sm90/
+                         csrc/cuda/, csrc/decode/, csrc/sm80/ and csrc/sm90/
 
 build_ext also writes flashattn/build_record.py (git-ignored): the torch, CUDA and architectures the
 extension was built with.
@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(HERE, "csrc")
 
 # Folders under csrc/ that hold the GPU path only: left out of a CPU-only build.
-GPU_FOLDERS = ("cuda", "sm80", "sm90")
+GPU_FOLDERS = ("cuda", "decode", "sm80", "sm90")
 
 # Headers of the CUDA libraries that torch's ATen/cuda/CUDAContext.h includes.
 TORCH_CUDA_LIBRARY_HEADERS = ("cusparse.h", "cublas_v2.h", "cublasLt.h", "cusolverDn.h")

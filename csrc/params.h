@@ -226,4 +226,36 @@ struct BwdParams {
   VarlenParams varlen;
 };
 
+// A decoding step over a key/value cache (csrc/decode/): a few queries per sequence, each sequence's keys
+// split across thread blocks. The cache is read through pages: key j of sequence b sits at row
+// j % page_size of page block_table[b][j / page_size]; without a block table, the whole of cache row
+// cache_row(b) is one page (page_size = the cache's length). Query head h reads kv head h / group.
+struct DecodeParams {
+  const void* q;  // [batch, seqlen_q, heads_q, head_dim]
+  const void* k;  // [num_pages, page_size, heads_kv, head_dim]
+  const void* v;  // [num_pages, page_size, heads_kv, head_dim]
+  void* out;      // [batch, seqlen_q, heads_q, head_dim]
+  float* lse;     // [batch, heads_q, seqlen_q] contiguous, natural log; -inf for a row that sees no key
+  TensorStrides q_strides, k_strides, v_strides, out_strides;  // k/v: batch = the page stride
+  const int* seqlens_k;        // [batch]: keys of sequence b (clamped to 0..capacity)
+  const int* leftpad;          // [batch] or nullptr: sequence b's keys start there (clamped to 0..seqlens_k[b])
+  const int* block_table;      // [batch, pages_per_seq] (row stride block_table_stride) or nullptr
+  const int* cache_batch_idx;  // [batch] or nullptr (no block table): the cache row of sequence b
+  int64_t block_table_stride;
+  int pages_per_seq;  // with a block table; capacity = pages_per_seq * page_size, else page_size
+  int num_pages;      // pages (or cache rows) in k / v: a table entry outside 0..num_pages-1 reads zeros
+  int page_size;
+  int batch, seqlen_q, heads_q, heads_kv, head_dim;
+  ElementType element_type;
+  float scale_log2;     // softmax scale * log2 e (with softcap: cap * log2 e)
+  float softcap_inner;  // scale / cap with soft-capping, 0 without
+  bool is_causal;       // query i of sequence b sees keys j <= seqlens_k[b] - seqlen_q + i
+  int window_left, window_right;  // around that diagonal; -1: unbounded
+  // Split-KV: with num_splits > 1 every thread block writes its normalised partial output and LSE
+  // here and a combine kernel merges them into out and lse.
+  int num_splits;
+  float* partial_out;  // [num_splits, batch * heads_kv, rows, head_dim], rows = seqlen_q * group
+  float* partial_lse;  // [num_splits, batch * heads_kv, rows]
+};
+
 }  // namespace flashattn

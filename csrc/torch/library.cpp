@@ -41,6 +41,7 @@
 #include "cpu/attention_cpu_fwd_plain.h"
 #include "cpu/attention_cpu_softmax_rows.h"
 #include "torch/checks.h"
+#include "torch/decode_ops.h"
 #include "torch/sink.h"
 #include "torch/varlen_ops.h"
 
@@ -329,6 +330,12 @@ TORCH_LIBRARY(flashattn, m) {
         " Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, float scale, bool is_causal,"
         " bool causal_bottom_right, bool deterministic=False, Tensor? sink=None, Tensor(a!)? dsink=None,"
         " float softcap=0.0, int window_left=-1, int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
+  // Decoding over a key/value cache (decode_ops.cpp, CUDA only): q (B, Lq, Hq, D); k_cache / v_cache
+  // (B or pages, Lcache or page_size, Hk, D); seqlens_k (B,) int32 keys per sequence; block_table (B,
+  // pages_per_seq) int32 for a paged cache; out like q, lse (B, Hq, Lq). num_splits 0: chosen from the shapes.
+  m.def("decode_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seqlens_k, Tensor? block_table,"
+        " Tensor? cache_batch_idx, Tensor? leftpad, float scale, bool is_causal, int window_left=-1,"
+        " int window_right=-1, float softcap=0.0, int num_splits=0) -> (Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(flashattn, CPU, m) {
@@ -344,6 +351,7 @@ TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
   m.impl("bwd", &flashattn::cuda_ops::bwd);
   m.impl("dropout_keep_mask", &flashattn::cuda_ops::dropout_keep_mask);
   flashattn::register_varlen_cuda(m);
+  flashattn::register_decode_cuda(m);
 }
 #endif
 
@@ -362,6 +370,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The backward's plan for a call described by a dict (flashattn.plan.plan_bwd)");
 #endif
   m.def("compiled_with_cuda", &flashattn::compiled_with_cuda, "True when the CUDA kernels were built");
+  m.def("decode_supported", &flashattn::decode_supported, pybind11::arg("head_dim"), pybind11::arg("bf16"),
+        pybind11::arg("device_index"), "Whether the decode op serves this head dim on that CUDA device");
   m.def(
       "cpu_matrix_units",
       [](bool bfloat16) {

@@ -1,0 +1,388 @@
+// The decode kernel: attention of a few queries per sequence over a (paged) key/value cache, each
+// sequence's keys split across thread blocks (split-KV), the query heads of one kv head computed
+// together so the keys and values are read once for the whole group (GQA packing).
+//
+// Decoding reads the whole cache for one or a few queries: it is bound by memory bandwidth, not by the
+// tensor cores. So the kernel is built for bytes in flight: thread block (row group, split, kv head,
+// sequence) has kWarps warps, each streaming its own 16-key blocks of K and V into a private ring
+// of cp.async stages (a key row at a time, so any page size and any page order cost the same), while
+// mma.sync m16n8k16 computes S = Q K^T and O += P V for the 16 query rows of the block's group. The
+// warps merge their online-softmax states through shared memory at the end. With one split the
+// thread block writes out and lse; with several it writes a normalised partial and its LSE, and
+// decode_combine_kernel merges the splits.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/softcap.h"
+#include "decode/decode_config.h"
+#include "params.h"
+#include "sm80/fragments.h"
+#include "sm80/ptx.h"
+
+namespace flashattn {
+namespace decode {
+
+// Where sequence b's keys are and which of them this thread block takes.
+struct KeyRange {
+  int length;  // keys of the sequence
+  int lo;      // first key any row of the block may see
+  int begin;   // this split's keys: [begin, end)
+  int end;
+};
+
+__device__ __forceinline__ KeyRange key_range(const DecodeParams& p, int b, int split) {
+  const int capacity = p.block_table != nullptr ? p.pages_per_seq * p.page_size : p.page_size;
+  KeyRange r;
+  r.length = min(max(p.seqlens_k[b], 0), capacity);
+  r.lo = p.leftpad != nullptr ? min(max(p.leftpad[b], 0), r.length) : 0;
+  // The lowest diagonal (query 0's) bounds every row's window from below.
+  if (p.window_left >= 0) r.lo = max(r.lo, r.length - p.seqlen_q - p.window_left);
+  const int keys = max(r.length - r.lo, 0);
+  // Whole key blocks per split, so only a split's last block is partial.
+  const int per_split = (keys + p.num_splits - 1) / p.num_splits;
+  const int chunk = (per_split + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
+  r.begin = min(r.lo + split * chunk, r.length);
+  r.end = min(r.begin + chunk, r.length);
+  return r;
+}
+
+// The keys [first, last] (inclusive) query row r of the group sees within the split; first > last for a
+// row past the group's rows or one that sees none.
+__device__ __forceinline__ void row_keys(const DecodeParams& p, const KeyRange& kr, int r, int rows, int group,
+                                         int& first, int& last) {
+  first = kr.begin;  // begin >= lo
+  last = kr.end - 1;
+  if (r >= rows) {
+    last = first - 1;
+    return;
+  }
+  const int diagonal = kr.length - p.seqlen_q + r / group;
+  if (p.is_causal) last = min(last, diagonal);
+  if (p.window_right >= 0 && !p.is_causal) last = min(last, diagonal + p.window_right);
+  if (p.window_left >= 0) first = max(first, diagonal - p.window_left);
+}
+
+// One key row of K and V into a ring stage: lane pairs take a row each, alternate 16-byte chunks.
+template <typename T, int kWidth>
+__device__ __forceinline__ void load_key_rows(const DecodeParams& p, T* k_tile, T* v_tile, int b, int kv_head,
+                                              int cache_row, int key0, int key_end, int lane) {
+  constexpr int kStride = stride_for(kWidth);
+  const int row = lane / 2;
+  const int key = key0 + row;
+  bool valid = key < key_end;
+  int page = cache_row, page_row = key;
+  if (valid && p.block_table != nullptr) {
+    const int slot = key / p.page_size;
+    page = p.block_table[b * p.block_table_stride + slot];
+    page_row = key - slot * p.page_size;
+  }
+  valid = valid && page >= 0 && page < p.num_pages;
+  const T* k_row = static_cast<const T*>(p.k);
+  const T* v_row = static_cast<const T*>(p.v);
+  if (valid) {
+    k_row += page * p.k_strides.batch + page_row * p.k_strides.row + kv_head * p.k_strides.head;
+    v_row += page * p.v_strides.batch + page_row * p.v_strides.row + kv_head * p.v_strides.head;
+  }
+#pragma unroll
+  for (int c = lane % 2; c < kWidth / 8; c += 2) {
+    const bool in = valid && c * 8 < p.head_dim;
+    sm80::cp_async_16(k_tile + row * kStride + c * 8, k_row + (in ? c * 8 : 0), in);
+    sm80::cp_async_16(v_tile + row * kStride + c * 8, v_row + (in ? c * 8 : 0), in);
+  }
+}
+
+template <typename T, int kWidth>
+__global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams p) {
+  constexpr int kStride = stride_for(kWidth);
+  constexpr int kStages = stages_for(kWidth);
+  constexpr int kKSteps = kWidth / 16;   // k-steps of QK^T, n-tile pairs of PV
+  constexpr int kOTiles = kWidth / 8;    // n8 tiles of O
+  // Q's fragments take 4 registers a k-step; at the widest widths they are read from shared memory
+  // each block instead, leaving the registers to O.
+  constexpr bool kQInRegisters = kWidth <= 128;
+  constexpr float kLn2 = 0.69314718055994530942f;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* rings = reinterpret_cast<T*>(smem_raw);  // [kWarps][kStages][K, V][kBlockKeys][kStride]
+  T* q_tile = rings + kWarps * kStages * 2 * kBlockKeys * kStride;  // [kRows][kStride]
+
+  const int group = p.heads_q / p.heads_kv;
+  const int rows = group * p.seqlen_q;  // query rows of one kv head: row r = query r / group, head r % group
+  const int row_groups = (rows + kRows - 1) / kRows;
+  int index = blockIdx.x;
+  const int row_group = index % row_groups;
+  index /= row_groups;
+  const int split = index % p.num_splits;
+  index /= p.num_splits;
+  const int kv_head = index % p.heads_kv;
+  const int b = index / p.heads_kv;
+  const int row0 = row_group * kRows;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const KeyRange kr = key_range(p, b, split);
+  const int cache_row =
+      p.block_table != nullptr ? 0 : (p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b);
+
+  // out / partial row of group row r.
+  auto out_row = [&](int r) -> T* {
+    const int query = r / group, head = kv_head * group + r % group;
+    return static_cast<T*>(p.out) + b * p.out_strides.batch + query * p.out_strides.row + head * p.out_strides.head;
+  };
+  auto lse_at = [&](int r) -> float* {
+    const int query = r / group, head = kv_head * group + r % group;
+    return p.lse + (static_cast<int64_t>(b) * p.heads_q + head) * p.seqlen_q + query;
+  };
+  const int64_t unit = static_cast<int64_t>(b) * p.heads_kv + kv_head;
+  auto partial_index = [&](int r) -> int64_t {
+    return (static_cast<int64_t>(split) * p.batch * p.heads_kv + unit) * rows + r;
+  };
+
+  // Q rows of the group into shared memory (zeros past the group's rows and the head dim).
+  for (int i = tid; i < kRows * (kWidth / 8); i += kWarps * 32) {
+    const int rr = i / (kWidth / 8), c = i % (kWidth / 8), r = row0 + rr;
+    const bool in = r < rows && c * 8 < p.head_dim;
+    const T* src = static_cast<const T*>(p.q);
+    if (in) {
+      src += b * p.q_strides.batch + (r / group) * p.q_strides.row + (kv_head * group + r % group) * p.q_strides.head +
+             c * 8;
+    }
+    sm80::cp_async_16(q_tile + rr * kStride + c * 8, src, in);
+  }
+  sm80::cp_async_commit();
+
+  // This thread's two rows (g and g + 8 of the mma fragments) and the keys each sees.
+  const int g = lane / 4, t = lane % 4;
+  int first[2], last[2];
+  row_keys(p, kr, row0 + g, rows, group, first[0], last[0]);
+  row_keys(p, kr, row0 + g + 8, rows, group, first[1], last[1]);
+
+  float o[kOTiles][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  // Warp w's key blocks start at begin + 16 (w + kWarps i).
+  const int key_first = kr.begin + warp * kBlockKeys;
+  constexpr int kKeyStep = kWarps * kBlockKeys;
+  const int blocks = kr.end > key_first ? (kr.end - key_first + kKeyStep - 1) / kKeyStep : 0;
+  T* ring = rings + warp * kStages * 2 * kBlockKeys * kStride;
+  auto k_stage = [&](int s) { return ring + s * 2 * kBlockKeys * kStride; };
+  auto v_stage = [&](int s) { return k_stage(s) + kBlockKeys * kStride; };
+  auto load = [&](int i) {
+    const int s = i % kStages;
+    load_key_rows<T, kWidth>(p, k_stage(s), v_stage(s), b, kv_head, cache_row, key_first + i * kKeyStep, kr.end,
+                             lane);
+  };
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < blocks) load(i);
+    sm80::cp_async_commit();
+  }
+
+  // Q's fragments (the Q tile's group was committed first, so it is complete once block 0's is).
+  uint32_t qa[kQInRegisters ? kKSteps : 1][4];
+  sm80::cp_async_wait<kStages - 2>();
+  __syncthreads();
+  if constexpr (kQInRegisters) {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) sm80::load_a<kStride>(qa[ks], q_tile, 0, ks * 16, lane);
+  }
+
+  for (int i = 0; i < blocks; ++i) {
+    sm80::cp_async_wait<kStages - 2>();
+    __syncwarp();
+    const T* k_tile = k_stage(i % kStages);
+    const T* v_tile = v_stage(i % kStages);
+    const int key0 = key_first + i * kKeyStep;
+
+    float s[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t bk[4];
+      sm80::load_b_from_rows_nk<kStride>(bk, k_tile, 0, ks * 16, lane);
+      if constexpr (kQInRegisters) {
+        sm80::mma_m16n8k16<T>(s[0], qa[ks], bk[0], bk[1]);
+        sm80::mma_m16n8k16<T>(s[1], qa[ks], bk[2], bk[3]);
+      } else {
+        uint32_t a[4];
+        sm80::load_a<kStride>(a, q_tile, 0, ks * 16, lane);
+        sm80::mma_m16n8k16<T>(s[0], a, bk[0], bk[1]);
+        sm80::mma_m16n8k16<T>(s[1], a, bk[2], bk[3]);
+      }
+    }
+
+    // Scores in base 2, keys outside each row's range at -inf; then the online softmax of rows g, g + 8.
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const int key = key0 + n * 8 + 2 * t + e % 2;
+        float x = s[n][e];
+        if (p.softcap_inner != 0.f) x = tanh_approx(x * p.softcap_inner);
+        x *= p.scale_log2;
+        x = (key >= first[h] && key <= last[h]) ? x : -INFINITY;
+        s[n][e] = x;
+        row_max[h] = fmaxf(row_max[h], x);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float new_max = fmaxf(m[h], sm80::quad_max(row_max[h]));
+      // A row that has seen no key yet keeps max -inf; subtracting 0 keeps its exponentials at 0, not NaN.
+      const float base = new_max == -INFINITY ? 0.f : new_max;
+      const float rescale = exp2f(m[h] - base);
+      m[h] = new_max;
+      l[h] *= rescale;
+#pragma unroll
+      for (int n = 0; n < kOTiles; ++n) {
+        o[n][2 * h] *= rescale;
+        o[n][2 * h + 1] *= rescale;
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        s[n][2 * h] = exp2f(s[n][2 * h] - base);
+        s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - base);
+        l[h] += s[n][2 * h] + s[n][2 * h + 1];
+      }
+    }
+
+    uint32_t pa[4];
+    sm80::accumulator_to_a<T>(pa, s[0], s[1]);
+#pragma unroll
+    for (int np = 0; np < kKSteps; ++np) {
+      uint32_t bv[4];
+      sm80::load_b_from_rows_kn<kStride>(bv, v_tile, 0, np * 16, lane);
+      sm80::mma_m16n8k16<T>(o[2 * np], pa, bv[0], bv[1]);
+      sm80::mma_m16n8k16<T>(o[2 * np + 1], pa, bv[2], bv[3]);
+    }
+
+    __syncwarp();  // every lane has read this stage before it is refilled
+    if (i + kStages - 1 < blocks) load(i + kStages - 1);
+    sm80::cp_async_commit();
+  }
+  l[0] = sm80::quad_sum(l[0]);
+  l[1] = sm80::quad_sum(l[1]);
+
+  // Merge the warps: each writes its state over the (drained) rings, then every thread combines
+  // elements of all warps.
+  sm80::cp_async_wait<0>();
+  __syncthreads();
+  float* merge = reinterpret_cast<float*>(smem_raw);  // [kWarps][kRows][kWidth + 2]: O, then max and sum
+  constexpr int kMergeRow = kWidth + 2;
+  {
+    float* mine = merge + warp * kRows * kMergeRow;
+#pragma unroll
+    for (int n = 0; n < kOTiles; ++n) {
+      mine[g * kMergeRow + n * 8 + 2 * t] = o[n][0];
+      mine[g * kMergeRow + n * 8 + 2 * t + 1] = o[n][1];
+      mine[(g + 8) * kMergeRow + n * 8 + 2 * t] = o[n][2];
+      mine[(g + 8) * kMergeRow + n * 8 + 2 * t + 1] = o[n][3];
+    }
+    if (t == 0) {
+      mine[g * kMergeRow + kWidth] = m[0];
+      mine[g * kMergeRow + kWidth + 1] = l[0];
+      mine[(g + 8) * kMergeRow + kWidth] = m[1];
+      mine[(g + 8) * kMergeRow + kWidth + 1] = l[1];
+    }
+  }
+  __syncthreads();
+
+  // Thread tid takes row tid / 8 (16 rows, 8 threads each) and every 8th column pair of it.
+  const int r = tid / 8, lane8 = tid % 8;
+  const int row = row0 + r;
+  float max_all = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) max_all = fmaxf(max_all, merge[(w * kRows + r) * kMergeRow + kWidth]);
+  const float base = max_all == -INFINITY ? 0.f : max_all;
+  float weight[kWarps], sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    weight[w] = exp2f(merge[(w * kRows + r) * kMergeRow + kWidth] - base);
+    sum += weight[w] * merge[(w * kRows + r) * kMergeRow + kWidth + 1];
+  }
+  if (row >= rows) return;
+  // Natural-log LSE of the row over this split's keys; -inf (and out 0) for a row that saw none.
+  const float lse = sum > 0.f ? (base + log2f(sum)) * kLn2 : -INFINITY;
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  if (p.num_splits == 1) {
+    T* dst = out_row(row);
+    for (int c = 2 * lane8; c < p.head_dim; c += 16) {
+      float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        acc0 += weight[w] * merge[(w * kRows + r) * kMergeRow + c];
+        acc1 += weight[w] * merge[(w * kRows + r) * kMergeRow + c + 1];
+      }
+      *reinterpret_cast<uint32_t*>(dst + c) = ElementOps<T>::pack(acc0 * inv, acc1 * inv);
+    }
+    if (lane8 == 0) *lse_at(row) = lse;
+  } else {
+    float* dst = p.partial_out + partial_index(row) * p.head_dim;
+    for (int c = 2 * lane8; c < p.head_dim; c += 16) {
+      float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        acc0 += weight[w] * merge[(w * kRows + r) * kMergeRow + c];
+        acc1 += weight[w] * merge[(w * kRows + r) * kMergeRow + c + 1];
+      }
+      *reinterpret_cast<float2*>(dst + c) = make_float2(acc0 * inv, acc1 * inv);
+    }
+    if (lane8 == 0) p.partial_lse[partial_index(row)] = lse;
+  }
+}
+
+// Merges the splits' partial outputs: one warp per (sequence, kv head, group row).
+template <typename T>
+__global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams p) {
+  const int group = p.heads_q / p.heads_kv;
+  const int rows = group * p.seqlen_q;
+  const int64_t units = static_cast<int64_t>(p.batch) * p.heads_kv;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (item >= units * rows) return;
+  const int64_t unit = item / rows;
+  const int r = static_cast<int>(item % rows);
+  const int b = static_cast<int>(unit / p.heads_kv), kv_head = static_cast<int>(unit % p.heads_kv);
+  const int64_t split_stride = units * rows;
+
+  float max_lse = -INFINITY;
+  for (int s = lane; s < p.num_splits; s += 32) max_lse = fmaxf(max_lse, p.partial_lse[item + s * split_stride]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffff, max_lse, off));
+  float sum = 0.f;
+  for (int s = lane; s < p.num_splits; s += 32) {
+    const float x = p.partial_lse[item + s * split_stride];
+    if (x != -INFINITY) sum += __expf(x - max_lse);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffff, sum, off);
+
+  const int query = r / group, head = kv_head * group + r % group;
+  T* dst = static_cast<T*>(p.out) + b * p.out_strides.batch + query * p.out_strides.row + head * p.out_strides.head;
+  for (int c = 4 * lane; c < p.head_dim; c += 128) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < p.num_splits; ++s) {
+      const float x = p.partial_lse[item + s * split_stride];
+      if (x == -INFINITY) continue;  // an empty split's partial output was never written
+      const float w = __expf(x - max_lse) / sum;
+      const float4 part = *reinterpret_cast<const float4*>(p.partial_out + (item + s * split_stride) * p.head_dim + c);
+      acc.x += w * part.x;
+      acc.y += w * part.y;
+      acc.z += w * part.z;
+      acc.w += w * part.w;
+    }
+    *reinterpret_cast<uint32_t*>(dst + c) = ElementOps<T>::pack(acc.x, acc.y);
+    *reinterpret_cast<uint32_t*>(dst + c + 2) = ElementOps<T>::pack(acc.z, acc.w);
+  }
+  if (lane == 0) {
+    p.lse[(static_cast<int64_t>(b) * p.heads_q + head) * p.seqlen_q + query] =
+        sum > 0.f ? max_lse + logf(sum) : -INFINITY;
+  }
+}
+
+}  // namespace decode
+}  // namespace flashattn

@@ -1,0 +1,177 @@
+// The decode op (schema in library.cpp): attention of a few queries per sequence over a key/value cache,
+// contiguous or paged, on the split-KV kernel of csrc/decode. CUDA only: flash_attn_with_kvcache
+// (flashattn/kvcache.py) takes the batched ops on other devices and for calls this op does not serve
+// (decode_supported).
+#include <torch/extension.h>
+
+#include <optional>
+#include <tuple>
+
+#include "torch/checks.h"
+#include "torch/decode_ops.h"
+
+#ifdef FLASHATTN_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "decode/api.h"
+#include "torch/cuda_ops.h"
+#endif
+
+namespace flashattn {
+
+#ifdef FLASHATTN_WITH_CUDA
+namespace {
+
+constexpr const char* kOp = "flashattn.decode_fwd";
+
+void check_index_tensor(const char* name, const at::Tensor& t, int64_t batch, const at::Tensor& q) {
+  TORCH_CHECK(t.scalar_type() == at::kInt, kOp, ": ", name, " must be int32, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == batch, kOp, ": ", name, " must have shape (", to_text(batch),
+              ",), got ", to_text(t.sizes()));
+  TORCH_CHECK(t.device() == q.device(), kOp, ": ", name, " must be on q's device ", q.device().str(), ", got ",
+              t.device().str());
+  TORCH_CHECK(t.is_contiguous(), kOp, ": ", name, " must be contiguous");
+}
+
+ElementType element_type_of(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16;
+}
+
+std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q, const at::Tensor& k_cache,
+                                                   const at::Tensor& v_cache, const at::Tensor& seqlens_k,
+                                                   const std::optional<at::Tensor>& block_table,
+                                                   const std::optional<at::Tensor>& cache_batch_idx,
+                                                   const std::optional<at::Tensor>& leftpad, double scale,
+                                                   bool is_causal, int64_t window_left, int64_t window_right,
+                                                   double softcap, int64_t num_splits) {
+  TORCH_CHECK(q.dim() == 4, kOp, ": q must be (batch, seqlen_q, heads_q, head_dim), got shape ", to_text(q.sizes()));
+  TORCH_CHECK(k_cache.dim() == 4, kOp, ": k_cache must be (pages or batch, page_size or seqlen_cache, heads_kv, ",
+              "head_dim), got shape ", to_text(k_cache.sizes()));
+  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), kOp, ": v_cache must have k_cache's shape ",
+              to_text(k_cache.sizes()), ", got ", to_text(v_cache.sizes()));
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, kOp,
+              ": q must be float16 or bfloat16, got ", q.scalar_type());
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(), kOp,
+              ": k_cache and v_cache must have q's dtype ", q.scalar_type(), ", got ", k_cache.scalar_type(), " and ",
+              v_cache.scalar_type());
+  TORCH_CHECK(q.is_cuda() && k_cache.device() == q.device() && v_cache.device() == q.device(), kOp,
+              ": q, k_cache and v_cache must be on one CUDA device");
+  const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2), head_dim = q.size(3);
+  const int64_t heads_kv = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == head_dim, kOp, ": k_cache's head dim ", to_text(k_cache.size(3)),
+              " must equal q's ", to_text(head_dim));
+  TORCH_CHECK(heads_kv >= 1 && heads_q % heads_kv == 0, kOp, ": q's heads (", to_text(heads_q),
+              ") must be a multiple of k_cache's (", to_text(heads_kv), ")");
+  cuda_ops::check_cuda_device(kOp, q);
+  const DeviceInfo device = cuda_ops::device_info(q);
+  TORCH_CHECK(decode::supported(static_cast<int>(head_dim), element_type_of(q), device.smem_per_block), kOp,
+              ": head_dim ", to_text(head_dim), " is not served on this GPU (a multiple of 8 up to 256, and the ",
+              "shared memory its width needs)");
+  TORCH_CHECK(cuda_ops::rows_aligned_16(q) && cuda_ops::rows_aligned_16(k_cache) && cuda_ops::rows_aligned_16(v_cache),
+              kOp, ": q, k_cache and v_cache need 16-byte aligned rows (strides multiples of 8 elements, a ",
+              "contiguous last dim)");
+  TORCH_CHECK(q.stride(3) == 1 && k_cache.stride(3) == 1 && v_cache.stride(3) == 1, kOp,
+              ": q, k_cache and v_cache need a contiguous last dim");
+  check_index_tensor("seqlens_k", seqlens_k, batch, q);
+  if (cache_batch_idx.has_value()) check_index_tensor("cache_batch_idx", *cache_batch_idx, batch, q);
+  if (leftpad.has_value()) check_index_tensor("cache_leftpad", *leftpad, batch, q);
+  if (block_table.has_value()) {
+    const at::Tensor& bt = *block_table;
+    TORCH_CHECK(!cache_batch_idx.has_value(), kOp, ": block_table and cache_batch_idx cannot be given together");
+    TORCH_CHECK(bt.scalar_type() == at::kInt, kOp, ": block_table must be int32, got ", bt.scalar_type());
+    TORCH_CHECK(bt.dim() == 2 && bt.size(0) == batch, kOp, ": block_table must be (batch=", to_text(batch),
+                ", pages_per_sequence), got shape ", to_text(bt.sizes()));
+    TORCH_CHECK(bt.device() == q.device(), kOp, ": block_table must be on q's device ", q.device().str(), ", got ",
+                bt.device().str());
+    TORCH_CHECK(bt.stride(1) == 1, kOp, ": block_table needs a contiguous last dim");
+  } else {
+    TORCH_CHECK(cache_batch_idx.has_value() || k_cache.size(0) == batch, kOp, ": k_cache's batch ",
+                to_text(k_cache.size(0)), " must equal q's ", to_text(batch), " (or pass cache_batch_idx)");
+  }
+  TORCH_CHECK(num_splits >= 0, kOp, ": num_splits must be >= 0 (0: chosen from the shapes), got ",
+              to_text(num_splits));
+  TORCH_CHECK(window_left >= -1 && window_right >= -1, kOp, ": window_size entries must be >= -1, got (",
+              to_text(window_left), ", ", to_text(window_right), ")");
+  TORCH_CHECK(softcap >= 0.0 && std::isfinite(softcap), kOp, ": softcap must be finite and >= 0, got ",
+              std::to_string(softcap));
+  TORCH_CHECK(k_cache.size(1) >= 1 && k_cache.size(0) >= 1, kOp, ": k_cache must hold at least one row");
+  const int64_t pages_per_seq = block_table.has_value() ? block_table->size(1) : 1;
+  const int64_t capacity = pages_per_seq * k_cache.size(1);
+  TORCH_CHECK(capacity < (int64_t{1} << 31) && k_cache.size(0) < (int64_t{1} << 31) && batch < (int64_t{1} << 24),
+              kOp, ": the cache must hold fewer than 2^31 rows per sequence and pages");
+
+  const at::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
+  at::Tensor lse = at::empty({batch, heads_q, seqlen_q}, q.options().dtype(at::kFloat));
+  if (out.numel() == 0) return {out, lse};
+
+  const int group = static_cast<int>(heads_q / heads_kv);
+  const int rows = group * static_cast<int>(seqlen_q);
+  const int row_groups = (rows + decode::rows_per_block() - 1) / decode::rows_per_block();
+  int splits = static_cast<int>(std::min<int64_t>(num_splits, 1024));
+  if (splits == 0) {
+    splits = decode::choose_splits(static_cast<int>(batch), static_cast<int>(heads_kv), row_groups,
+                                   static_cast<int>(capacity), static_cast<int>(head_dim), element_type_of(q),
+                                   device.num_sms, q.get_device());
+  }
+
+  DecodeParams p{};
+  p.q = q.data_ptr();
+  p.k = k_cache.data_ptr();
+  p.v = v_cache.data_ptr();
+  p.out = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.q_strides = cuda_ops::strides_of(q);
+  p.k_strides = cuda_ops::strides_of(k_cache);
+  p.v_strides = cuda_ops::strides_of(v_cache);
+  p.out_strides = cuda_ops::strides_of(out);
+  p.seqlens_k = seqlens_k.data_ptr<int>();
+  p.leftpad = leftpad.has_value() ? leftpad->data_ptr<int>() : nullptr;
+  p.block_table = block_table.has_value() ? block_table->data_ptr<int>() : nullptr;
+  p.cache_batch_idx = cache_batch_idx.has_value() ? cache_batch_idx->data_ptr<int>() : nullptr;
+  p.block_table_stride = block_table.has_value() ? block_table->stride(0) : 0;
+  p.pages_per_seq = static_cast<int>(pages_per_seq);
+  p.num_pages = static_cast<int>(k_cache.size(0));
+  p.page_size = static_cast<int>(k_cache.size(1));
+  p.batch = static_cast<int>(batch);
+  p.seqlen_q = static_cast<int>(seqlen_q);
+  p.heads_q = static_cast<int>(heads_q);
+  p.heads_kv = static_cast<int>(heads_kv);
+  p.head_dim = static_cast<int>(head_dim);
+  p.element_type = element_type_of(q);
+  constexpr double kLog2e = 1.4426950408889634;
+  p.scale_log2 = static_cast<float>(softcap > 0.0 ? softcap * kLog2e : scale * kLog2e);
+  p.softcap_inner = static_cast<float>(softcap > 0.0 ? scale / softcap : 0.0);
+  p.is_causal = is_causal;
+  p.window_left = static_cast<int>(std::min<int64_t>(window_left, capacity));
+  p.window_right = is_causal ? -1 : static_cast<int>(std::min<int64_t>(window_right, capacity));
+  p.num_splits = splits;
+  at::Tensor partial_out, partial_lse;
+  if (splits > 1) {
+    const int64_t partial_rows = int64_t{splits} * batch * heads_kv * rows;
+    partial_out = at::empty({partial_rows * head_dim}, q.options().dtype(at::kFloat));
+    partial_lse = at::empty({partial_rows}, q.options().dtype(at::kFloat));
+    p.partial_out = partial_out.data_ptr<float>();
+    p.partial_lse = partial_lse.data_ptr<float>();
+  }
+  const cudaError_t err = decode::launch(p, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
+  return {out, lse};
+}
+
+}  // namespace
+
+void register_decode_cuda(torch::Library& m) { m.impl("decode_fwd", &decode_fwd_cuda); }
+
+bool decode_supported(int64_t head_dim, bool bf16, int64_t device_index) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device_index));
+  return prop->major >= 8 && decode::supported(static_cast<int>(head_dim),
+                                               bf16 ? ElementType::kBFloat16 : ElementType::kFloat16,
+                                               static_cast<int>(prop->sharedMemPerBlockOptin));
+}
+#else
+bool decode_supported(int64_t, bool, int64_t) { return false; }
+#endif
+
+}  // namespace flashattn
