@@ -13,36 +13,42 @@ embedding at the positions they take in the cache); ``cache_batch_idx`` picks th
 sequences use; ``cache_leftpad`` makes each sequence's keys start at that index (the cache rows before it
 are left-padding, never attended to).
 
-How it runs: the batched op over the whole cache with a mask of each sequence's keys. Without
-``causal``, or with one query per sequence (decoding), that mask is a key-length mask broadcast over
-the queries (``(batch, 1, 1, seqlen_cache)``, which the sm90 forward runs as key lengths); with
-``causal`` and several queries, or with ``cache_leftpad``, it is a ``(batch, 1, seqlen_q or 1,
-seqlen_cache)`` boolean tensor. The rotary embedding and the append are torch operations on the device;
-with ``cache_batch_idx`` the selected cache rows are gathered into a copy for the attention (a pass over
-them). Keys are not split across thread blocks, so a decoding step of a small batch leaves most of a
-large GPU idle.
+With ``block_table`` the caches are paged: ``k_cache`` and ``v_cache`` ``(num_pages, page_size, nheads_k,
+headdim)``, key j of sequence b at row ``j % page_size`` of page ``block_table[b, j // page_size]``.
+
+How it runs: on CUDA, with float16 / bfloat16, a head dim that is a multiple of 8 up to 256 and at most
+64 query rows per kv head (nheads / nheads_k times seqlen_q), the decode op (csrc/decode): each
+sequence's keys split across thread blocks (``num_splits``, 0 = chosen from the shapes), the query
+heads of a kv head computed together, pages read in place. Otherwise (the CPU, longer query chunks,
+other head dims) the batched op over the cache with a mask of each sequence's keys (a paged cache is
+first gathered into a contiguous copy). The rotary embedding and the append are torch operations on
+the device.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple, Union
 
 import torch
 
-from ._fa2_common import check_devices, check_tensor, fa2_attention, reject_alibi, window_bounds, window_keys
+from . import ops
+from ._fa2_common import (check_devices, check_tensor, fa2_attention, reject_alibi, scale_or_default, window_bounds,
+                          window_keys)
 
 __all__ = ["flash_attn_with_kvcache"]
 
 
 def _lengths(cache_seqlens, batch: int, seqlen_cache: int, device: torch.device) -> torch.Tensor:
-    """cache_seqlens as an int64 [batch] tensor on the device (None: the whole cache)."""
+    """cache_seqlens as an integer [batch] tensor on the device (None: the whole cache); a tensor is
+    returned as given (int32 or int64), so a decoding step converts nothing."""
     if cache_seqlens is None:
-        return torch.full((batch,), seqlen_cache, dtype=torch.int64, device=device)
+        return torch.full((batch,), seqlen_cache, dtype=torch.int32, device=device)
     if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, (int, torch.Tensor)):
         raise TypeError(f"flashattn: cache_seqlens must be an int or a tensor, got {type(cache_seqlens).__name__}")
     if isinstance(cache_seqlens, int):
         if not 0 <= cache_seqlens <= seqlen_cache:
             raise ValueError(f"flashattn: cache_seqlens={cache_seqlens} is outside the cache's 0..{seqlen_cache}")
-        return torch.full((batch,), cache_seqlens, dtype=torch.int64, device=device)
+        return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
     if cache_seqlens.shape != (batch,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"flashattn: cache_seqlens must be an int32 tensor of shape ({batch},), got {cache_seqlens.dtype} "
@@ -50,14 +56,75 @@ def _lengths(cache_seqlens, batch: int, seqlen_cache: int, device: torch.device)
         )
     if cache_seqlens.device != device:
         raise ValueError(f"flashattn: cache_seqlens must be on q's device {device}, got {cache_seqlens.device}")
-    return cache_seqlens.long()
+    return cache_seqlens
 
 
-def _append(cache: torch.Tensor, new: torch.Tensor, lengths: torch.Tensor, cache_rows: torch.Tensor) -> None:
-    """cache[cache_rows[b], lengths[b] + t] = new[b, t], in place."""
+def _append(cache: torch.Tensor, new: torch.Tensor, lengths: torch.Tensor, cache_rows: Optional[torch.Tensor],
+            block_table: Optional[torch.Tensor]) -> None:
+    """cache[cache_rows[b], lengths[b] + t] = new[b, t] (cache_rows None: row b), in place; with a block table, position
+    lengths[b] + t of sequence b goes to its page's row."""
     seqlen_new = new.size(1)
-    rows = lengths[:, None] + torch.arange(seqlen_new, device=new.device)  # [batch, seqlen_new]
-    cache[cache_rows[:, None], rows] = new
+    positions = lengths[:, None] + torch.arange(seqlen_new, device=new.device)  # [batch, seqlen_new]
+    if block_table is None:
+        if cache_rows is None:
+            cache_rows = torch.arange(new.size(0), device=new.device)
+        cache[cache_rows[:, None], positions] = new
+    else:
+        page_size = cache.size(1)
+        pages = block_table.long().gather(1, positions // page_size)
+        cache[pages, positions % page_size] = new
+
+
+def _check_block_table(block_table, batch: int, k_cache: torch.Tensor, cache_batch_idx, device) -> None:
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.dtype != torch.int32 \
+            or block_table.size(0) != batch:
+        raise ValueError(f"flashattn: block_table must be an int32 tensor of shape ({batch}, pages_per_sequence), got "
+                         f"{getattr(block_table, 'dtype', type(block_table).__name__)} of shape "
+                         f"{tuple(getattr(block_table, 'shape', ()))}")
+    if block_table.device != device:
+        raise ValueError(f"flashattn: block_table must be on q's device {device}, got {block_table.device}")
+    if cache_batch_idx is not None:
+        raise ValueError("flashattn: block_table and cache_batch_idx cannot be given together (a block table "
+                         "names each sequence's pages itself)")
+    if block_table.size(1) > 0 and block_table.stride(1) != 1:
+        raise ValueError("flashattn: block_table must have a contiguous last dim")
+
+
+def _gather_pages(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """A paged cache as a contiguous (batch, pages_per_sequence * page_size, nheads_k, headdim) copy. Table
+    entries outside the cache's pages (past a sequence's keys, never attended to) read as zeros, as on the
+    decode op."""
+    pages = block_table.long()
+    valid = (pages >= 0) & (pages < cache.size(0))
+    gathered = cache[torch.where(valid, pages, torch.zeros_like(pages))]  # (batch, pages, page_size, nheads_k, headdim)
+    gathered = torch.where(valid[:, :, None, None, None], gathered, torch.zeros((), dtype=cache.dtype, device=cache.device))
+    return gathered.flatten(1, 2)
+
+
+# The decode op computes a kv head's query rows in blocks of 16, each reading the keys again: past this
+# many rows a chunk of queries is prefill, which the batched kernels run better.
+_DECODE_MAX_ROWS = 64
+
+
+@torch.compiler.assume_constant_result  # a property of the build and the GPU: traced as a constant
+@functools.lru_cache(maxsize=None)
+def _decode_op_serves_head_dim(head_dim: int, bf16: bool, device_index: int) -> bool:
+    return bool(ops._C.decode_supported(head_dim, bf16, device_index))
+
+
+def _decode_op_serves(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, alibi_slopes) -> bool:
+    """Whether flash_attn_with_kvcache runs on the decode op (see the module docstring)."""
+    if q.device.type != "cuda" or alibi_slopes is not None or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or k_cache.size(2) == 0 or q.size(2) % k_cache.size(2):
+        return False
+    if q.size(2) // k_cache.size(2) * q.size(1) > _DECODE_MAX_ROWS:
+        return False
+    # 16-byte rows (the allocator's blocks are aligned far beyond that, so offsets and strides decide).
+    for t in (q, k_cache, v_cache):
+        if t.storage_offset() % 8 or any(st % 8 for st in t.stride()[:3]):
+            return False
+    return _decode_op_serves_head_dim(q.size(3), q.dtype == torch.bfloat16, q.device.index or 0)
 
 
 def _index_tensor(name: str, t, batch: int, device: torch.device) -> torch.Tensor:
@@ -132,8 +199,18 @@ def flash_attn_with_kvcache(
     cache_seqlens: the cached length of each sequence before the append, an int or an int32
     ``(batch,)`` tensor on q's device; None means the whole cache (then k and v must be None).
     A sequence whose append would run past the cache is an error (raised at once on the CPU, a
-    device-side assertion on CUDA). softmax_scale and causal as in :func:`flash_attn_func`, with
-    the causal mask aligned to each sequence's own length. num_splits is accepted and ignored.
+    device-side assertion on CUDA). Without an append, the decode op reads a length outside
+    0..capacity as clamped into it (no check: that would cost the step launches of its own); the other
+    paths raise. softmax_scale and causal as in :func:`flash_attn_func`, with the causal mask aligned
+    to each sequence's own length.
+    block_table: int32 ``(batch, pages_per_sequence)`` on q's device for a paged cache (k_cache, v_cache
+    ``(num_pages, page_size, nheads_k, headdim)``, any page_size): sequence b's key j is row
+    ``j % page_size`` of page ``block_table[b, j // page_size]``; the capacity of a sequence is
+    pages_per_sequence * page_size. Entries past a sequence's keys are never read; an entry outside
+    0..num_pages-1 that is (a bug of the caller) reads as zero keys and values on the decode op. Not with
+    cache_batch_idx. New k and v are written into the pages.
+    num_splits: how many thread blocks share each sequence's keys on the decode op (0: chosen from the
+    shapes and the GPU); ignored elsewhere.
 
     rotary_cos, rotary_sin: ``(seqlen_ro, rotary_dim / 2)``, given together and only with k and v: the
     new keys are rotated at positions ``cache_seqlens[b] + t`` (the cache rows they are written to), the
@@ -150,32 +227,38 @@ def flash_attn_with_kvcache(
     softcap and window_size as in :func:`flash_attn_func`, the window around each query's diagonal
     position ``cache_seqlens[b] - seqlen_q + i`` (after the append).
 
-    Not implemented (they raise NotImplementedError): block_table (paged caches), alibi_slopes.
+    Not implemented (it raises NotImplementedError): alibi_slopes.
 
     Returns out ``(batch, seqlen_q, nheads, headdim)``, and with ``return_softmax_lse=True`` also the
     log-sum-exp ``(batch, nheads, seqlen_q)`` float32 (-inf for a row that sees no key).
     """
     reject_alibi(alibi_slopes)
     window = window_bounds(window_size)
-    if block_table is not None:
-        raise NotImplementedError("flashattn: block_table is not implemented yet in flash_attn_with_kvcache (only None)")
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     check_tensor("k_cache", k_cache, 4, "(batch, seqlen_cache, nheads_k, headdim)")
     check_tensor("v_cache", v_cache, 4, "(batch, seqlen_cache, nheads_k, headdim)")
     check_devices(q, k_cache, v_cache)
     if (k is None) != (v is None):
         raise ValueError("flashattn: k and v must be given together (or neither)")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"flashattn: num_splits must be an int >= 0 (0: chosen from the shapes), got {num_splits!r}")
     batch, seqlen_q, nheads = q.shape[:3]
-    seqlen_cache = k_cache.size(1)
-    if k_cache.shape != v_cache.shape or (cache_batch_idx is None and k_cache.size(0) != batch):
-        raise ValueError(
-            f"flashattn: k_cache and v_cache must have the same shape (batch={batch}, seqlen_cache, nheads_k, "
-            f"headdim; any batch with cache_batch_idx), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    lengths = _lengths(cache_seqlens, batch, seqlen_cache, q.device)
-    if cache_batch_idx is None:
-        cache_rows = torch.arange(batch, device=q.device)
+    if block_table is not None:
+        _check_block_table(block_table, batch, k_cache, cache_batch_idx, q.device)
+        if k_cache.shape != v_cache.shape:
+            raise ValueError(f"flashattn: k_cache and v_cache must have the same shape (num_pages, page_size, nheads_k, "
+                             f"headdim), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        seqlen_cache = block_table.size(1) * k_cache.size(1)  # each sequence's capacity
     else:
+        seqlen_cache = k_cache.size(1)
+        if k_cache.shape != v_cache.shape or (cache_batch_idx is None and k_cache.size(0) != batch):
+            raise ValueError(
+                f"flashattn: k_cache and v_cache must have the same shape (batch={batch}, seqlen_cache, nheads_k, "
+                f"headdim; any batch with cache_batch_idx), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+            )
+    lengths = _lengths(cache_seqlens, batch, seqlen_cache, q.device)
+    cache_rows = None  # row b (made only where an append needs it)
+    if cache_batch_idx is not None:
         cache_rows = _index_tensor("cache_batch_idx", cache_batch_idx, batch, q.device)
         torch._assert_async(((cache_rows >= 0) & (cache_rows < k_cache.size(0))).all(),
                             f"flashattn: cache_batch_idx must be in 0..{k_cache.size(0) - 1} (k_cache's rows)")
@@ -188,6 +271,7 @@ def flash_attn_with_kvcache(
         _check_rotary(rotary_cos, rotary_sin, q.size(-1), q.device)
         if k is None:
             raise ValueError("flashattn: rotary_cos and rotary_sin apply to new k and v: pass them too")
+    decode_op = _decode_op_serves(q, k_cache, v_cache, alibi_slopes)
     if k is not None:
         if cache_seqlens is None:
             raise ValueError("flashattn: appending k and v needs cache_seqlens (where each sequence's cache ends)")
@@ -211,15 +295,25 @@ def flash_attn_with_kvcache(
                                 f"flashattn: a rotary position is past rotary_cos's {rotary_cos.size(0)} rows")
             k = _rotate(k, rotary_cos, rotary_sin, positions_k, rotary_interleaved)
             q = _rotate(q, rotary_cos, rotary_sin, positions_q, rotary_interleaved)
-        _append(k_cache, k, lengths, cache_rows)
-        _append(v_cache, v, lengths, cache_rows)
+        _append(k_cache, k, lengths, cache_rows, block_table)
+        _append(v_cache, v, lengths, cache_rows, block_table)
         lengths = lengths + k.size(1)
-    elif isinstance(cache_seqlens, torch.Tensor):
+    elif isinstance(cache_seqlens, torch.Tensor) and not decode_op:
         torch._assert_async(((lengths >= 0) & (lengths <= seqlen_cache)).all(),
                             f"flashattn: cache_seqlens must be in 0..{seqlen_cache}")
 
-    keys = torch.arange(seqlen_cache, device=q.device)
     window = (window[0], 0 if causal else window[1])
+    if decode_op:
+        seqlens_k = lengths.to(torch.int32).contiguous()  # an int32 tensor as given: no launch
+        out, lse = torch.ops.flashattn.decode_fwd(
+            q, k_cache, v_cache, seqlens_k, block_table, cache_batch_idx,
+            None if leftpad is None else cache_leftpad, scale_or_default(softmax_scale, q.size(-1)), bool(causal),
+            window[0], window[1], float(softcap), num_splits)
+        return (out, lse) if return_softmax_lse else out
+
+    if block_table is not None:
+        k_cache, v_cache = _gather_pages(k_cache, block_table), _gather_pages(v_cache, block_table)
+    keys = torch.arange(seqlen_cache, device=q.device)
     if window != (-1, -1):
         # Query i of sequence b sits at diagonal position lengths[b] - seqlen_q + i (with causal: it sees
         # the keys up to there); the window bounds the keys around it.
