@@ -10,6 +10,8 @@ runs in these phases, in this order, each over all cases before the next begins:
   bwd-default        torch.ops.flashattn.bwd, likewise, on out and lse from flashattn's CPU implementation
   bwd-sm80           the same with force_sm80
   bwd-deterministic  bwd(..., deterministic=True), where the op has that argument
+  decode             flash_attn_with_kvcache on cases of its own (DECODE_CASES: contiguous and paged
+                     caches, split keys, GQA, windows), which on CUDA run the decode op
 
 Inputs are drawn on the CPU and copied to the GPU (a memcpy, no kernel), strided views are taken on
 the GPU, and results are copied back and compared with the CPU implementation there, so nearly every
@@ -40,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flashattn  # noqa: E402  (registers torch.ops.flashattn)
 import flashattn.plan  # noqa: E402
 
-PHASES = ("fwd-default", "fwd-sm80", "bwd-default", "bwd-sm80", "bwd-deterministic")
+PHASES = ("fwd-default", "fwd-sm80", "bwd-default", "bwd-sm80", "bwd-deterministic", "decode")
 CAUSAL_MODES = {"none": (False, False), "top_left": (True, False), "bottom_right": (True, True)}
 F16, BF16 = torch.float16, torch.bfloat16
 
@@ -341,6 +343,65 @@ def run_item(phase: str, index: int, case: Case, expected: Expected, device) -> 
             _check(name, g, want, 0.05)
 
 
+@dataclass(frozen=True)
+class DecodeCase:
+    name: str
+    batch: int
+    seqlen_q: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: torch.dtype
+    causal: bool
+    page_size: int = 0  # 0: a contiguous cache
+    num_splits: int = 0
+    window_left: int = -1
+    leftpad: bool = False
+    capacity: int = 200  # keys a sequence can hold
+
+
+# Each names what it reaches in the decode kernel: row blocks past the group (MQA), splits larger than the
+# key blocks, pages of one row and of a size that is not a power of two, the padded head-dim widths.
+DECODE_CASES = [
+    DecodeCase("gqa4-d128-contiguous", 4, 1, 8, 2, 128, BF16, False),
+    DecodeCase("gqa4-d128-splits64", 4, 1, 8, 2, 128, BF16, False, num_splits=64),
+    DecodeCase("mqa-d64-causal-q3", 3, 3, 16, 1, 64, F16, True, num_splits=3),
+    DecodeCase("d80-paged48", 3, 1, 4, 4, 80, BF16, False, page_size=48, num_splits=5),
+    DecodeCase("d256-paged1-window", 3, 2, 4, 2, 256, BF16, True, page_size=1, window_left=20),
+    DecodeCase("d192-leftpad-paged16", 3, 1, 6, 2, 192, F16, False, page_size=16, leftpad=True, num_splits=2),
+    DecodeCase("d96-long", 1, 1, 8, 8, 96, BF16, False, num_splits=0, capacity=5000),
+]
+
+
+def run_decode_item(index: int, case: DecodeCase, device) -> None:
+    gen = torch.Generator().manual_seed(5000 + index)
+    lengths = torch.tensor([case.capacity, 0, 37, case.capacity - 1][:case.batch], dtype=torch.int32)
+    q = torch.randn(case.batch, case.seqlen_q, case.heads_q, case.head_dim, generator=gen).to(case.dtype)
+    k = torch.randn(case.batch, case.capacity, case.heads_kv, case.head_dim, generator=gen).to(case.dtype)
+    v = torch.randn(case.batch, case.capacity, case.heads_kv, case.head_dim, generator=gen).to(case.dtype)
+    leftpad = torch.minimum(lengths, torch.tensor(5, dtype=torch.int32)) if case.leftpad else None
+    kwargs = dict(causal=case.causal, window_size=(case.window_left, -1), num_splits=case.num_splits,
+                  return_softmax_lse=True)
+    want_out, want_lse = flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths, cache_leftpad=leftpad,
+                                                           **kwargs)
+    block_table = None
+    if case.page_size:
+        pages_per_seq = -(-case.capacity // case.page_size)
+        order = torch.randperm(case.batch * pages_per_seq, generator=gen)
+        block_table = order.view(case.batch, pages_per_seq).to(torch.int32)
+        padded = pages_per_seq * case.page_size
+        pool_k = torch.zeros(case.batch * pages_per_seq, case.page_size, case.heads_kv, case.head_dim, dtype=case.dtype)
+        pool_v = torch.zeros_like(pool_k)
+        pool_k[order] = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, padded - case.capacity)).view(pool_k.shape)
+        pool_v[order] = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, padded - case.capacity)).view(pool_v.shape)
+        k, v = pool_k, pool_v
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    out, lse = flashattn.flash_attn_with_kvcache(to(q), to(k), to(v), cache_seqlens=to(lengths),
+                                                 cache_leftpad=to(leftpad), block_table=to(block_table), **kwargs)
+    _check("out", out, want_out, 0.02)
+    _check("lse", lse, want_lse, 0.01)
+
+
 def _is_cuda_error(exc: BaseException) -> bool:
     return "CUDA error" in str(exc) or type(exc).__name__ in ("AcceleratorError", "CudaError")
 
@@ -364,7 +425,9 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown phase(s) {unknown}; this build has {available}")
     cases = CASE_SETS[args.cases]
-    items = [(phase, i, case) for phase in phases for i, case in enumerate(cases)]
+    items = [(phase, i, case) for phase in phases if phase != "decode" for i, case in enumerate(cases)]
+    if "decode" in phases:
+        items += [("decode", i, case) for i, case in enumerate(DECODE_CASES)]
     if args.list:
         for n, (phase, _, case) in enumerate(items):
             print(f"{n:3d} {phase:<17} {case.name}")
@@ -392,7 +455,10 @@ def main(argv=None) -> int:
         previous_phase = phase
         print(f"@@ begin {n} {phase} {case.name}", flush=True)
         try:
-            run_item(phase, index, case, expected, device)
+            if phase == "decode":
+                run_decode_item(index, case, device)
+            else:
+                run_item(phase, index, case, expected, device)
             if device == "cuda":
                 torch.cuda.synchronize()
                 time.sleep(0.02)
