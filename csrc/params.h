@@ -235,7 +235,7 @@ struct DecodeParams {
   const void* k;  // [num_pages, page_size, heads_kv, head_dim]
   const void* v;  // [num_pages, page_size, heads_kv, head_dim]
   void* out;      // [batch, seqlen_q, heads_q, head_dim]
-  float* lse;     // [batch, heads_q, seqlen_q] contiguous, natural log; -inf for a row that sees no key
+  float* lse;     // [batch, heads_q, seqlen_q] contiguous (see cu_seqlens_q), natural log; -inf for a row that sees no key
   TensorStrides q_strides, k_strides, v_strides, out_strides;  // k/v: batch = the page stride
   const int* seqlens_k;        // [batch]: keys of sequence b (clamped to 0..capacity)
   const int* leftpad;          // [batch] or nullptr: sequence b's keys start there (clamped to 0..seqlens_k[b])
@@ -251,6 +251,11 @@ struct DecodeParams {
   float softcap_inner;  // scale / cap with soft-capping, 0 without
   bool is_causal;       // query i of sequence b sees keys j <= seqlens_k[b] - seqlen_q + i
   int window_left, window_right;  // around that diagonal; -1: unbounded
+  // Queries of different counts per sequence (nullptr: seqlen_q each): sequence b's are rows
+  // cu_seqlens_q[b] .. cu_seqlens_q[b + 1] of q and out (their batch strides 0), at most seqlen_q of them
+  // (more are dropped); lse is then [heads_q, total_q].
+  const int* cu_seqlens_q = nullptr;
+  int total_q = 0;
   // Split-KV: with num_splits > 1 every thread block writes its normalised partial output and LSE
   // here and a combine kernel merges them into out and lse.
   int num_splits;

@@ -75,7 +75,7 @@ def _append(cache: torch.Tensor, new: torch.Tensor, lengths: torch.Tensor, cache
         cache[pages, positions % page_size] = new
 
 
-def _check_block_table(block_table, batch: int, k_cache: torch.Tensor, cache_batch_idx, device) -> None:
+def check_block_table(block_table, batch: int, cache_batch_idx, device) -> None:
     if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.dtype != torch.int32 \
             or block_table.size(0) != batch:
         raise ValueError(f"flashattn: block_table must be an int32 tensor of shape ({batch}, pages_per_sequence), got "
@@ -90,7 +90,7 @@ def _check_block_table(block_table, batch: int, k_cache: torch.Tensor, cache_bat
         raise ValueError("flashattn: block_table must have a contiguous last dim")
 
 
-def _gather_pages(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+def gather_pages(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
     """A paged cache as a contiguous (batch, pages_per_sequence * page_size, nheads_k, headdim) copy. Table
     entries outside the cache's pages (past a sequence's keys, never attended to) read as zeros, as on the
     decode op."""
@@ -112,19 +112,20 @@ def _decode_op_serves_head_dim(head_dim: int, bf16: bool, device_index: int) -> 
     return bool(ops._C.decode_supported(head_dim, bf16, device_index))
 
 
-def _decode_op_serves(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, alibi_slopes) -> bool:
-    """Whether flash_attn_with_kvcache runs on the decode op (see the module docstring)."""
-    if q.device.type != "cuda" or alibi_slopes is not None or q.dtype not in (torch.float16, torch.bfloat16):
+def decode_op_serves(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, queries_per_sequence: int) -> bool:
+    """Whether the decode op serves a call (see the module docstring): q (..., nheads, headdim) with at
+    most queries_per_sequence queries a sequence, caches (pages or batch, rows, nheads_k, headdim)."""
+    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
         return False
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or k_cache.size(2) == 0 or q.size(2) % k_cache.size(2):
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or k_cache.size(2) == 0 or q.size(-2) % k_cache.size(2):
         return False
-    if q.size(2) // k_cache.size(2) * q.size(1) > _DECODE_MAX_ROWS:
+    if q.size(-2) // k_cache.size(2) * queries_per_sequence > _DECODE_MAX_ROWS:
         return False
     # 16-byte rows (the allocator's blocks are aligned far beyond that, so offsets and strides decide).
     for t in (q, k_cache, v_cache):
         if t.storage_offset() % 8 or any(st % 8 for st in t.stride()[:3]):
             return False
-    return _decode_op_serves_head_dim(q.size(3), q.dtype == torch.bfloat16, q.device.index or 0)
+    return _decode_op_serves_head_dim(q.size(-1), q.dtype == torch.bfloat16, q.device.index or 0)
 
 
 def _index_tensor(name: str, t, batch: int, device: torch.device) -> torch.Tensor:
@@ -244,7 +245,7 @@ def flash_attn_with_kvcache(
         raise ValueError(f"flashattn: num_splits must be an int >= 0 (0: chosen from the shapes), got {num_splits!r}")
     batch, seqlen_q, nheads = q.shape[:3]
     if block_table is not None:
-        _check_block_table(block_table, batch, k_cache, cache_batch_idx, q.device)
+        check_block_table(block_table, batch, cache_batch_idx, q.device)
         if k_cache.shape != v_cache.shape:
             raise ValueError(f"flashattn: k_cache and v_cache must have the same shape (num_pages, page_size, nheads_k, "
                              f"headdim), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
@@ -271,7 +272,7 @@ def flash_attn_with_kvcache(
         _check_rotary(rotary_cos, rotary_sin, q.size(-1), q.device)
         if k is None:
             raise ValueError("flashattn: rotary_cos and rotary_sin apply to new k and v: pass them too")
-    decode_op = _decode_op_serves(q, k_cache, v_cache, alibi_slopes)
+    decode_op = alibi_slopes is None and decode_op_serves(q, k_cache, v_cache, seqlen_q)
     if k is not None:
         if cache_seqlens is None:
             raise ValueError("flashattn: appending k and v needs cache_seqlens (where each sequence's cache ends)")
@@ -312,7 +313,7 @@ def flash_attn_with_kvcache(
         return (out, lse) if return_softmax_lse else out
 
     if block_table is not None:
-        k_cache, v_cache = _gather_pages(k_cache, block_table), _gather_pages(v_cache, block_table)
+        k_cache, v_cache = gather_pages(k_cache, block_table), gather_pages(v_cache, block_table)
     keys = torch.arange(seqlen_cache, device=q.device)
     if window != (-1, -1):
         # Query i of sequence b sits at diagonal position lengths[b] - seqlen_q + i (with causal: it sees

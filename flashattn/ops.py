@@ -353,13 +353,18 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sequse
 
 @torch.library.register_fake("flashattn::decode_fwd")
 def _decode_fwd_fake(q, k_cache, v_cache, seqlens_k, block_table, cache_batch_idx, leftpad, scale, is_causal,
-                     window_left=-1, window_right=-1, softcap=0.0, num_splits=0):
+                     window_left=-1, window_right=-1, softcap=0.0, num_splits=0, cu_seqlens_q=None, max_seqlen_q=0):
     op = "flashattn.decode_fwd"
-    torch._check(q.dim() == 4 and k_cache.dim() == 4 and v_cache.dim() == 4,
-                 lambda: f"{op}: q, k_cache and v_cache must be 4-D, got {q.dim()}, {k_cache.dim()} and {v_cache.dim()} dims")
+    q_dims = 4 if cu_seqlens_q is None else 3
+    torch._check(q.dim() == q_dims and k_cache.dim() == 4 and v_cache.dim() == 4,
+                 lambda: f"{op}: q must be {q_dims}-D, k_cache and v_cache 4-D, got {q.dim()}, {k_cache.dim()} and "
+                         f"{v_cache.dim()} dims")
     torch._check(k_cache.shape == v_cache.shape,
                  lambda: f"{op}: v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     torch._check(num_splits >= 0, lambda: f"{op}: num_splits must be >= 0, got {num_splits}")
+    if cu_seqlens_q is not None:
+        total_q, heads_q, head_dim = q.shape
+        return q.new_empty((total_q, heads_q, head_dim)), q.new_empty((heads_q, total_q), dtype=torch.float32)
     batch, seqlen_q, heads_q, head_dim = q.shape
     return q.new_empty((batch, seqlen_q, heads_q, head_dim)), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
 

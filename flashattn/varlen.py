@@ -25,7 +25,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from . import _C, ops
+from . import _C, kvcache, ops
 from ._fa2_common import (check_devices, check_max_seqlen, check_sink, check_tensor, fa2_attention, reject_alibi,
                           scale_or_default, unpack, window_bounds, window_keys)
 
@@ -153,6 +153,45 @@ def _padded_layout(cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k, max_seqlen_
                    valid_k[:, None, None, :].expand(batch, nheads, max_seqlen_q, max_seqlen_k))
 
 
+def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
+                  deterministic, return_attn_probs, block_table, seqused_q, seqused_k, sink, softcap, window):
+    """flash_attn_varlen_func over a paged cache (see its docstring): the decode op where it serves the
+    call (CUDA, at most 64 query rows per kv head, no gradient, dropout or sink), else the variable-length
+    path over a padded copy of each sequence's pages."""
+    check_tensor("k", k_cache, 4, "(num_pages, page_size, nheads_k, headdim) with block_table")
+    check_tensor("v", v_cache, 4, "(num_pages, page_size, nheads_k, headdim) with block_table")
+    check_devices(q, k_cache, v_cache)
+    check_sink(sink, q, 1)
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
+    batch = cu_seqlens_q.numel() - 1
+    kvcache.check_block_table(block_table, batch, None, q.device)
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"flashattn: k and v must have the same shape (num_pages, page_size, nheads_k, headdim), got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    _check_seqused("seqused_k", seqused_k, batch, q.device)
+    if seqused_k is None:
+        if cu_seqlens_k is None:
+            raise ValueError("flashattn: with block_table, seqused_k or cu_seqlens_k must give each sequence's key count")
+        _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
+        if cu_seqlens_k.numel() != batch + 1:
+            raise ValueError(f"flashattn: cu_seqlens_k must have batch + 1 = {batch + 1} entries, got {cu_seqlens_k.numel()}")
+        seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+    max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache))
+    if (isinstance(max_seqlen_q, int) and max_seqlen_q >= 1 and float(dropout_p) == 0.0 and sink is None
+            and seqused_q is None and not needs_grad and kvcache.decode_op_serves(q, k_cache, v_cache, max_seqlen_q)):
+        out, softmax_lse = torch.ops.flashattn.decode_fwd(
+            q, k_cache, v_cache, seqused_k, block_table, None, None, scale_or_default(softmax_scale, q.size(-1)),
+            bool(causal), window[0], window[1], float(softcap), 0, cu_seqlens_q, max_seqlen_q)
+        return (out, softmax_lse, None) if return_attn_probs else out
+    capacity = block_table.size(1) * k_cache.size(1)
+    k = kvcache.gather_pages(k_cache, block_table).flatten(0, 1)  # (batch * capacity, nheads_k, headdim)
+    v = kvcache.gather_pages(v_cache, block_table).flatten(0, 1)
+    cu_seqlens_rows = torch.arange(0, (batch + 1) * capacity, capacity, dtype=torch.int32, device=q.device)
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_rows, max_seqlen_q, capacity, dropout_p, softmax_scale, causal,
+                   deterministic, return_attn_probs, None, seqused_q, seqused_k, sink, softcap, window)
+
+
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
             deterministic, return_attn_probs, block_table, seqused_q=None, seqused_k=None, sink=None, softcap=0.0,
             window=(-1, -1)):
@@ -270,7 +309,7 @@ _VARLEN_DOC = """
     The other arguments are :func:`flashattn.flash_attn_func`'s, per sequence: ``causal`` and
     ``window_size`` align each sequence's mask to its own bottom-right corner (key j visible to query
     i iff ``j <= i + len_k - len_q``), ``learnable_sink`` (keyword only) joins every sequence's rows of
-    query head h. ``block_table`` must be None (no paged KV cache yet).
+    query head h. ``block_table`` is for :func:`flash_attn_varlen_func` only.
 
     Returns ``out`` ``(total_q, nheads, headdim)``; with ``return_attn_probs=True`` also
     ``softmax_lse`` ``(nheads, total_q)`` float32 (float64 for float64 CPU inputs) and the dropout
@@ -314,6 +353,10 @@ def flash_attn_varlen_func(
     reject_alibi(alibi_slopes)
     window = window_bounds(window_size)
     check_tensor("q", q, 3, "(total_q, nheads, headdim)")
+    if block_table is not None:
+        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
+                             deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink,
+                             softcap, window)
     check_tensor("k", k, 3, "(total_k, nheads_k, headdim)")
     check_tensor("v", v, 3, "(total_k, nheads_k, headdim)")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
@@ -326,6 +369,14 @@ flash_attn_varlen_func.__doc__ = (
 
     q ``(total_q, nheads, headdim)``, k and v ``(total_k, nheads_k, headdim)`` (nheads a multiple of
     nheads_k), each sequence's rows one after another.
+
+    With ``block_table`` (int32 ``(batch, pages_per_sequence)``, a paged KV cache as serving engines
+    keep it), k and v are ``(num_pages, page_size, nheads_k, headdim)``: key j of sequence b is row
+    ``j % page_size`` of page ``block_table[b, j // page_size]``, and ``seqused_k`` (or, without it,
+    ``cu_seqlens_k``) gives each sequence's key count; ``max_seqlen_k`` is not used. On CUDA, with
+    float16 / bfloat16, an int ``max_seqlen_q`` of at most 64 / (nheads / nheads_k) and no gradient,
+    dropout or sink, this runs on the decode op (keys split across thread blocks, pages read in place);
+    otherwise over a padded copy of each sequence's pages.
 """
     + _VARLEN_DOC
     + _SEQUSED_DOC

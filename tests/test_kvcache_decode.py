@@ -495,3 +495,41 @@ def test_bad_arguments_name_the_argument(device):
     for bad in (-1, -64):
         with pytest.raises(errors, match="num_splits"):
             flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), cache_seqlens=lengths, num_splits=bad)
+
+
+# ---- 8. flash_attn_varlen_func over a paged cache (the call a serving engine makes for a mixed batch) ----
+
+# (query counts per sequence, key counts, page size, causal, heads_q, heads_kv, head_dim). Query counts
+# include 0 and a sequence longer than its keys; the decode op takes max_seqlen_q * group <= 64 on CUDA, the
+# last case (16 queries x group 8) the padded variable-length path.
+VARLEN_PAGED_CASES = [
+    ([1, 1, 1, 1], [300, 0, 17, 64], 16, True, 8, 2, 128),
+    ([3, 0, 1, 2], [45, 10, 200, 2], 48, True, 8, 8, 64),
+    ([2, 5, 1], [99, 4, 150], 64, False, 4, 1, 96),
+    ([16, 4], [150, 40], 16, True, 8, 1, 64),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", VARLEN_PAGED_CASES, ids=lambda c: f"q{'-'.join(map(str, c[0]))}-p{c[2]}")
+def test_varlen_paged_matches_oracle(device, case):
+    q_counts, k_counts, page_size, causal, heads_q, heads_kv, head_dim = case
+    batch, dtype = len(q_counts), BF16
+    capacity = -(-max(k_counts) // page_size) * page_size
+    ends = torch.tensor(k_counts, dtype=torch.int32, device=device)
+    k_rows, v_rows = (torch.randn(batch, capacity, heads_kv, head_dim, dtype=dtype, device=device) for _ in range(2))
+    k_pages, v_pages, table = _paginate(k_rows, v_rows, ends, page_size)
+    cu_q = torch.tensor([0] + list(torch.tensor(q_counts).cumsum(0)), dtype=torch.int32, device=device)
+    q = torch.randn(int(cu_q[-1]), heads_q, head_dim, dtype=dtype, device=device)
+    out, lse, _ = flashattn.flash_attn_varlen_func(
+        q, k_pages, v_pages, cu_q, None, max(q_counts), capacity, causal=causal, block_table=table, seqused_k=ends,
+        return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (heads_q, q.size(0))
+    for b, (nq, nk) in enumerate(zip(q_counts, k_counts)):
+        if nq == 0:
+            continue
+        rows = slice(int(cu_q[b]), int(cu_q[b]) + nq)
+        q_b = q[rows].unsqueeze(0)
+        visible = _visible(nq, capacity, ends[b:b + 1], causal=causal)
+        expected = _oracle(q_b, k_rows[b:b + 1], v_rows[b:b + 1], visible)
+        _assert_matches(out[rows].unsqueeze(0), lse[:, rows].unsqueeze(0), q_b, expected)

@@ -26,6 +26,24 @@
 namespace flashattn {
 namespace decode {
 
+// Sequence b's queries: rows start .. start + count of q and out.
+struct QueryRows {
+  int start;
+  int count;
+};
+
+__device__ __forceinline__ QueryRows query_rows(const DecodeParams& p, int b) {
+  if (p.cu_seqlens_q == nullptr) return {0, p.seqlen_q};
+  const int start = p.cu_seqlens_q[b];
+  return {start, max(min(p.cu_seqlens_q[b + 1] - start, p.seqlen_q), 0)};
+}
+
+// Element of lse for (sequence b, query head, query of the sequence).
+__device__ __forceinline__ int64_t lse_index(const DecodeParams& p, int b, const QueryRows& qr, int head, int query) {
+  if (p.cu_seqlens_q != nullptr) return static_cast<int64_t>(head) * p.total_q + qr.start + query;
+  return (static_cast<int64_t>(b) * p.heads_q + head) * p.seqlen_q + query;
+}
+
 // Where sequence b's keys are and which of them this thread block takes.
 struct KeyRange {
   int length;  // keys of the sequence
@@ -34,13 +52,13 @@ struct KeyRange {
   int end;
 };
 
-__device__ __forceinline__ KeyRange key_range(const DecodeParams& p, int b, int split) {
+__device__ __forceinline__ KeyRange key_range(const DecodeParams& p, int b, int split, int queries) {
   const int capacity = p.block_table != nullptr ? p.pages_per_seq * p.page_size : p.page_size;
   KeyRange r;
   r.length = min(max(p.seqlens_k[b], 0), capacity);
   r.lo = p.leftpad != nullptr ? min(max(p.leftpad[b], 0), r.length) : 0;
   // The lowest diagonal (query 0's) bounds every row's window from below.
-  if (p.window_left >= 0) r.lo = max(r.lo, r.length - p.seqlen_q - p.window_left);
+  if (p.window_left >= 0) r.lo = max(r.lo, r.length - queries - p.window_left);
   const int keys = max(r.length - r.lo, 0);
   // Whole key blocks per split, so only a split's last block is partial.
   const int per_split = (keys + p.num_splits - 1) / p.num_splits;
@@ -51,16 +69,16 @@ __device__ __forceinline__ KeyRange key_range(const DecodeParams& p, int b, int 
 }
 
 // The keys [first, last] (inclusive) query row r of the group sees within the split; first > last for a
-// row past the group's rows or one that sees none.
+// row past the group's rows (rows of the sequence's `queries`) or one that sees none.
 __device__ __forceinline__ void row_keys(const DecodeParams& p, const KeyRange& kr, int r, int rows, int group,
-                                         int& first, int& last) {
+                                         int queries, int& first, int& last) {
   first = kr.begin;  // begin >= lo
   last = kr.end - 1;
   if (r >= rows) {
     last = first - 1;
     return;
   }
-  const int diagonal = kr.length - p.seqlen_q + r / group;
+  const int diagonal = kr.length - queries + r / group;
   if (p.is_causal) last = min(last, diagonal);
   if (p.window_right >= 0 && !p.is_causal) last = min(last, diagonal + p.window_right);
   if (p.window_left >= 0) first = max(first, diagonal - p.window_left);
@@ -111,8 +129,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   T* q_tile = rings + kWarps * kStages * 2 * kBlockKeys * kStride;  // [kRows][kStride]
 
   const int group = p.heads_q / p.heads_kv;
-  const int rows = group * p.seqlen_q;  // query rows of one kv head: row r = query r / group, head r % group
-  const int row_groups = (rows + kRows - 1) / kRows;
+  // Query rows of one kv head: row r = query r / group, head r % group (the grid covers seqlen_q queries).
+  const int row_groups = (group * p.seqlen_q + kRows - 1) / kRows;
   int index = blockIdx.x;
   const int row_group = index % row_groups;
   index /= row_groups;
@@ -123,22 +141,23 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   const int row0 = row_group * kRows;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const KeyRange kr = key_range(p, b, split);
+  const QueryRows qr = query_rows(p, b);
+  const int rows = group * qr.count;
+  if (row0 >= rows) return;  // a row block past this sequence's queries (fewer than the grid's seqlen_q)
+  const KeyRange kr = key_range(p, b, split, qr.count);
   const int cache_row =
       p.block_table != nullptr ? 0 : (p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b);
 
   // out / partial row of group row r.
   auto out_row = [&](int r) -> T* {
-    const int query = r / group, head = kv_head * group + r % group;
+    const int query = qr.start + r / group, head = kv_head * group + r % group;
     return static_cast<T*>(p.out) + b * p.out_strides.batch + query * p.out_strides.row + head * p.out_strides.head;
   };
-  auto lse_at = [&](int r) -> float* {
-    const int query = r / group, head = kv_head * group + r % group;
-    return p.lse + (static_cast<int64_t>(b) * p.heads_q + head) * p.seqlen_q + query;
-  };
+  auto lse_at = [&](int r) -> float* { return p.lse + lse_index(p, b, qr, kv_head * group + r % group, r / group); };
   const int64_t unit = static_cast<int64_t>(b) * p.heads_kv + kv_head;
+  const int max_rows = group * p.seqlen_q;  // a unit's rows in the partial workspace
   auto partial_index = [&](int r) -> int64_t {
-    return (static_cast<int64_t>(split) * p.batch * p.heads_kv + unit) * rows + r;
+    return (static_cast<int64_t>(split) * p.batch * p.heads_kv + unit) * max_rows + r;
   };
 
   // Q rows of the group into shared memory (zeros past the group's rows and the head dim).
@@ -147,8 +166,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
     const bool in = r < rows && c * 8 < p.head_dim;
     const T* src = static_cast<const T*>(p.q);
     if (in) {
-      src += b * p.q_strides.batch + (r / group) * p.q_strides.row + (kv_head * group + r % group) * p.q_strides.head +
-             c * 8;
+      src += b * p.q_strides.batch + (qr.start + r / group) * p.q_strides.row +
+             (kv_head * group + r % group) * p.q_strides.head + c * 8;
     }
     sm80::cp_async_16(q_tile + rr * kStride + c * 8, src, in);
   }
@@ -157,8 +176,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   // This thread's two rows (g and g + 8 of the mma fragments) and the keys each sees.
   const int g = lane / 4, t = lane % 4;
   int first[2], last[2];
-  row_keys(p, kr, row0 + g, rows, group, first[0], last[0]);
-  row_keys(p, kr, row0 + g + 8, rows, group, first[1], last[1]);
+  row_keys(p, kr, row0 + g, rows, group, qr.count, first[0], last[0]);
+  row_keys(p, kr, row0 + g + 8, rows, group, qr.count, first[1], last[1]);
 
   float o[kOTiles][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -339,7 +358,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
 template <typename T>
 __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams p) {
   const int group = p.heads_q / p.heads_kv;
-  const int rows = group * p.seqlen_q;
+  const int rows = group * p.seqlen_q;  // a unit's rows in the partial workspace
   const int64_t units = static_cast<int64_t>(p.batch) * p.heads_kv;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -347,6 +366,8 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
   const int64_t unit = item / rows;
   const int r = static_cast<int>(item % rows);
   const int b = static_cast<int>(unit / p.heads_kv), kv_head = static_cast<int>(unit % p.heads_kv);
+  const QueryRows qr = query_rows(p, b);
+  if (r >= group * qr.count) return;  // past the sequence's queries: no partial, no output row
   const int64_t split_stride = units * rows;
 
   float max_lse = -INFINITY;
@@ -362,7 +383,8 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
   for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffff, sum, off);
 
   const int query = r / group, head = kv_head * group + r % group;
-  T* dst = static_cast<T*>(p.out) + b * p.out_strides.batch + query * p.out_strides.row + head * p.out_strides.head;
+  T* dst = static_cast<T*>(p.out) + b * p.out_strides.batch + (qr.start + query) * p.out_strides.row +
+           head * p.out_strides.head;
   for (int c = 4 * lane; c < p.head_dim; c += 128) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s = 0; s < p.num_splits; ++s) {
@@ -378,10 +400,7 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
     *reinterpret_cast<uint32_t*>(dst + c) = ElementOps<T>::pack(acc.x, acc.y);
     *reinterpret_cast<uint32_t*>(dst + c + 2) = ElementOps<T>::pack(acc.z, acc.w);
   }
-  if (lane == 0) {
-    p.lse[(static_cast<int64_t>(b) * p.heads_q + head) * p.seqlen_q + query] =
-        sum > 0.f ? max_lse + logf(sum) : -INFINITY;
-  }
+  if (lane == 0) p.lse[lse_index(p, b, qr, head, query)] = sum > 0.f ? max_lse + logf(sum) : -INFINITY;
 }
 
 }  // namespace decode

@@ -38,13 +38,23 @@ ElementType element_type_of(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16;
 }
 
-std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q, const at::Tensor& k_cache,
+std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, const at::Tensor& k_cache,
                                                    const at::Tensor& v_cache, const at::Tensor& seqlens_k,
                                                    const std::optional<at::Tensor>& block_table,
                                                    const std::optional<at::Tensor>& cache_batch_idx,
                                                    const std::optional<at::Tensor>& leftpad, double scale,
                                                    bool is_causal, int64_t window_left, int64_t window_right,
-                                                   double softcap, int64_t num_splits) {
+                                                   double softcap, int64_t num_splits,
+                                                   const std::optional<at::Tensor>& cu_seqlens_q_arg,
+                                                   int64_t max_seqlen_q) {
+  // Packed queries are run as a [1, total_q, H, D] view whose sequences the kernel finds in cu_seqlens_q.
+  const bool packed = cu_seqlens_q_arg.has_value();
+  if (packed) {
+    TORCH_CHECK(q_arg.dim() == 3, kOp, ": with cu_seqlens_q, q must be (total_q, heads_q, head_dim), got shape ",
+                to_text(q_arg.sizes()));
+    TORCH_CHECK(max_seqlen_q >= 1, kOp, ": with cu_seqlens_q, max_seqlen_q must be >= 1, got ", to_text(max_seqlen_q));
+  }
+  const at::Tensor q = packed ? q_arg.unsqueeze(0) : q_arg;
   TORCH_CHECK(q.dim() == 4, kOp, ": q must be (batch, seqlen_q, heads_q, head_dim), got shape ", to_text(q.sizes()));
   TORCH_CHECK(k_cache.dim() == 4, kOp, ": k_cache must be (pages or batch, page_size or seqlen_cache, heads_kv, ",
               "head_dim), got shape ", to_text(k_cache.sizes()));
@@ -57,7 +67,14 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q, const at
               v_cache.scalar_type());
   TORCH_CHECK(q.is_cuda() && k_cache.device() == q.device() && v_cache.device() == q.device(), kOp,
               ": q, k_cache and v_cache must be on one CUDA device");
-  const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2), head_dim = q.size(3);
+  const int64_t batch = packed ? cu_seqlens_q_arg->numel() - 1 : q.size(0);
+  const int64_t seqlen_q = packed ? max_seqlen_q : q.size(1), heads_q = q.size(2), head_dim = q.size(3);
+  if (packed) {
+    const at::Tensor& cu = *cu_seqlens_q_arg;
+    TORCH_CHECK(cu.dim() == 1 && cu.numel() >= 1, kOp, ": cu_seqlens_q must be a 1-dim tensor of batch + 1 offsets, ",
+                "got shape ", to_text(cu.sizes()));
+    check_index_tensor("cu_seqlens_q", cu, batch + 1, q);
+  }
   const int64_t heads_kv = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == head_dim, kOp, ": k_cache's head dim ", to_text(k_cache.size(3)),
               " must equal q's ", to_text(head_dim));
@@ -98,13 +115,18 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q, const at
   TORCH_CHECK(k_cache.size(1) >= 1 && k_cache.size(0) >= 1, kOp, ": k_cache must hold at least one row");
   const int64_t pages_per_seq = block_table.has_value() ? block_table->size(1) : 1;
   const int64_t capacity = pages_per_seq * k_cache.size(1);
-  TORCH_CHECK(capacity < (int64_t{1} << 31) && k_cache.size(0) < (int64_t{1} << 31) && batch < (int64_t{1} << 24),
+  TORCH_CHECK(capacity < (int64_t{1} << 31) && k_cache.size(0) < (int64_t{1} << 31) && batch < (int64_t{1} << 24) &&
+                  q.size(1) < (int64_t{1} << 31),
               kOp, ": the cache must hold fewer than 2^31 rows per sequence and pages");
 
   const at::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
-  at::Tensor lse = at::empty({batch, heads_q, seqlen_q}, q.options().dtype(at::kFloat));
-  if (out.numel() == 0) return {out, lse};
+  const int64_t total_q = q.size(1);
+  at::Tensor out = packed ? at::empty({1, total_q, heads_q, head_dim}, q.options())
+                          : at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
+  at::Tensor lse = packed ? at::empty({heads_q, total_q}, q.options().dtype(at::kFloat))
+                          : at::empty({batch, heads_q, seqlen_q}, q.options().dtype(at::kFloat));
+  auto result = [&]() -> std::tuple<at::Tensor, at::Tensor> { return {packed ? out.squeeze(0) : out, lse}; };
+  if (out.numel() == 0 || batch == 0) return result();
 
   const int group = static_cast<int>(heads_q / heads_kv);
   const int rows = group * static_cast<int>(seqlen_q);
@@ -147,6 +169,12 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q, const at
   p.window_left = static_cast<int>(std::min<int64_t>(window_left, capacity));
   p.window_right = is_causal ? -1 : static_cast<int>(std::min<int64_t>(window_right, capacity));
   p.num_splits = splits;
+  if (packed) {
+    p.cu_seqlens_q = cu_seqlens_q_arg->data_ptr<int>();
+    p.total_q = static_cast<int>(total_q);
+    p.q_strides.batch = 0;
+    p.out_strides.batch = 0;
+  }
   at::Tensor partial_out, partial_lse;
   if (splits > 1) {
     const int64_t partial_rows = int64_t{splits} * batch * heads_kv * rows;
@@ -157,7 +185,7 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q, const at
   }
   const cudaError_t err = decode::launch(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
-  return {out, lse};
+  return result();
 }
 
 }  // namespace
