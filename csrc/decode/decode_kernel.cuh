@@ -140,6 +140,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   const int b = index / p.heads_kv;
   const int row0 = row_group * kRows;
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The combine kernel may be scheduled from here on; it waits for this grid's completion itself.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const QueryRows qr = query_rows(p, b);
   const int rows = group * qr.count;
@@ -357,6 +361,11 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
 // Merges the splits' partial outputs: one warp per (sequence, kv head, group row).
 template <typename T>
 __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the decode kernel on sm90 (its launch overlaps that
+  // kernel's last blocks): wait here until the decode kernel has finished and its writes are visible.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int group = p.heads_q / p.heads_kv;
   const int rows = group * p.seqlen_q;  // a unit's rows in the partial workspace
   const int64_t units = static_cast<int64_t>(p.batch) * p.heads_kv;
