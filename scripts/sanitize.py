@@ -3,8 +3,8 @@
 
 Each tool runs scripts/sanitize_cases.py once, as
 ``compute-sanitizer --tool TOOL --error-exitcode 1 python3 scripts/sanitize_cases.py ...``: the forward
-and the backward with the dispatch's own choice of kernels and with FLASHATTN_FORCE_SM80=1, and the
-deterministic backward where the build has one, over a small grid of awkward shapes (racecheck, the
+and the backward with the dispatch's own choice of kernels and with FLASHATTN_FORCE_SM80=1, the
+deterministic backward where the build has one, and flash_attn_with_kvcache's decode cases, over a small grid of awkward shapes (racecheck, the
 slowest tool, over a shorter list). The worker's
 markers tell which phase and case was running when the tool reported something; the kernel named in
 each report is listed beside it. Nothing is filtered out: every report counts, including any about
@@ -48,6 +48,7 @@ PHASE_LABELS = {
     "bwd-default": "bwd (default dispatch)",
     "bwd-sm80": "bwd (FLASHATTN_FORCE_SM80=1)",
     "bwd-deterministic": "bwd (deterministic=True)",
+    "decode": "decode (flash_attn_with_kvcache)",
     None: "outside the cases (start-up, exit)",
 }
 MAX_RESTARTS = 3
