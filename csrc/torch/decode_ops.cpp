@@ -4,7 +4,9 @@
 // (decode_supported).
 #include <torch/extension.h>
 
+#include <cmath>
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "torch/checks.h"
@@ -12,6 +14,7 @@
 
 #ifdef FLASHATTN_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "decode/api.h"
@@ -23,15 +26,15 @@ namespace flashattn {
 #ifdef FLASHATTN_WITH_CUDA
 namespace {
 
-constexpr const char* kOp = "flashattn.decode_fwd";
+constexpr const char* op = "flashattn.decode_fwd";
 
 void check_index_tensor(const char* name, const at::Tensor& t, int64_t batch, const at::Tensor& q) {
-  TORCH_CHECK(t.scalar_type() == at::kInt, kOp, ": ", name, " must be int32, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == batch, kOp, ": ", name, " must have shape (", to_text(batch),
+  TORCH_CHECK(t.scalar_type() == at::kInt, op, ": ", name, " must be int32, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == batch, op, ": ", name, " must have shape (", to_text(batch),
               ",), got ", to_text(t.sizes()));
-  TORCH_CHECK(t.device() == q.device(), kOp, ": ", name, " must be on q's device ", q.device().str(), ", got ",
+  TORCH_CHECK(t.device() == q.device(), op, ": ", name, " must be on q's device ", q.device().str(), ", got ",
               t.device().str());
-  TORCH_CHECK(t.is_contiguous(), kOp, ": ", name, " must be contiguous");
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
 }
 
 ElementType element_type_of(const at::Tensor& t) {
@@ -50,74 +53,74 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
   // Packed queries are run as a [1, total_q, H, D] view whose sequences the kernel finds in cu_seqlens_q.
   const bool packed = cu_seqlens_q_arg.has_value();
   if (packed) {
-    TORCH_CHECK(q_arg.dim() == 3, kOp, ": with cu_seqlens_q, q must be (total_q, heads_q, head_dim), got shape ",
+    TORCH_CHECK(q_arg.dim() == 3, op, ": with cu_seqlens_q, q must be (total_q, heads_q, head_dim), got shape ",
                 to_text(q_arg.sizes()));
-    TORCH_CHECK(max_seqlen_q >= 1, kOp, ": with cu_seqlens_q, max_seqlen_q must be >= 1, got ", to_text(max_seqlen_q));
+    TORCH_CHECK(max_seqlen_q >= 1, op, ": with cu_seqlens_q, max_seqlen_q must be >= 1, got ", to_text(max_seqlen_q));
   }
   const at::Tensor q = packed ? q_arg.unsqueeze(0) : q_arg;
-  TORCH_CHECK(q.dim() == 4, kOp, ": q must be (batch, seqlen_q, heads_q, head_dim), got shape ", to_text(q.sizes()));
-  TORCH_CHECK(k_cache.dim() == 4, kOp, ": k_cache must be (pages or batch, page_size or seqlen_cache, heads_kv, ",
+  TORCH_CHECK(q.dim() == 4, op, ": q must be (batch, seqlen_q, heads_q, head_dim), got shape ", to_text(q.sizes()));
+  TORCH_CHECK(k_cache.dim() == 4, op, ": k_cache must be (pages or batch, page_size or seqlen_cache, heads_kv, ",
               "head_dim), got shape ", to_text(k_cache.sizes()));
-  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), kOp, ": v_cache must have k_cache's shape ",
+  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), op, ": v_cache must have k_cache's shape ",
               to_text(k_cache.sizes()), ", got ", to_text(v_cache.sizes()));
-  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, kOp,
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, op,
               ": q must be float16 or bfloat16, got ", q.scalar_type());
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(), kOp,
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(), op,
               ": k_cache and v_cache must have q's dtype ", q.scalar_type(), ", got ", k_cache.scalar_type(), " and ",
               v_cache.scalar_type());
-  TORCH_CHECK(q.is_cuda() && k_cache.device() == q.device() && v_cache.device() == q.device(), kOp,
+  TORCH_CHECK(q.is_cuda() && k_cache.device() == q.device() && v_cache.device() == q.device(), op,
               ": q, k_cache and v_cache must be on one CUDA device");
   const int64_t batch = packed ? cu_seqlens_q_arg->numel() - 1 : q.size(0);
   const int64_t seqlen_q = packed ? max_seqlen_q : q.size(1), heads_q = q.size(2), head_dim = q.size(3);
   if (packed) {
     const at::Tensor& cu = *cu_seqlens_q_arg;
-    TORCH_CHECK(cu.dim() == 1 && cu.numel() >= 1, kOp, ": cu_seqlens_q must be a 1-dim tensor of batch + 1 offsets, ",
+    TORCH_CHECK(cu.dim() == 1 && cu.numel() >= 1, op, ": cu_seqlens_q must be a 1-dim tensor of batch + 1 offsets, ",
                 "got shape ", to_text(cu.sizes()));
     check_index_tensor("cu_seqlens_q", cu, batch + 1, q);
   }
   const int64_t heads_kv = k_cache.size(2);
-  TORCH_CHECK(k_cache.size(3) == head_dim, kOp, ": k_cache's head dim ", to_text(k_cache.size(3)),
+  TORCH_CHECK(k_cache.size(3) == head_dim, op, ": k_cache's head dim ", to_text(k_cache.size(3)),
               " must equal q's ", to_text(head_dim));
-  TORCH_CHECK(heads_kv >= 1 && heads_q % heads_kv == 0, kOp, ": q's heads (", to_text(heads_q),
+  TORCH_CHECK(heads_kv >= 1 && heads_q % heads_kv == 0, op, ": q's heads (", to_text(heads_q),
               ") must be a multiple of k_cache's (", to_text(heads_kv), ")");
-  cuda_ops::check_cuda_device(kOp, q);
+  cuda_ops::check_cuda_device(op, q);
   const DeviceInfo device = cuda_ops::device_info(q);
-  TORCH_CHECK(decode::supported(static_cast<int>(head_dim), element_type_of(q), device.smem_per_block), kOp,
+  TORCH_CHECK(decode::supported(static_cast<int>(head_dim), element_type_of(q), device.smem_per_block), op,
               ": head_dim ", to_text(head_dim), " is not served on this GPU (a multiple of 8 up to 256, and the ",
               "shared memory its width needs)");
   TORCH_CHECK(cuda_ops::rows_aligned_16(q) && cuda_ops::rows_aligned_16(k_cache) && cuda_ops::rows_aligned_16(v_cache),
-              kOp, ": q, k_cache and v_cache need 16-byte aligned rows (strides multiples of 8 elements, a ",
+              op, ": q, k_cache and v_cache need 16-byte aligned rows (strides multiples of 8 elements, a ",
               "contiguous last dim)");
-  TORCH_CHECK(q.stride(3) == 1 && k_cache.stride(3) == 1 && v_cache.stride(3) == 1, kOp,
+  TORCH_CHECK(q.stride(3) == 1 && k_cache.stride(3) == 1 && v_cache.stride(3) == 1, op,
               ": q, k_cache and v_cache need a contiguous last dim");
   check_index_tensor("seqlens_k", seqlens_k, batch, q);
   if (cache_batch_idx.has_value()) check_index_tensor("cache_batch_idx", *cache_batch_idx, batch, q);
   if (leftpad.has_value()) check_index_tensor("cache_leftpad", *leftpad, batch, q);
   if (block_table.has_value()) {
     const at::Tensor& bt = *block_table;
-    TORCH_CHECK(!cache_batch_idx.has_value(), kOp, ": block_table and cache_batch_idx cannot be given together");
-    TORCH_CHECK(bt.scalar_type() == at::kInt, kOp, ": block_table must be int32, got ", bt.scalar_type());
-    TORCH_CHECK(bt.dim() == 2 && bt.size(0) == batch, kOp, ": block_table must be (batch=", to_text(batch),
+    TORCH_CHECK(!cache_batch_idx.has_value(), op, ": block_table and cache_batch_idx cannot be given together");
+    TORCH_CHECK(bt.scalar_type() == at::kInt, op, ": block_table must be int32, got ", bt.scalar_type());
+    TORCH_CHECK(bt.dim() == 2 && bt.size(0) == batch, op, ": block_table must be (batch=", to_text(batch),
                 ", pages_per_sequence), got shape ", to_text(bt.sizes()));
-    TORCH_CHECK(bt.device() == q.device(), kOp, ": block_table must be on q's device ", q.device().str(), ", got ",
+    TORCH_CHECK(bt.device() == q.device(), op, ": block_table must be on q's device ", q.device().str(), ", got ",
                 bt.device().str());
-    TORCH_CHECK(bt.stride(1) == 1, kOp, ": block_table needs a contiguous last dim");
+    TORCH_CHECK(bt.stride(1) == 1, op, ": block_table needs a contiguous last dim");
   } else {
-    TORCH_CHECK(cache_batch_idx.has_value() || k_cache.size(0) == batch, kOp, ": k_cache's batch ",
+    TORCH_CHECK(cache_batch_idx.has_value() || k_cache.size(0) == batch, op, ": k_cache's batch ",
                 to_text(k_cache.size(0)), " must equal q's ", to_text(batch), " (or pass cache_batch_idx)");
   }
-  TORCH_CHECK(num_splits >= 0, kOp, ": num_splits must be >= 0 (0: chosen from the shapes), got ",
+  TORCH_CHECK(num_splits >= 0, op, ": num_splits must be >= 0 (0: chosen from the shapes), got ",
               to_text(num_splits));
-  TORCH_CHECK(window_left >= -1 && window_right >= -1, kOp, ": window_size entries must be >= -1, got (",
+  TORCH_CHECK(window_left >= -1 && window_right >= -1, op, ": window_size entries must be >= -1, got (",
               to_text(window_left), ", ", to_text(window_right), ")");
-  TORCH_CHECK(softcap >= 0.0 && std::isfinite(softcap), kOp, ": softcap must be finite and >= 0, got ",
+  TORCH_CHECK(softcap >= 0.0 && std::isfinite(softcap), op, ": softcap must be finite and >= 0, got ",
               std::to_string(softcap));
-  TORCH_CHECK(k_cache.size(1) >= 1 && k_cache.size(0) >= 1, kOp, ": k_cache must hold at least one row");
+  TORCH_CHECK(k_cache.size(1) >= 1 && k_cache.size(0) >= 1, op, ": k_cache must hold at least one row");
   const int64_t pages_per_seq = block_table.has_value() ? block_table->size(1) : 1;
   const int64_t capacity = pages_per_seq * k_cache.size(1);
   TORCH_CHECK(capacity < (int64_t{1} << 31) && k_cache.size(0) < (int64_t{1} << 31) && batch < (int64_t{1} << 24) &&
                   q.size(1) < (int64_t{1} << 31),
-              kOp, ": the cache must hold fewer than 2^31 rows per sequence and pages");
+              op, ": the cache must hold fewer than 2^31 rows per sequence and pages");
 
   const at::cuda::CUDAGuard guard(q.device());
   const int64_t total_q = q.size(1);
@@ -183,8 +186,7 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
     p.partial_out = partial_out.data_ptr<float>();
     p.partial_lse = partial_lse.data_ptr<float>();
   }
-  const cudaError_t err = decode::launch(p, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
+  C10_CUDA_CHECK(decode::launch(p, at::cuda::getCurrentCUDAStream()));
   return result();
 }
 
