@@ -242,7 +242,7 @@ CALLS: Dict[str, Callable] = {
     "qkvpacked-integer": lambda mp: flashattn.flash_attn_qkvpacked_func(_randn(2, 5, 3, 4, 8).long()),
     # flash_attn_varlen_func
     "varlen-window-not-a-pair": lambda mp: varlen(window_size=8),
-    "varlen-block-table": lambda mp: varlen(block_table=torch.zeros(2, 1, dtype=torch.int32)),
+    "varlen-block-table-packed-k": lambda mp: varlen(block_table=torch.zeros(2, 1, dtype=torch.int32)),
     "varlen-q-4-dims": lambda mp: varlen(q=_randn(2, 5, 4, 8)),
     "varlen-cu-not-a-tensor": lambda mp: varlen(cu_seqlens_q=[0, 4, 10]),
     "varlen-cu-int64": lambda mp: varlen(cu_seqlens_q=torch.tensor([0, 4, 10])),
