@@ -503,7 +503,8 @@ def markdown(meta: dict, args: dict, rows: List[dict]) -> List[str]:
         "",
         f"{args['dtype']}, Hq = {args['heads']}, Hk = {args['kv_heads']}, D = {args['headdim']}, seqlen_q = "
         f"{args['seqlen_q']}, no mask; torch {meta['torch']} (CUDA {meta.get('cuda')}), flashattn "
-        f"{meta['flashattn']}, {_fa4_text(meta, rows)}. Timer: {meta['timer']}, median of {args['rounds']} rotating rounds.",
+        f"{meta['flashattn']} (decode op {'on' if meta.get('decode_op') else 'off'}: FLASHATTN_DECODE_OP), "
+        f"{_fa4_text(meta, rows)}. Timer: {meta['timer']}, median of {args['rounds']} rotating rounds.",
         "",
         copy_text,
     ]
@@ -597,6 +598,7 @@ def run(args, device="cuda", meta: Optional[dict] = None, started: Optional[floa
     meta = {} if meta is None else meta
     announced = {}
     if any(m.startswith("fa4") for m in args.methods):
+        meta["decode_op"] = bool(flashattn.kvcache.decode_op_enabled)
         meta["fa4"] = fa4_status()
         if "unavailable" in meta["fa4"]:
             print(f"FlashAttention-4: unavailable ({meta['fa4']['unavailable']}); its columns are n/a", flush=True)

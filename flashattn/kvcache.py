@@ -27,6 +27,7 @@ the device.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Optional, Tuple, Union
 
 import torch
@@ -105,6 +106,10 @@ def gather_pages(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor
 # many rows a chunk of queries is prefill, which the batched kernels run better.
 _DECODE_MAX_ROWS = 64
 
+# Whether calls the decode op serves run on it: FLASHATTN_DECODE_OP=1. Off by default until the op has
+# passed the GPU test suite on a device (README, Limits); tests set it directly.
+decode_op_enabled = os.environ.get("FLASHATTN_DECODE_OP", "0") == "1"
+
 
 @torch.compiler.assume_constant_result  # a property of the build and the GPU: traced as a constant
 @functools.lru_cache(maxsize=None)
@@ -115,7 +120,7 @@ def _decode_op_serves_head_dim(head_dim: int, bf16: bool, device_index: int) -> 
 def decode_op_serves(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, queries_per_sequence: int) -> bool:
     """Whether the decode op serves a call (see the module docstring): q (..., nheads, headdim) with at
     most queries_per_sequence queries a sequence, caches (pages or batch, rows, nheads_k, headdim)."""
-    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+    if not decode_op_enabled or q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
         return False
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or k_cache.size(2) == 0 or q.size(-2) % k_cache.size(2):
         return False

@@ -25,6 +25,12 @@ from flashattn.testing import OUT_FACTOR, assert_oracle
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=requires_cuda)]
 
+
+@pytest.fixture(autouse=True)
+def _decode_op_on(monkeypatch):
+    """These tests are the decode op's: on CUDA they run it whatever FLASHATTN_DECODE_OP says."""
+    monkeypatch.setattr(flashattn.kvcache, "decode_op_enabled", True)
+
 # A block_table entry that is not a page: it fills the columns past each sequence's pages. Reading it would
 # fault on CUDA (2^30 pages of even one row are far past any allocation) or raise on the CPU, so a correct
 # result proves those entries are never dereferenced.
