@@ -331,29 +331,26 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   // Natural-log LSE of the row over this split's keys; -inf (and out 0) for a row that saw none.
   const float lse = sum > 0.f ? (base + log2f(sum)) * kLn2 : -INFINITY;
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  // Columns c, c + 1 of the row's merged output, normalised.
+  auto merged = [&](int c) {
+    float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      acc0 += weight[w] * merge[(w * kRows + r) * kMergeRow + c];
+      acc1 += weight[w] * merge[(w * kRows + r) * kMergeRow + c + 1];
+    }
+    return make_float2(acc0 * inv, acc1 * inv);
+  };
   if (p.num_splits == 1) {
     T* dst = out_row(row);
     for (int c = 2 * lane8; c < p.head_dim; c += 16) {
-      float acc0 = 0.f, acc1 = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        acc0 += weight[w] * merge[(w * kRows + r) * kMergeRow + c];
-        acc1 += weight[w] * merge[(w * kRows + r) * kMergeRow + c + 1];
-      }
-      *reinterpret_cast<uint32_t*>(dst + c) = ElementOps<T>::pack(acc0 * inv, acc1 * inv);
+      const float2 x = merged(c);
+      *reinterpret_cast<uint32_t*>(dst + c) = ElementOps<T>::pack(x.x, x.y);
     }
     if (lane8 == 0) *lse_at(row) = lse;
   } else {
     float* dst = p.partial_out + partial_index(row) * p.head_dim;
-    for (int c = 2 * lane8; c < p.head_dim; c += 16) {
-      float acc0 = 0.f, acc1 = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        acc0 += weight[w] * merge[(w * kRows + r) * kMergeRow + c];
-        acc1 += weight[w] * merge[(w * kRows + r) * kMergeRow + c + 1];
-      }
-      *reinterpret_cast<float2*>(dst + c) = make_float2(acc0 * inv, acc1 * inv);
-    }
+    for (int c = 2 * lane8; c < p.head_dim; c += 16) *reinterpret_cast<float2*>(dst + c) = merged(c);
     if (lane8 == 0) p.partial_lse[partial_index(row)] = lse;
   }
 }
