@@ -8,7 +8,7 @@ window around query i's position L_b - seqlen_q + i) and attention_reference ove
 rows, once in float64 (the reference) and once in the inputs' dtype (the baseline the oracle scales by).
 
 The parametrizations are picked lists, not cross products: each list names every value of an axis at least
-once (the brief's head dims, GQA groups, dtypes, seqlen_q, num_splits, page sizes), paired so that the
+once (the decode op's head-dim widths and an odd head dim, GQA groups, dtypes, seqlen_q, num_splits, page sizes), paired so that the
 quantities the kernels tile by vary together (rows per kv head = group * seqlen_q, the decode kernel's
 16-row blocks and its 64-row limit; keys per split; page size against the key block). A full product would
 be thousands of cases for little more coverage.
