@@ -8,8 +8,8 @@ import torch
 
 from . import ops
 
-__all__ = ["check_devices", "check_sink", "check_tensor", "fa2_attention", "reject_alibi", "window_bounds",
-           "window_keys"]
+__all__ = ["check_devices", "check_sink", "check_tensor", "fa2_attention", "reject_alibi", "rows_aligned",
+           "window_bounds", "window_keys"]
 
 
 def reject_alibi(alibi_slopes) -> None:
@@ -40,6 +40,13 @@ def window_keys(query_pos: torch.Tensor, keys: torch.Tensor, window) -> torch.Te
     if right >= 0:
         inside = inside & (keys <= query_pos + right)
     return inside
+
+
+def rows_aligned(t: torch.Tensor) -> bool:
+    """Whether 16-byte loads can read t's rows (2-byte elements): 16-byte aligned rows from metadata alone
+    (no data pointer: this also runs on fake tensors while torch.compile traces); torch's allocations are
+    16-byte aligned."""
+    return t.stride(-1) == 1 and t.storage_offset() % 8 == 0 and all(st % 8 == 0 for st in t.stride()[:-1])
 
 
 def check_tensor(name: str, t, ndim: int, layout: str) -> None:

@@ -33,8 +33,8 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import ops
-from ._fa2_common import (check_devices, check_tensor, fa2_attention, reject_alibi, scale_or_default, window_bounds,
-                          window_keys)
+from ._fa2_common import (check_devices, check_tensor, fa2_attention, reject_alibi, rows_aligned, scale_or_default,
+                          window_bounds, window_keys)
 
 __all__ = ["flash_attn_with_kvcache"]
 
@@ -126,10 +126,8 @@ def decode_op_serves(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return False
     if q.size(-2) // k_cache.size(2) * queries_per_sequence > _DECODE_MAX_ROWS:
         return False
-    # 16-byte rows (the allocator's blocks are aligned far beyond that, so offsets and strides decide).
-    for t in (q, k_cache, v_cache):
-        if t.storage_offset() % 8 or any(st % 8 for st in t.stride()[:3]):
-            return False
+    if not all(rows_aligned(t) for t in (q, k_cache, v_cache)):
+        return False
     return _decode_op_serves_head_dim(q.size(-1), q.dtype == torch.bfloat16, q.device.index or 0)
 
 
@@ -277,7 +275,7 @@ def flash_attn_with_kvcache(
         _check_rotary(rotary_cos, rotary_sin, q.size(-1), q.device)
         if k is None:
             raise ValueError("flashattn: rotary_cos and rotary_sin apply to new k and v: pass them too")
-    decode_op = alibi_slopes is None and decode_op_serves(q, k_cache, v_cache, seqlen_q)
+    decode_op = decode_op_serves(q, k_cache, v_cache, seqlen_q)  # alibi_slopes was refused above
     if k is not None:
         if cache_seqlens is None:
             raise ValueError("flashattn: appending k and v needs cache_seqlens (where each sequence's cache ends)")
@@ -313,7 +311,7 @@ def flash_attn_with_kvcache(
         seqlens_k = lengths.to(torch.int32).contiguous()  # an int32 tensor as given: no launch
         out, lse = torch.ops.flashattn.decode_fwd(
             q, k_cache, v_cache, seqlens_k, block_table, cache_batch_idx,
-            None if leftpad is None else cache_leftpad, scale_or_default(softmax_scale, q.size(-1)), bool(causal),
+            cache_leftpad, scale_or_default(softmax_scale, q.size(-1)), bool(causal),
             window[0], window[1], float(softcap), num_splits)
         return (out, lse) if return_softmax_lse else out
 

@@ -27,7 +27,7 @@ import torch
 
 from . import _C, kvcache, ops
 from ._fa2_common import (check_devices, check_max_seqlen, check_sink, check_tensor, fa2_attention, reject_alibi,
-                          scale_or_default, unpack, window_bounds, window_keys)
+                          rows_aligned, scale_or_default, unpack, window_bounds, window_keys)
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
 
@@ -51,12 +51,6 @@ def _check_seqused(name: str, seqused, batch: int, device: torch.device) -> None
         raise ValueError(f"flashattn: {name} must have one entry per sequence ({batch}), got {seqused.numel()}")
 
 
-def _rows_aligned(t: torch.Tensor) -> bool:
-    # 16-byte aligned rows from metadata alone (no data pointer: this also runs on fake tensors while
-    # torch.compile traces); torch's allocations are 16-byte aligned.
-    return t.stride(-1) == 1 and t.storage_offset() % 8 == 0 and all(st % 8 == 0 for st in t.stride()[:-1])
-
-
 def _in_kernels(q, k, v, dropout_p, block_table) -> bool:
     """Whether the varlen ops serve the call (see the module docstring); else the padded batch."""
     if dropout_p > 0.0 or block_table is not None:
@@ -68,7 +62,7 @@ def _in_kernels(q, k, v, dropout_p, block_table) -> bool:
     if torch.cuda.get_device_capability(q.device) != (9, 0) or _C.plan_options()["force_sm80"]:
         return False
     return (q.dtype in (torch.float16, torch.bfloat16) and 33 <= q.size(-1) <= 128 and q.size(-1) % 8 == 0
-            and all(_rows_aligned(t) for t in (q, k, v)))
+            and all(rows_aligned(t) for t in (q, k, v)))
 
 
 def _assert_offsets(name: str, max_name: str, cu_seqlens: torch.Tensor, max_seqlen: int, total: int) -> torch.Tensor:
