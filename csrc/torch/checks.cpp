@@ -160,6 +160,15 @@ void check_keep_mask_args(const at::Tensor& rng_state, int64_t batch, int64_t he
               rng_state.scalar_type(), " and shape ", to_text(rng_state.sizes()));
 }
 
+void check_int32_vector(const char* op, const char* name, const at::Tensor& t, int64_t numel, const at::Tensor& q) {
+  TORCH_CHECK(t.dim() == 1 && t.numel() == numel, op, ": ", name, " must be a 1-dim tensor of ", to_text(numel),
+              " int32 values, got shape ", to_text(t.sizes()));
+  TORCH_CHECK(t.scalar_type() == at::kInt, op, ": ", name, " must be int32, got ", t.scalar_type());
+  TORCH_CHECK(t.device() == q.device(), op, ": ", name, " must be on q's device ", q.device().str(), ", got ",
+              t.device().str());
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
+}
+
 void check_softcap(const char* op, double softcap, const std::optional<at::Tensor>& attn_mask) {
   TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be a finite value >= 0 (0: no cap), got ",
               std::to_string(softcap));

@@ -55,6 +55,9 @@ void check_dropout(const char* op, double dropout_p, const std::optional<at::Ten
 void check_keep_mask_args(const at::Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
                           int64_t seqlen_k, double dropout_p);
 
+// Checks an int32 index tensor (offsets, lengths, rows): 1-dim with numel entries, contiguous, on q's device.
+void check_int32_vector(const char* op, const char* name, const at::Tensor& t, int64_t numel, const at::Tensor& q);
+
 // Checks softcap (0: none, else the cap of every scaled score, softcap * tanh(score / softcap)): finite and
 // >= 0, and not with a floating attn_mask (the CUDA backward recovers tanh from P, which an additive
 // mask's term would spoil).

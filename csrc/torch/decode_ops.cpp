@@ -28,15 +28,6 @@ namespace {
 
 constexpr const char* op = "flashattn.decode_fwd";
 
-void check_index_tensor(const char* name, const at::Tensor& t, int64_t batch, const at::Tensor& q) {
-  TORCH_CHECK(t.scalar_type() == at::kInt, op, ": ", name, " must be int32, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == batch, op, ": ", name, " must have shape (", to_text(batch),
-              ",), got ", to_text(t.sizes()));
-  TORCH_CHECK(t.device() == q.device(), op, ": ", name, " must be on q's device ", q.device().str(), ", got ",
-              t.device().str());
-  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
-}
-
 ElementType element_type_of(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16;
 }
@@ -76,7 +67,7 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
     const at::Tensor& cu = *cu_seqlens_q_arg;
     TORCH_CHECK(cu.dim() == 1 && cu.numel() >= 1, op, ": cu_seqlens_q must be a 1-dim tensor of batch + 1 offsets, ",
                 "got shape ", to_text(cu.sizes()));
-    check_index_tensor("cu_seqlens_q", cu, batch + 1, q);
+    check_int32_vector(op, "cu_seqlens_q", cu, batch + 1, q);
   }
   const int64_t heads_kv = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == head_dim, op, ": k_cache's head dim ", to_text(k_cache.size(3)),
@@ -93,9 +84,9 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
               "contiguous last dim)");
   TORCH_CHECK(q.stride(3) == 1 && k_cache.stride(3) == 1 && v_cache.stride(3) == 1, op,
               ": q, k_cache and v_cache need a contiguous last dim");
-  check_index_tensor("seqlens_k", seqlens_k, batch, q);
-  if (cache_batch_idx.has_value()) check_index_tensor("cache_batch_idx", *cache_batch_idx, batch, q);
-  if (leftpad.has_value()) check_index_tensor("cache_leftpad", *leftpad, batch, q);
+  check_int32_vector(op, "seqlens_k", seqlens_k, batch, q);
+  if (cache_batch_idx.has_value()) check_int32_vector(op, "cache_batch_idx", *cache_batch_idx, batch, q);
+  if (leftpad.has_value()) check_int32_vector(op, "cache_leftpad", *leftpad, batch, q);
   if (block_table.has_value()) {
     const at::Tensor& bt = *block_table;
     TORCH_CHECK(!cache_batch_idx.has_value(), op, ": block_table and cache_batch_idx cannot be given together");

@@ -27,18 +27,6 @@
 #endif
 
 namespace flashattn {
-namespace {
-
-void check_offsets(const char* op, const char* name, const at::Tensor& t, int64_t numel, const at::Tensor& q) {
-  TORCH_CHECK(t.dim() == 1 && t.numel() == numel, op, ": ", name, " must be a 1-dim tensor of ", to_text(numel),
-              " int32 values, got shape ", to_text(t.sizes()));
-  TORCH_CHECK(t.scalar_type() == at::kInt, op, ": ", name, " must be int32, got ", t.scalar_type());
-  TORCH_CHECK(t.device() == q.device(), op, ": ", name, " must be on q's device ", q.device().str(), ", got ",
-              t.device().str());
-  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
-}
-
-}  // namespace
 
 VarlenShape check_varlen_args(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
@@ -51,10 +39,10 @@ VarlenShape check_varlen_args(const char* op, const at::Tensor& q, const at::Ten
   TORCH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.numel() >= 1, op,
               ": cu_seqlens_q must be a 1-dim tensor of batch + 1 offsets, got shape ", to_text(cu_seqlens_q.sizes()));
   s.batch = cu_seqlens_q.numel() - 1;
-  check_offsets(op, "cu_seqlens_q", cu_seqlens_q, s.batch + 1, q);
-  check_offsets(op, "cu_seqlens_k", cu_seqlens_k, s.batch + 1, q);
-  if (seqused_q.has_value()) check_offsets(op, "seqused_q", *seqused_q, s.batch, q);
-  if (seqused_k.has_value()) check_offsets(op, "seqused_k", *seqused_k, s.batch, q);
+  check_int32_vector(op, "cu_seqlens_q", cu_seqlens_q, s.batch + 1, q);
+  check_int32_vector(op, "cu_seqlens_k", cu_seqlens_k, s.batch + 1, q);
+  if (seqused_q.has_value()) check_int32_vector(op, "seqused_q", *seqused_q, s.batch, q);
+  if (seqused_k.has_value()) check_int32_vector(op, "seqused_k", *seqused_k, s.batch, q);
   TORCH_CHECK(s.batch < (int64_t{1} << 24), op, ": at most 2^24 sequences, got ", to_text(s.batch));
   return s;
 }
