@@ -16,12 +16,12 @@ bool supported(int head_dim, ElementType type, int smem_per_block);
 // Query rows of one kv head (group query heads times seqlen_q) per thread block.
 int rows_per_block();
 
-// The split count for a call (num_splits = 0 in the API): as many splits as fill the GPU's thread-block
-// slots in one wave without passing it (a second, partial wave would cost as much as the first), and
-// no split shorter than a few key blocks a warp. Sizes only, never the lengths on the device, so the
-// choice needs no synchronisation and a CUDA graph replays it with any lengths.
+// The split count for a call (num_splits = 0 in the API) on the current device: as many splits as fill
+// the GPU's thread-block slots in one wave without passing it (a second, partial wave would cost as much
+// as the first), and no split shorter than a few key blocks a warp. Sizes only, never the lengths on
+// the device, so the choice needs no synchronisation and a CUDA graph replays it with any lengths.
 int choose_splits(int batch, int heads_kv, int row_groups, int max_keys, int head_dim, ElementType type,
-                  int num_sms, int device);
+                  int num_sms);
 
 // Runs the decode kernel (and the combine kernel when p.num_splits > 1) on stream.
 cudaError_t launch(const DecodeParams& p, cudaStream_t stream);

@@ -47,8 +47,7 @@ __device__ __forceinline__ int64_t lse_index(const DecodeParams& p, int b, const
 // Where sequence b's keys are and which of them this thread block takes.
 struct KeyRange {
   int length;  // keys of the sequence
-  int lo;      // first key any row of the block may see
-  int begin;   // this split's keys: [begin, end)
+  int begin;   // this split's keys: [begin, end), within the keys some row of the sequence may see
   int end;
 };
 
@@ -56,14 +55,14 @@ __device__ __forceinline__ KeyRange key_range(const DecodeParams& p, int b, int 
   const int capacity = p.block_table != nullptr ? p.pages_per_seq * p.page_size : p.page_size;
   KeyRange r;
   r.length = min(max(p.seqlens_k[b], 0), capacity);
-  r.lo = p.leftpad != nullptr ? min(max(p.leftpad[b], 0), r.length) : 0;
-  // The lowest diagonal (query 0's) bounds every row's window from below.
-  if (p.window_left >= 0) r.lo = max(r.lo, r.length - queries - p.window_left);
-  const int keys = max(r.length - r.lo, 0);
+  // The first key any row may see: the left padding's end, and the window of the lowest diagonal (query 0's).
+  int lo = p.leftpad != nullptr ? min(max(p.leftpad[b], 0), r.length) : 0;
+  if (p.window_left >= 0) lo = max(lo, r.length - queries - p.window_left);
+  const int keys = max(r.length - lo, 0);
   // Whole key blocks per split, so only a split's last block is partial.
   const int per_split = (keys + p.num_splits - 1) / p.num_splits;
   const int chunk = (per_split + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
-  r.begin = min(r.lo + split * chunk, r.length);
+  r.begin = min(lo + split * chunk, r.length);
   r.end = min(r.begin + chunk, r.length);
   return r;
 }
@@ -72,7 +71,7 @@ __device__ __forceinline__ KeyRange key_range(const DecodeParams& p, int b, int 
 // row past the group's rows (rows of the sequence's `queries`) or one that sees none.
 __device__ __forceinline__ void row_keys(const DecodeParams& p, const KeyRange& kr, int r, int rows, int group,
                                          int queries, int& first, int& last) {
-  first = kr.begin;  // begin >= lo
+  first = kr.begin;
   last = kr.end - 1;
   if (r >= rows) {
     last = first - 1;

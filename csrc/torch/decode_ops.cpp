@@ -129,7 +129,7 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
   if (splits == 0) {
     splits = decode::choose_splits(static_cast<int>(batch), static_cast<int>(heads_kv), row_groups,
                                    static_cast<int>(capacity), static_cast<int>(head_dim), element_type_of(q),
-                                   device.num_sms, q.get_device());
+                                   device.num_sms);
   }
 
   DecodeParams p{};
