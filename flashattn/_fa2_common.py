@@ -4,6 +4,8 @@ API's defaults (softmax scale, bottom-right causal mask, the dropout keep-mask r
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from . import ops
@@ -24,10 +26,18 @@ def window_bounds(window_size) -> tuple:
         left, right = window_size
     except (TypeError, ValueError):
         raise TypeError(f"flashattn: window_size must be a pair of ints (left, right), got {window_size!r}") from None
+    bounds = []
     for name, bound in (("left", left), ("right", right)):
-        if isinstance(bound, bool) or not isinstance(bound, int):
-            raise TypeError(f"flashattn: window_size's {name} bound must be an int (-1: unbounded), got {bound!r}")
-    return max(int(left), -1), max(int(right), -1)
+        # Anything with __index__ (an int, a numpy integer, a 0-dim integer tensor as flash_attn's own tests
+        # pass) is a bound; bools and floats are not.
+        try:
+            if isinstance(bound, bool) or getattr(bound, "dtype", None) == torch.bool:
+                raise TypeError
+            bounds.append(operator.index(bound))
+        except TypeError:
+            raise TypeError(f"flashattn: window_size's {name} bound must be an int (-1: unbounded), "
+                            f"got {bound!r}") from None
+    return max(bounds[0], -1), max(bounds[1], -1)
 
 
 def window_keys(query_pos: torch.Tensor, keys: torch.Tensor, window) -> torch.Tensor:

@@ -245,6 +245,11 @@ def test_window_rejects_masks_and_bad_sizes(device):
         flashattn.flash_attn_func(q, k, v, window_size=4)
     with pytest.raises(TypeError, match="window_size's left bound must be an int"):
         flashattn.flash_attn_func(q, k, v, window_size=(1.5, 0))
+    with pytest.raises(TypeError, match="window_size's right bound must be an int"):
+        flashattn.flash_attn_func(q, k, v, window_size=(1, torch.tensor(True)))
+    # Integer tensors are bounds (flash_attn's own tests draw window_size with torch.randint).
+    torch.testing.assert_close(flashattn.flash_attn_func(q, k, v, window_size=torch.tensor([3, 1])),
+                               flashattn.flash_attn_func(q, k, v, window_size=(3, 1)), rtol=0, atol=0)
 
 
 def test_opcheck_with_window():
