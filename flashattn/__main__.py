@@ -181,7 +181,8 @@ support matrix
                   the CPU and on sm_90 at head dims 33..128 without dropout; elsewhere over a padded
                   copy of the batch (exact, the work and memory of batch * max_seqlen rows)
   KV cache        flash_attn_with_kvcache: in-place appends at cache_seqlens, causal per sequence,
-                  rotary embedding, cache_batch_idx, cache_leftpad; no paged caches (block_table)
+                  rotary embedding, cache_batch_idx, cache_leftpad, paged caches (block_table, any
+                  page size; also in flash_attn_varlen_func with seqused_k)
   variants        attention sinks (learnable_sink, transformers' s_aux), softcap (not with a floating
                   mask) and sliding windows (window_size; not with a mask), forward and backward,
                   every path
