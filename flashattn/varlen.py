@@ -343,19 +343,44 @@ def flash_attn_varlen_func(
     seqused_q: Optional[torch.Tensor] = None,
     seqused_k: Optional[torch.Tensor] = None,
     learnable_sink: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
 ):
     reject_alibi(alibi_slopes)
     window = window_bounds(window_size)
     check_tensor("q", q, 3, "(total_q, nheads, headdim)")
+    if out is not None:
+        _check_out(out, q, v, learnable_sink)
     if block_table is not None:
-        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
-                             deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink,
-                             softcap, window)
-    check_tensor("k", k, 3, "(total_k, nheads_k, headdim)")
-    check_tensor("v", v, 3, "(total_k, nheads_k, headdim)")
-    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink, softcap,
-                   window)
+        result = _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
+                               deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink,
+                               softcap, window)
+    else:
+        check_tensor("k", k, 3, "(total_k, nheads_k, headdim)")
+        check_tensor("v", v, 3, "(total_k, nheads_k, headdim)")
+        result = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                         causal, deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink,
+                         softcap, window)
+    if out is None:
+        return result
+    if isinstance(result, tuple):
+        out.copy_(result[0])
+        return (out, *result[1:])
+    return out.copy_(result)
+
+
+def _check_out(out, q, v, learnable_sink) -> None:
+    """Raises unless out can take the result: q's device and dtype, shape (total_q, nheads, headdim_v), and no
+    gradient to carry (as torch's own out= arguments, it does not support autograd)."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"flashattn: out must be a torch.Tensor or None, got {type(out).__name__}")
+    expected = (*q.shape[:2], v.shape[-1]) if isinstance(v, torch.Tensor) else tuple(q.shape)
+    if tuple(out.shape) != expected or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"flashattn: out must be a {q.dtype} tensor of shape {expected} on {q.device} "
+                         f"(total_q, nheads, headdim), got {out.dtype} {tuple(out.shape)} on {out.device}")
+    inputs = [t for t in (q, v, learnable_sink) if isinstance(t, torch.Tensor)]
+    if torch.is_grad_enabled() and (out.requires_grad or any(t.requires_grad for t in inputs)):
+        raise RuntimeError("flashattn: out= does not support autograd (an input or out requires grad); call "
+                           "without out= to train, or under torch.no_grad()")
 
 
 flash_attn_varlen_func.__doc__ = (
@@ -371,6 +396,10 @@ flash_attn_varlen_func.__doc__ = (
     float16 / bfloat16, an int ``max_seqlen_q`` of at most 64 / (nheads / nheads_k) and no gradient,
     dropout or sink, this runs on the decode op (keys split across thread blocks, pages read in place);
     otherwise over a padded copy of each sequence's pages.
+
+    ``out`` (keyword only): a ``(total_q, nheads, headdim)`` tensor of q's dtype and device that receives
+    the output, which is then returned in its place (as serving engines pass a slice of their output
+    buffer). The result is copied into it; without autograd, as torch's own ``out=`` arguments.
 """
     + _VARLEN_DOC
     + _SEQUSED_DOC

@@ -362,3 +362,40 @@ def test_varlen_kernels_graph_capture_and_tensor_max_seqlen():
     cu.copy_(torch.tensor([0, 400, 410, 600], dtype=torch.int32))
     graph.replay()
     torch.testing.assert_close(captured, call(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("paged", [False, True])
+def test_varlen_out_argument(device, paged):
+    """out= receives the output and is returned in its place, paged (the decode op on CUDA) or not; a wrong
+    shape, dtype or a gradient to carry raise."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    torch.manual_seed(0)
+    cu_q = torch.tensor([0, 1, 3], dtype=torch.int32, device=device)
+    q = torch.randn(3, 4, 32, dtype=dtype, device=device)
+    if paged:
+        k, v = (torch.randn(6, 16, 2, 32, dtype=dtype, device=device) for _ in range(2))
+        block_table = torch.tensor([[4, 1], [0, 5]], dtype=torch.int32, device=device)
+        kwargs = dict(block_table=block_table, seqused_k=torch.tensor([20, 9], dtype=torch.int32, device=device))
+        cu_k, max_k = None, 32
+    else:
+        k, v = (torch.randn(29, 2, 32, dtype=dtype, device=device) for _ in range(2))
+        kwargs = {}
+        cu_k, max_k = torch.tensor([0, 20, 29], dtype=torch.int32, device=device), 20
+    want = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2, max_k, causal=True, **kwargs)
+    buffer = torch.full((5, 4, 32), float("nan"), dtype=dtype, device=device)
+    got = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2, max_k, causal=True, out=buffer[1:4], **kwargs)
+    assert got.data_ptr() == buffer[1:4].data_ptr()
+    torch.testing.assert_close(buffer[1:4], want, rtol=0, atol=0)
+    assert buffer[0].isnan().all() and buffer[4].isnan().all()
+    out, lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2, max_k, causal=True, return_attn_probs=True,
+                                                   out=torch.empty_like(q), **kwargs)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="out must be a .* tensor of shape \\(3, 4, 32\\)"):
+        flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2, max_k, out=buffer, **kwargs)
+    with pytest.raises(ValueError, match="out must be a"):
+        flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2, max_k, out=torch.empty_like(q, dtype=torch.float16),
+                                         **kwargs)
+    with pytest.raises(RuntimeError, match="out= does not support autograd"):
+        flashattn.flash_attn_varlen_func(q.requires_grad_(), k, v, cu_q, cu_k, 2, max_k, out=torch.empty_like(q),
+                                         **kwargs)
