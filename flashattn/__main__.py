@@ -178,7 +178,7 @@ support matrix
                   keep-mask is a Philox function of (seed, offset, b, h, i, j), the same on CPU and CUDA,
                   seeded from torch's generator (torch.manual_seed reproduces it)
   varlen          flash_attn_varlen_* (cu_seqlens, max_seqlen, seqused_q/k): packed rows in place on
-                  the CPU and on sm_90 at head dims 33..128 without dropout; elsewhere over a padded
+                  the CPU and on sm_90 at head dims 33..256 without dropout; elsewhere over a padded
                   copy of the batch (exact, the work and memory of batch * max_seqlen rows)
   KV cache        flash_attn_with_kvcache: in-place appends at cache_seqlens, causal per sequence,
                   rotary embedding, cache_batch_idx, cache_leftpad, paged caches (block_table, any

@@ -53,7 +53,7 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
 ``torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, sink=None, dsink=None, softcap=0.0, window_left=-1, window_right=-1) -> (dq, dk, dv)``
     A variable-length batch (:mod:`flashattn.varlen`): q ``(total_q, Hq, D)``, k/v ``(total_k, Hk, D)``,
     int32 offsets ``(batch + 1,)`` and optional used lengths ``(batch,)`` on q's device; out like q,
-    lse ``(Hq, total_q)``; ``sink`` / ``dsink``, ``softcap`` and the window as in fwd / bwd (each sequence on its own diagonal). On CUDA, sm_90 GPUs at head dims 33..128 only. varlen_fwd has autograd (csrc/torch/varlen_autograd.cpp).
+    lse ``(Hq, total_q)``; ``sink`` / ``dsink``, ``softcap`` and the window as in fwd / bwd (each sequence on its own diagonal). On CUDA, sm_90 GPUs at head dims 33..256 only. varlen_fwd has autograd (csrc/torch/varlen_autograd.cpp).
     The offsets must start at 0, never decrease and end at the packed row count, seqused within each
     sequence, and no sequence longer than ``max_seqlen_q`` / ``max_seqlen_k`` where given (-1: any):
     checked where the op reads them, at once on the CPU, on CUDA by the kernel that builds the

@@ -5,7 +5,7 @@
 likewise with ``cu_seqlens_k``. Each sequence attends only within itself.
 
 How it runs. In the kernels (``torch.ops.flashattn.varlen_fwd`` / ``varlen_bwd``) on the CPU and on
-sm_90 GPUs at head dims 33..128 without dropout: the packed rows are read in place and each
+sm_90 GPUs at head dims 33..256 without dropout: the packed rows are read in place and each
 sequence's own tiles are scheduled, longest first, from a work list the GPU builds from the offsets
 (no host synchronization, no padded copy, work and memory linear in the packed rows; ``max_seqlen``
 sizes nothing: it is only checked against the lengths, with the offsets, by the op that reads them, and
@@ -61,7 +61,7 @@ def _in_kernels(q, k, v, dropout_p, block_table) -> bool:
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0) or _C.plan_options()["force_sm80"]:
         return False
-    return (q.dtype in (torch.float16, torch.bfloat16) and 33 <= q.size(-1) <= 128 and q.size(-1) % 8 == 0
+    return (q.dtype in (torch.float16, torch.bfloat16) and 33 <= q.size(-1) <= 256 and q.size(-1) % 8 == 0
             and all(rows_aligned(t) for t in (q, k, v)))
 
 
@@ -229,7 +229,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     if seqused_q is not None or seqused_k is not None:
         raise NotImplementedError(
             "flashattn: seqused_q / seqused_k run only in the variable-length kernels (the CPU, and sm_90 GPUs at "
-            "head dims 33..128 without dropout); this call takes the padded path")
+            "head dims 33..256 without dropout); this call takes the padded path")
     # The padded batch's sizes: a tensor max_seqlen is read here (a host synchronization).
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     lay = _padded_layout(cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k, max_seqlen_q, max_seqlen_k, total_q,
@@ -310,7 +310,7 @@ _VARLEN_DOC = """
     keep-mask (None without dropout) in the padded path's coordinates, ``(batch, nheads, max_seqlen_q,
     max_seqlen_k)``, sequences at the start of their rows, or at the end with ``causal``.
 
-    Runs in the variable-length kernels on the CPU and on sm_90 GPUs at head dims 33..128 (a multiple
+    Runs in the variable-length kernels on the CPU and on sm_90 GPUs at head dims 33..256 (a multiple
     of 8) without dropout, else over a padded copy of the batch (see :mod:`flashattn.varlen`; a
     window there is a materialized mask).
 """

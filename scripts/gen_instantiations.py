@@ -10,9 +10,9 @@ SM90_BWD_HEAD_DIMS = [64, 96, 128, 192, 256]  # 192, 256: the wide kernel (bwd_w
 # The masked sm90 backward at every width (at 128 it spills a little since the half-width dQ GEMM,
 # and runs faster than the masked sm80 backward; docs/perf-log.md).
 SM90_BWD_MASKED_HEAD_DIMS = [64, 96, 128, 192, 256]
-# Variable-length batches in the kernels: the widths whose backward is the narrow kernel.
-SM90_VARLEN_FWD_HEAD_DIMS = [64, 96, 128]
-SM90_VARLEN_BWD_HEAD_DIMS = [64, 96, 128]
+# Variable-length batches in the kernels: every width (the backward above 128 in the wide kernel).
+SM90_VARLEN_FWD_HEAD_DIMS = [64, 96, 128, 192, 256]
+SM90_VARLEN_BWD_HEAD_DIMS = [64, 96, 128, 192, 256]
 ELEMENTS = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 PASSES = {"fwd": ("fwd_kernel.cuh", "launch_fwd", "FwdParams"), "bwd": ("bwd_kernel.cuh", "launch_bwd", "BwdParams")}
 

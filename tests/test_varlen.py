@@ -208,7 +208,7 @@ def _random_lengths(count, low, high, seed):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("heads_q,heads_kv,head_dim", [(8, 2, 40), (4, 4, 96), (4, 1, 128)])
+@pytest.mark.parametrize("heads_q,heads_kv,head_dim", [(8, 2, 40), (4, 4, 96), (4, 1, 128), (4, 2, 160), (2, 2, 256)])
 def test_varlen_kernels_many_sequences(device, causal, dtype, heads_q, heads_kv, head_dim, monkeypatch):
     if device == "cpu" and head_dim != 40:
         pytest.skip("the CPU runs one head dim here (it is slow)")
@@ -272,7 +272,7 @@ def test_varlen_kernels_seqused(device, monkeypatch):
 
 
 @requires_cuda
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 192])
 def test_varlen_kernels_deterministic(head_dim, monkeypatch):
     # deterministic=True: the same gradients bit for bit on every run (the dq turns over the list's
     # in-order items), and equal to the default mode's within rounding.

@@ -54,7 +54,7 @@ TileShape bwd_tile_shape();
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 
 // Variable-length batches in the kernels (params.h, VarlenParams; no mask, no dropout): whether the
-// sm90 kernels serve the shape in both directions (head dims 33..128, a positive finite scale, the
+// sm90 kernels serve the shape in both directions (head dims 33..256, a positive finite scale, the
 // tensors TMA-describable), and the forward (on `grid` persistent CTAs, FwdParams::tile_counter set)
 // and backward launches. The schedule lists are built on the stream into params.varlen's buffers, of
 // varlen_list_capacity_bound items (cuda/varlen_schedule.h).

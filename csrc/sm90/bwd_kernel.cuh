@@ -117,6 +117,17 @@ __device__ __forceinline__ BwdRows bwd_varlen_rows(const BwdParams& p, int b, co
   return BwdRows{seq.q_begin, seq.k_begin, 0, varlen_workspace_row(seq.q_begin, b, p.varlen.workspace_align),
                  p.varlen.workspace_rows};
 }
+// The key block of item `index` of p.varlen's list: (sequence, key block * heads_kv + kv head).
+template <int kBlockN>
+__device__ __forceinline__ BwdKeyBlock bwd_varlen_key_block(const BwdParams& p, int index) {
+  const int2 item = varlen_item(p.varlen, index);
+  BwdKeyBlock block;
+  block.batch = item.x;
+  block.n_block = item.y / p.shape.heads_kv;
+  block.kv_head = item.y - block.n_block * p.shape.heads_kv;
+  block.n0 = block.n_block * kBlockN;
+  return block;
+}
 
 // The steps of the key block of kBlockN keys starting at key n0: every query head of its GQA group times
 // the kBlockM-query blocks from the first that sees key n0 to the last that sees the block's last key
@@ -491,11 +502,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   BwdRows rows;
   if constexpr (kVarlen) {
     if (static_cast<int>(blockIdx.x) >= *p.varlen.tile_count) return;  // past the list (the grid is its capacity)
-    const int2 item = varlen_item(p.varlen, blockIdx.x);
-    block.batch = item.x;
-    block.n_block = item.y / p.shape.heads_kv;
-    block.kv_head = item.y - block.n_block * p.shape.heads_kv;
-    block.n0 = block.n_block * kBlockN;
+    block = bwd_varlen_key_block<kBlockN>(p, blockIdx.x);
     seq = SeqSpan::of(p.varlen, block.batch);
     rows = bwd_varlen_rows(p, block.batch, seq);
   } else {
@@ -817,12 +824,12 @@ cudaError_t launch_bwd_with_config(const BwdParams& p, cudaStream_t stream) {
   return launch_bwd_convert_dq<T>(p, stream);
 }
 
-// The variable-length backward in configuration Cfg (the unmasked kernel): the key-block list of
-// p.varlen (longest first; in deterministic mode in the order of the dq turns, BwdKeyBlock's), the
-// preprocess over every sequence's workspace rows, one CTA per list item (the grid is the list's
-// capacity; CTAs past its length exit), the dq conversion.
-template <typename T, typename Cfg>
-cudaError_t launch_bwd_varlen_with_config(const BwdParams& p, cudaStream_t stream) {
+// The variable-length backward in configuration Cfg with `kernel` (an unmasked kernel's kVarlen form):
+// the key-block list of p.varlen (longest first; in deterministic mode in the order of the dq turns,
+// BwdKeyBlock's), the preprocess over every sequence's workspace rows, one CTA per list item (the grid
+// is the list's capacity; CTAs past its length exit), the dq conversion.
+template <typename T, typename Cfg, typename Kernel>
+cudaError_t launch_bwd_varlen_kernel(Kernel kernel, const BwdParams& p, cudaStream_t stream) {
   const AttentionShape& sh = p.shape;
   if (p.dq_accum_dim != Cfg::kHeadDim || !p.dq_accum_tiled || !p.varlen.enabled()) return cudaErrorNotSupported;
   // Query steps never cross a sequence's workspace region.
@@ -854,7 +861,6 @@ cudaError_t launch_bwd_varlen_with_config(const BwdParams& p, cudaStream_t strea
   const int64_t grid = varlen_list_capacity(spec, sh.seqlen_k);
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
   if (grid > 0) {
-    constexpr auto kernel = bwd_kernel<T, Cfg, false, false, false, true>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
     if (err != cudaSuccess) return err;
     kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, p);
@@ -862,6 +868,12 @@ cudaError_t launch_bwd_varlen_with_config(const BwdParams& p, cudaStream_t strea
     if (err != cudaSuccess) return err;
   }
   return launch_bwd_convert_dq<T>(p, stream);
+}
+
+// The variable-length backward with the narrow kernel in configuration Cfg.
+template <typename T, typename Cfg>
+cudaError_t launch_bwd_varlen_with_config(const BwdParams& p, cudaStream_t stream) {
+  return launch_bwd_varlen_kernel<T, Cfg>(bwd_kernel<T, Cfg, false, false, false, true>, p, stream);
 }
 
 }  // namespace sm90

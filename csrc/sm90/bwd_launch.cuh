@@ -21,15 +21,18 @@ cudaError_t launch_bwd_at_width(const BwdParams& p, cudaStream_t stream) {
   }
 }
 
-// The variable-length backward (p.varlen) at tile widths 64 and 128, in the steps the batched
-// unmasked kernel takes there.
+// The variable-length backward (p.varlen), in the kernel and steps the batched unmasked backward takes
+// at the width.
 template <typename T, int kHeadDim>
 cudaError_t launch_bwd_varlen(const BwdParams& p, cudaStream_t stream) {
-  static_assert(kHeadDim <= 128, "the narrow kernel's widths");
-  if constexpr (kHeadDim == 64) {
-    if (p.sm90_block_m == 128) return launch_bwd_varlen_with_config<T, BwdConfig<kHeadDim, 128>>(p, stream);
+  if constexpr (kHeadDim > 128) {
+    return launch_bwd_wide_varlen<T, BwdWideConfig<kHeadDim>>(p, stream);
+  } else {
+    if constexpr (kHeadDim == 64) {
+      if (p.sm90_block_m == 128) return launch_bwd_varlen_with_config<T, BwdConfig<kHeadDim, 128>>(p, stream);
+    }
+    return launch_bwd_varlen_with_config<T, BwdConfig<kHeadDim>>(p, stream);
   }
-  return launch_bwd_varlen_with_config<T, BwdConfig<kHeadDim>>(p, stream);
 }
 
 template <typename T, int kHeadDim>

@@ -18,7 +18,9 @@
 // 64-key block reads the classes of the 128-key tile it lies in) and writes dS to params.dmask when
 // set; its kDropout form applies params.dropout too. No key-length form (the planner gives none at these
 // widths). Deterministic mode as in bwd_kernel.cuh (DqTurns), in the unmasked variant and the masked
-// one's kMaskedTurns form.
+// one's kMaskedTurns form. The kVarlen form (unmasked) runs a variable-length batch as bwd_kernel.cuh's:
+// the CTA takes item blockIdx.x of p.varlen's list and addresses its sequence's rows in the packed
+// tensors and workspaces (BwdRows).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -139,14 +141,15 @@ __device__ __forceinline__ void wide_consumers_meet(int consumer) {
 }
 
 // The step loop of consumer `consumer` (0 or 1), whose head dims for the products are [dim0, dim0 +
-// kDims), and its dK and dV stores.
-template <typename T, typename Cfg, bool kMasked, bool kDropout, bool kMaskedTurns, int kDims>
-__device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg>& bars, unsigned char* base,
-                                             const BwdSteps& steps, BwdStepWalk<T, kMasked> walk,
-                                             const BwdKeyBlock& block, int consumer, int dim0) {
+// kDims), and its dK and dV stores. sh: the call's shape, or (kVarlen) the CTA's sequence's; rows: where
+// the CTA's rows live.
+template <typename T, typename Cfg, bool kMasked, bool kDropout, bool kMaskedTurns, bool kVarlen, int kDims>
+__device__ __forceinline__ void wide_consume(const BwdParams& p, const AttentionShape& sh, const BwdRows& rows,
+                                             BwdBarriers<Cfg>& bars, unsigned char* base, const BwdSteps& steps,
+                                             BwdStepWalk<T, kMasked> walk, const BwdKeyBlock& block, int consumer,
+                                             int dim0) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kKeys = Cfg::kKeysPerConsumer;
-  const AttentionShape& sh = p.shape;
   const int n_block = block.n_block, kv_head = block.kv_head, batch = block.batch, n0 = block.n0;
   const int warp_in_group = (threadIdx.x % 128) / 32;
   const int lane = threadIdx.x % 32;
@@ -280,7 +283,7 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
     wide_consumers_meet<Cfg>(consumer);
     if (reducer_warp) {
       reducer.send_stage<Cfg::kHeadDim, kBlockM>(p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), head, m0, [&] {
-        return (static_cast<int64_t>(batch) * sh.heads_q + head) * p.stats_stride + m0;
+        return kVarlen ? rows.stats(head) + m0 : (static_cast<int64_t>(batch) * sh.heads_q + head) * p.stats_stride + m0;
       });
     }
     step = next;
@@ -288,11 +291,12 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, BwdBarriers<Cfg
   if (reducer_warp) reducer.finish(iter);
 
   // dK = scale * dS^T Q and dV, straight from the accumulators: keys n0 + row, head dims dim0 + col.
-  store_dk_dv<T>(p, p.shape, 0, dk, dv, batch, kv_head, n0, dim0, warp_in_group, lane);
+  store_dk_dv<T>(p, sh, rows.k_row0, dk, dv, rows.tensor_batch, kv_head, n0, dim0, warp_in_group, lane);
 }
 
-// kMaskedTurns: as bwd_kernel's (the masked form deterministic calls run).
-template <typename T, typename Cfg, bool kMasked, bool kDropout, bool kMaskedTurns = false>
+// kMaskedTurns, kVarlen: as bwd_kernel's (the masked form deterministic calls run; a variable-length
+// batch's list item per CTA, in the unmasked kernel).
+template <typename T, typename Cfg, bool kMasked, bool kDropout, bool kMaskedTurns = false, bool kVarlen = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid_constant__ BwdTensorMaps maps,
                                                                     const BwdParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -303,8 +307,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   auto& bars = *reinterpret_cast<BwdBarriers<Cfg>*>(base + Cfg::kBarriersOffset);
 
-  const AttentionShape& sh = p.shape;
-  const BwdKeyBlock block = bwd_key_block<kBlockN>(p);
+  static_assert(!kVarlen || !(kMasked || kDropout), "variable lengths in the unmasked kernel");
+  BwdKeyBlock block;
+  SeqSpan seq{};  // kVarlen: the CTA's sequence, whose own lengths and diagonal `sh` then holds
+  BwdRows rows;
+  if constexpr (kVarlen) {
+    if (static_cast<int>(blockIdx.x) >= *p.varlen.tile_count) return;  // past the list (the grid is its capacity)
+    block = bwd_varlen_key_block<kBlockN>(p, blockIdx.x);
+    seq = SeqSpan::of(p.varlen, block.batch);
+    rows = bwd_varlen_rows(p, block.batch, seq);
+  } else {
+    block = bwd_key_block<kBlockN>(p);
+    rows = bwd_batched_rows(p, block.batch);
+  }
+  const AttentionShape seq_shape = kVarlen ? seq.shape(p.shape) : AttentionShape{};
+  const AttentionShape& sh = kVarlen ? seq_shape : p.shape;
   const int n_block = block.n_block, kv_head = block.kv_head, batch = block.batch, n0 = block.n0;
   const BwdSteps steps = bwd_steps<kBlockM, kBlockN>(sh, n0);
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);  // uniform, as in bwd_kernel
@@ -332,13 +349,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
       write_dq<Cfg::kHeadDim, kBlockM, kBlockN>(
           p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), next, [&](int head, int m0) {
             DqReduction r;
-            r.row = bwd_batched_rows(p, batch).stats(head) + m0;
-            Turns::ticket(r, Turns::counter(p, batch, head, m0), sh, m0, n_block);
+            r.row = (kVarlen ? rows : bwd_batched_rows(p, batch)).stats(head) + m0;
+            Turns::ticket(r, kVarlen ? Turns::varlen_counter(p, r.row) : Turns::counter(p, batch, head, m0), sh, m0,
+                          n_block);
             return r;
           });
     } else if (warp == 0) {
-      produce_bwd<T, Cfg, kMasked, false>(p, maps, bars, base, n0, kv_head, batch, steps, walk,
-                                          bwd_batched_rows(p, batch));
+      produce_bwd<T, Cfg, kMasked, kVarlen>(p, maps, bars, base, n0, kv_head, batch, steps, walk,
+                                            kVarlen ? rows : bwd_batched_rows(p, batch));
     }
     return;
   }
@@ -346,12 +364,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
 
   const int consumer = warpgroup - 1;
   if constexpr (Cfg::kDims0 == Cfg::kDims1) {
-    wide_consume<T, Cfg, kMasked, kDropout, kMaskedTurns, Cfg::kDims0>(p, bars, base, steps, walk, block, consumer,
-                                                         consumer * Cfg::kDims0);
+    wide_consume<T, Cfg, kMasked, kDropout, kMaskedTurns, kVarlen, Cfg::kDims0>(p, sh, rows, bars, base, steps, walk,
+                                                                                block, consumer, consumer * Cfg::kDims0);
   } else if (consumer == 0) {
-    wide_consume<T, Cfg, kMasked, kDropout, kMaskedTurns, Cfg::kDims0>(p, bars, base, steps, walk, block, 0, 0);
+    wide_consume<T, Cfg, kMasked, kDropout, kMaskedTurns, kVarlen, Cfg::kDims0>(p, sh, rows, bars, base, steps, walk,
+                                                                                block, 0, 0);
   } else {
-    wide_consume<T, Cfg, kMasked, kDropout, kMaskedTurns, Cfg::kDims1>(p, bars, base, steps, walk, block, 1, Cfg::kDims0);
+    wide_consume<T, Cfg, kMasked, kDropout, kMaskedTurns, kVarlen, Cfg::kDims1>(p, sh, rows, bars, base, steps, walk,
+                                                                                block, 1, Cfg::kDims0);
   }
 #endif
 }
@@ -373,6 +393,12 @@ cudaError_t launch_bwd_wide(const BwdParams& p, cudaStream_t stream) {
   err = launch_bwd_main<Cfg>(kernel, maps, p, stream);
   if (err != cudaSuccess) return err;
   return launch_bwd_convert_dq<T>(p, stream);
+}
+
+// The variable-length backward at the wide widths (bwd_kernel.cuh's launch_bwd_varlen_kernel).
+template <typename T, typename Cfg>
+cudaError_t launch_bwd_wide_varlen(const BwdParams& p, cudaStream_t stream) {
+  return launch_bwd_varlen_kernel<T, Cfg>(bwd_wide_kernel<T, Cfg, false, false, false, true>, p, stream);
 }
 
 }  // namespace sm90

@@ -144,7 +144,7 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
 }
 
 bool varlen_supported(const AttentionShape& s, bool tensors_tma) {
-  return compiled() && s.head_dim > 32 && s.head_dim <= 128 && finite_positive(s.scale) && tensors_tma;
+  return compiled() && s.head_dim > 32 && s.head_dim <= 256 && finite_positive(s.scale) && tensors_tma;
 }
 
 cudaError_t run_fwd_varlen(const FwdParams& p, int grid, cudaStream_t stream) {

@@ -185,7 +185,7 @@ void check_varlen_gpu(const char* op, const at::Tensor& q, const AttentionShape&
   const DeviceInfo device = cuda_ops::device_info(q);
   TORCH_CHECK(device.major == 9 && device.minor == 0 && !plan_options().force_sm80 &&
                   sm90::varlen_supported(shape, tensors_tma),
-              op, ": variable-length batches run in the kernels on sm_90 GPUs at head dims 33..128 with 16-byte "
+              op, ": variable-length batches run in the kernels on sm_90 GPUs at head dims 33..256 with 16-byte "
               "aligned rows (flashattn.flash_attn_varlen_func pads the batch elsewhere); got head dim ",
               to_text(shape.head_dim), " on compute capability ", to_text(device.major), ".", to_text(device.minor));
 }
