@@ -9,7 +9,8 @@ are the sequence's last ``seqlen_q`` positions: with ``causal``, query i of sequ
 ``j <= L_b - seqlen_q + i``, where ``L_b`` is the sequence's length after the append.
 
 With ``rotary_cos`` / ``rotary_sin`` the new keys, and the queries, are rotated first (rotary position
-embedding at the positions they take in the cache); ``cache_batch_idx`` picks the cache rows the
+embedding at the positions they take in the cache: query i at ``cache_seqlens[b] + i`` with ``causal`` or
+a window, else every query at ``cache_seqlens[b]``, as FlashAttention-2 rotates them); ``cache_batch_idx`` picks the cache rows the
 sequences use; ``cache_leftpad`` makes each sequence's keys start at that index (the cache rows before it
 are left-padding, never attended to).
 
@@ -294,7 +295,10 @@ def flash_attn_with_kvcache(
         if rotary_cos is not None:
             steps = torch.arange(max(seqlen_q, k.size(1)), device=q.device)
             positions_k = lengths[:, None] + steps[:k.size(1)]
-            positions_q = lengths[:, None] + (steps[:seqlen_q] if causal else torch.zeros_like(steps[:seqlen_q]))
+            # Causal or windowed, query i sits at position lengths[b] + i; else every query at lengths[b]
+            # (FlashAttention-2's rule).
+            local = causal or window != (-1, -1)
+            positions_q = lengths[:, None] + (steps[:seqlen_q] if local else torch.zeros_like(steps[:seqlen_q]))
             torch._assert_async((positions_k < rotary_cos.size(0)).all() & (positions_q < rotary_cos.size(0)).all(),
                                 f"flashattn: a rotary position is past rotary_cos's {rotary_cos.size(0)} rows")
             k = _rotate(k, rotary_cos, rotary_sin, positions_k, rotary_interleaved)

@@ -177,6 +177,31 @@ def test_kvcache_rotary_batch_idx_and_leftpad(device, causal, interleaved):
                                                      else dict(atol=1e-4, rtol=1e-4)))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_rotary_positions_with_window(device):
+    """With a sliding window (not causal) the queries are rotated at cache_seqlens + i, as with causal
+    (FlashAttention-2's rule): the call equals one on queries and keys rotated beforehand."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    batch, seqlen_cache, heads_q, heads_kv, head_dim, rotary_dim, seqlen_q = 2, 48, 4, 2, 32, 32, 3
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device=device)
+    k_cache, v_cache = (torch.randn(batch, seqlen_cache, heads_kv, head_dim, dtype=dtype, device=device)
+                        for _ in range(2))
+    k_new, v_new = (torch.randn(batch, seqlen_q, heads_kv, head_dim, dtype=dtype, device=device) for _ in range(2))
+    angle = torch.rand(seqlen_cache, rotary_dim // 2, device=device) * 6.283
+    cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+    cached = torch.tensor([20, 7], dtype=torch.int32, device=device)
+    positions = cached.long()[:, None] + torch.arange(seqlen_q, device=device)
+    q_rot = _rotary_reference(q, cos, sin, positions, False).to(dtype)
+    k_rot = _rotary_reference(k_new, cos, sin, positions, False).to(dtype)
+    k_pre, v_pre = k_cache.clone(), v_cache.clone()
+    out = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                            cache_seqlens=cached, window_size=(6, 1), rotary_interleaved=False)
+    expected = flashattn.flash_attn_with_kvcache(q_rot, k_pre, v_pre, k_rot, v_new, cache_seqlens=cached,
+                                                 window_size=(6, 1))
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, expected, **tol)
+
+
 def test_kvcache_serving_argument_errors():
     q = torch.randn(2, 1, 4, 16)
     cache = torch.randn(3, 10, 4, 16)
