@@ -265,7 +265,7 @@ def info() -> None:
         options = flashattn.ops._C.plan_options()
         print("  planner options         " + ", ".join(f"{k}={v}" for k, v in options.items()))
     if built_cuda:
-        decode = "on" if flashattn.kvcache.decode_op_enabled else "off (FLASHATTN_DECODE_OP=1 turns it on; README, Limits)"
+        decode = "on" if flashattn.kvcache.decode_op_enabled else "off (FLASHATTN_DECODE_OP=0 in the environment)"
         print(f"  KV-cache decoding       decode op {decode}")
     print("  CPU (all four dtypes)   CPU implementation (the same tiled online-softmax algorithm; float32 math, float64 for float64)")
     print(SUPPORT_MATRIX)

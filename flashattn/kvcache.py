@@ -107,9 +107,9 @@ def gather_pages(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor
 # many rows a chunk of queries is prefill, which the batched kernels run better.
 _DECODE_MAX_ROWS = 64
 
-# Whether calls the decode op serves run on it: FLASHATTN_DECODE_OP=1. Off by default until the op has
-# passed the GPU test suite on a device (README, Limits); tests set it directly.
-decode_op_enabled = os.environ.get("FLASHATTN_DECODE_OP", "0") == "1"
+# Whether calls the decode op serves run on it (the default; FLASHATTN_DECODE_OP=0 sends them to the
+# batched kernels instead); tests set it directly.
+decode_op_enabled = os.environ.get("FLASHATTN_DECODE_OP", "1") != "0"
 
 
 @torch.compiler.assume_constant_result  # a property of the build and the GPU: traced as a constant

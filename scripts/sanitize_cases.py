@@ -374,7 +374,7 @@ DECODE_CASES = [
 
 
 def run_decode_item(index: int, case: DecodeCase, device) -> None:
-    flashattn.kvcache.decode_op_enabled = True  # this phase is the decode op's (off by default)
+    flashattn.kvcache.decode_op_enabled = True  # this phase is the decode op's, whatever FLASHATTN_DECODE_OP says
     gen = torch.Generator().manual_seed(5000 + index)
     lengths = torch.tensor([case.capacity, 0, 37, case.capacity - 1][:case.batch], dtype=torch.int32)
     q = torch.randn(case.batch, case.seqlen_q, case.heads_q, case.head_dim, generator=gen).to(case.dtype)
