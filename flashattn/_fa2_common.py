@@ -10,8 +10,8 @@ import torch
 
 from . import ops
 
-__all__ = ["check_devices", "check_sink", "check_tensor", "fa2_attention", "reject_alibi", "rows_aligned",
-           "window_bounds", "window_keys"]
+__all__ = ["check_devices", "check_sink", "check_tensor", "fa2_attention", "page_table_alias", "reject_alibi",
+           "rows_aligned", "window_bounds", "window_keys"]
 
 
 def reject_alibi(alibi_slopes) -> None:
@@ -38,6 +38,16 @@ def window_bounds(window_size) -> tuple:
             raise TypeError(f"flashattn: window_size's {name} bound must be an int (-1: unbounded), "
                             f"got {bound!r}") from None
     return max(bounds[0], -1), max(bounds[1], -1)
+
+
+def page_table_alias(block_table, page_table):
+    """The paged cache's table from FlashAttention-2's name (block_table) or FlashAttention-3's
+    (page_table); both given is an error."""
+    if page_table is None:
+        return block_table
+    if block_table is not None:
+        raise ValueError("flashattn: pass block_table or page_table (FlashAttention-3's name for it), not both")
+    return page_table
 
 
 def window_keys(query_pos: torch.Tensor, keys: torch.Tensor, window) -> torch.Tensor:

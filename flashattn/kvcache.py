@@ -34,8 +34,8 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import ops
-from ._fa2_common import (check_devices, check_tensor, fa2_attention, reject_alibi, rows_aligned, scale_or_default,
-                          window_bounds, window_keys)
+from ._fa2_common import (check_devices, check_tensor, fa2_attention, page_table_alias, reject_alibi, rows_aligned,
+                          scale_or_default, window_bounds, window_keys)
 
 __all__ = ["flash_attn_with_kvcache"]
 
@@ -195,6 +195,8 @@ def flash_attn_with_kvcache(
     alibi_slopes: Optional[torch.Tensor] = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    *,
+    page_table: Optional[torch.Tensor] = None,
 ):
     """Attention over a KV cache: ``flash_attn.flash_attn_with_kvcache`` compatible (a subset).
 
@@ -214,6 +216,7 @@ def flash_attn_with_kvcache(
     pages_per_sequence * page_size. Entries past a sequence's keys are never read; an entry outside
     0..num_pages-1 that is (a bug of the caller) reads as zero keys and values on the decode op. Not with
     cache_batch_idx. New k and v are written into the pages.
+    page_table (keyword only): FlashAttention-3's name for block_table (pass one of the two).
     num_splits: how many thread blocks share each sequence's keys on the decode op (0: chosen from the
     shapes and the GPU); ignored elsewhere.
 
@@ -238,6 +241,7 @@ def flash_attn_with_kvcache(
     log-sum-exp ``(batch, nheads, seqlen_q)`` float32 (-inf for a row that sees no key).
     """
     reject_alibi(alibi_slopes)
+    block_table = page_table_alias(block_table, page_table)
     window = window_bounds(window_size)
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     check_tensor("k_cache", k_cache, 4, "(batch, seqlen_cache, nheads_k, headdim)")

@@ -26,8 +26,8 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from . import _C, kvcache, ops
-from ._fa2_common import (check_devices, check_max_seqlen, check_sink, check_tensor, fa2_attention, reject_alibi,
-                          rows_aligned, scale_or_default, unpack, window_bounds, window_keys)
+from ._fa2_common import (check_devices, check_max_seqlen, check_sink, check_tensor, fa2_attention, page_table_alias,
+                          reject_alibi, rows_aligned, scale_or_default, unpack, window_bounds, window_keys)
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
 
@@ -344,8 +344,10 @@ def flash_attn_varlen_func(
     seqused_k: Optional[torch.Tensor] = None,
     learnable_sink: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
+    page_table: Optional[torch.Tensor] = None,
 ):
     reject_alibi(alibi_slopes)
+    block_table = page_table_alias(block_table, page_table)
     window = window_bounds(window_size)
     check_tensor("q", q, 3, "(total_q, nheads, headdim)")
     if out is not None:
@@ -397,6 +399,7 @@ flash_attn_varlen_func.__doc__ = (
     dropout or sink, this runs on the decode op (keys split across thread blocks, pages read in place);
     otherwise over a padded copy of each sequence's pages.
 
+    ``page_table`` (keyword only) is FlashAttention-3's name for ``block_table`` (pass one of the two).
     ``out`` (keyword only): a ``(total_q, nheads, headdim)`` tensor of q's dtype and device that receives
     the output, which is then returned in its place (as serving engines pass a slice of their output
     buffer). The result is copied into it; without autograd, as torch's own ``out=`` arguments.

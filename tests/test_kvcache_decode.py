@@ -239,6 +239,31 @@ def test_paged_matches_contiguous_and_oracle(device, page_size, case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_page_table_is_block_table(device):
+    """FlashAttention-3's name page_table reaches the same paged path as block_table, in
+    flash_attn_with_kvcache and flash_attn_varlen_func; both at once raise."""
+    batch, heads_q, heads_kv, head_dim, page_size = 2, 8, 2, 64, 16
+    dtype = BF16 if device == "cuda" else torch.float32
+    lengths = torch.tensor([40, 17], dtype=torch.int32, device=device)
+    q = torch.randn(batch, 1, heads_q, head_dim, dtype=dtype, device=device)
+    k_rows, v_rows = (torch.randn(batch, 48, heads_kv, head_dim, dtype=dtype, device=device) for _ in range(2))
+    k_pages, v_pages, table = _paginate(k_rows, v_rows, lengths, page_size)
+    by_block = flashattn.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=lengths, block_table=table)
+    by_page = flashattn.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=lengths, page_table=table)
+    assert torch.equal(by_block, by_page)
+    cu_q = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
+    varlen = flashattn.flash_attn_varlen_func(q[:, 0], k_pages, v_pages, cu_q, None, 1, 48, seqused_k=lengths,
+                                              page_table=table)
+    torch.testing.assert_close(varlen, by_block[:, 0])  # another path to the same attention (CPU: rounding)
+    with pytest.raises(ValueError, match="block_table or page_table"):
+        flashattn.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=lengths, block_table=table,
+                                          page_table=table)
+    with pytest.raises(ValueError, match="block_table or page_table"):
+        flashattn.flash_attn_varlen_func(q[:, 0], k_pages, v_pages, cu_q, None, 1, 48, seqused_k=lengths,
+                                         block_table=table, page_table=table)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("page_size", [1, 16, 48, 256])
 @pytest.mark.parametrize("seqlen_new,num_splits", [(1, 0), (5, 3)])
 def test_paged_append(device, page_size, seqlen_new, num_splits):
