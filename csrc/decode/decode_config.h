@@ -24,11 +24,11 @@ constexpr int width_for(int head_dim) {
   return 0;
 }
 
-// Ring stages per warp: two, one key block loading while the warp computes on the other. A warp's step
-// is a chain of dependent instructions (ldmatrix, mma, the softmax), so a warp alone on its scheduler
-// leaves the memory system idle between its loads: the SM needs several warps per scheduler, hence
-// thread blocks small enough that several fit (three at width 128), rather than deep rings.
-constexpr int stages_for(int /*width*/) { return 2; }
+// Ring stages per warp: deep enough that each warp has two or three key blocks in flight, small enough
+// that one thread block fits an A100's 163 KiB (the widest two give up depth for it). Measured: with
+// one such block an SM, a warp alone on its scheduler issues too slowly to keep HBM busy (docs/perf-log.md,
+// the decode op's first run); shallower rings, so that several blocks share an SM, are the open lead.
+constexpr int stages_for(int width) { return width <= 128 ? 4 : (width <= 192 ? 3 : 2); }
 
 // Elements between shared tile rows: 8 of padding spreads ldmatrix's eight row reads over the banks.
 constexpr int stride_for(int width) { return width + 8; }
