@@ -18,7 +18,7 @@ shows and switches the choices the GPU planner makes (which kernel path and vari
 """
 from . import ops, plan
 from .flash_attn_interface import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
-from .kvcache import flash_attn_with_kvcache
+from .kvcache import flash_attn_with_kvcache, get_scheduler_metadata
 from .ops import cuda_kernels_built
 from .reference import attention_reference
 from .sdpa import scaled_dot_product_attention
@@ -37,6 +37,7 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
+    "get_scheduler_metadata",
     "ops",
     "plan",
     "scaled_dot_product_attention",

@@ -37,7 +37,7 @@ from . import ops
 from ._fa2_common import (check_devices, check_tensor, fa2_attention, page_table_alias, reject_alibi, rows_aligned,
                           scale_or_default, window_bounds, window_keys)
 
-__all__ = ["flash_attn_with_kvcache"]
+__all__ = ["flash_attn_with_kvcache", "get_scheduler_metadata"]
 
 
 def _lengths(cache_seqlens, batch: int, seqlen_cache: int, device: torch.device) -> torch.Tensor:
@@ -132,6 +132,72 @@ def decode_op_serves(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return _decode_op_serves_head_dim(q.size(-1), q.dtype == torch.bfloat16, q.device.index or 0)
 
 
+def splits_from(num_splits, scheduler_metadata) -> int:
+    """The decode op's num_splits: num_splits when it is not 0, else the count in scheduler_metadata (what
+    get_scheduler_metadata returned), else 0 (chosen by the op)."""
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"flashattn: num_splits must be an int >= 0 (0: chosen from the shapes), got {num_splits!r}")
+    if scheduler_metadata is None or num_splits > 0:
+        return num_splits
+    if (not isinstance(scheduler_metadata, torch.Tensor) or scheduler_metadata.device.type != "cpu"
+            or scheduler_metadata.dtype != torch.int32 or scheduler_metadata.shape != (1,)):
+        raise ValueError("flashattn: scheduler_metadata must be what flashattn.get_scheduler_metadata returned (an "
+                         f"int32 CPU tensor of one element), got {_describe(scheduler_metadata)}")
+    return max(int(scheduler_metadata[0]), 0)
+
+
+def _describe(t) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"a {t.dtype} tensor of shape {tuple(t.shape)} on {t.device}"
+    return type(t).__name__
+
+
+def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int, num_heads_q: int,
+                           num_heads_kv: int, headdim: int, cache_seqlens: Optional[torch.Tensor] = None,
+                           qkv_dtype: torch.dtype = torch.bfloat16, headdim_v: Optional[int] = None,
+                           cu_seqlens_q: Optional[torch.Tensor] = None,
+                           cu_seqlens_k_new: Optional[torch.Tensor] = None,
+                           cache_leftpad: Optional[torch.Tensor] = None, page_size: Optional[int] = None,
+                           max_seqlen_k_new: int = 0, causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
+                           attention_chunk: int = 0, has_softcap: bool = False, num_splits: int = 0,
+                           pack_gqa: Optional[bool] = None, sm_margin: int = 0) -> torch.Tensor:
+    """FlashAttention-3's ``get_scheduler_metadata``: the decode op's schedule for calls of these sizes,
+    worked out ahead of time (before a CUDA graph capture, say) and passed to
+    :func:`flash_attn_with_kvcache` or ``flash_attn_varlen_func`` as ``scheduler_metadata``.
+
+    flashattn's schedule depends on the sizes and the GPU only, never on the lengths on the device, so
+    the metadata is one number, the key split count: an int32 CPU tensor of one element (1 without a
+    CUDA device or CUDA kernels). It is chosen as ``num_splits=0`` would be for ``batch_size`` sequences
+    of ``max_seqlen_q`` queries and at most ``max_seqlen_k`` keys each (the op itself counts a cache's
+    capacity) on the current CUDA device, with ``sm_margin`` SMs left to other work; a ``num_splits``
+    above 0 is returned as it is. The other arguments describe the call as FlashAttention-3's do and do
+    not change the count (``cache_seqlens``, ``cu_seqlens_*``, ``cache_leftpad``, ``page_size``,
+    ``max_seqlen_k_new``, ``causal``, ``window_size``, ``has_softcap``; the query heads of a kv head are
+    always packed together, whatever ``pack_gqa`` says); ``attention_chunk`` other than 0 and a
+    ``headdim_v`` other than ``headdim`` are not implemented and raise NotImplementedError."""
+    if attention_chunk:
+        raise NotImplementedError("flashattn: attention_chunk is not implemented (only 0)")
+    if headdim_v is not None and headdim_v != headdim:
+        raise NotImplementedError(f"flashattn: a value head dim ({headdim_v}) other than headdim ({headdim}) is not "
+                                  "implemented")
+    sizes = dict(batch_size=batch_size, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                 num_heads_q=num_heads_q, num_heads_kv=num_heads_kv, headdim=headdim, num_splits=num_splits,
+                 sm_margin=sm_margin)
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"flashattn: {name} must be an int >= 0, got {value!r}")
+    if num_heads_kv < 1 or num_heads_q % num_heads_kv != 0:
+        raise ValueError(f"flashattn: num_heads_q ({num_heads_q}) must be a multiple of num_heads_kv ({num_heads_kv})")
+    splits = num_splits
+    if splits == 0:
+        splits = 1
+        if (ops.cuda_kernels_built() and torch.cuda.is_available() and batch_size >= 1 and max_seqlen_q >= 1
+                and headdim >= 1):
+            splits = ops._C.decode_num_splits(batch_size, num_heads_q, num_heads_kv, max_seqlen_q, max_seqlen_k, headdim,
+                                          qkv_dtype == torch.bfloat16, torch.cuda.current_device(), sm_margin)
+    return torch.tensor([splits], dtype=torch.int32)
+
+
 def _index_tensor(name: str, t, batch: int, device: torch.device) -> torch.Tensor:
     """An int32 (batch,) tensor argument on the device, as int64."""
     if not isinstance(t, torch.Tensor) or t.shape != (batch,) or t.dtype != torch.int32:
@@ -197,6 +263,7 @@ def flash_attn_with_kvcache(
     return_softmax_lse: bool = False,
     *,
     page_table: Optional[torch.Tensor] = None,
+    scheduler_metadata: Optional[torch.Tensor] = None,
 ):
     """Attention over a KV cache: ``flash_attn.flash_attn_with_kvcache`` compatible (a subset).
 
@@ -219,10 +286,12 @@ def flash_attn_with_kvcache(
     page_table (keyword only): FlashAttention-3's name for block_table (pass one of the two).
     num_splits: how many thread blocks share each sequence's keys on the decode op (0: chosen from the
     shapes and the GPU); ignored elsewhere.
+    scheduler_metadata (keyword only): what :func:`get_scheduler_metadata` returned for the call's sizes;
+    with num_splits 0, its split count is taken.
 
     rotary_cos, rotary_sin: ``(seqlen_ro, rotary_dim / 2)``, given together and only with k and v: the
     new keys are rotated at positions ``cache_seqlens[b] + t`` (the cache rows they are written to), the
-    queries at ``cache_seqlens[b] + i`` with ``causal``, else all at ``cache_seqlens[b]``; the first
+    queries at ``cache_seqlens[b] + i`` with ``causal`` or a window, else all at ``cache_seqlens[b]``; the first
     rotary_dim dims of each head, ``rotary_interleaved`` pairing dims (0, 1), (2, 3), ... (GPT-J) or d
     and d + rotary_dim / 2 (GPT-NeoX). A position past seqlen_ro is an error (a device-side assertion
     on CUDA).
@@ -249,8 +318,7 @@ def flash_attn_with_kvcache(
     check_devices(q, k_cache, v_cache)
     if (k is None) != (v is None):
         raise ValueError("flashattn: k and v must be given together (or neither)")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"flashattn: num_splits must be an int >= 0 (0: chosen from the shapes), got {num_splits!r}")
+    num_splits = splits_from(num_splits, scheduler_metadata)
     batch, seqlen_q, nheads = q.shape[:3]
     if block_table is not None:
         check_block_table(block_table, batch, cache_batch_idx, q.device)

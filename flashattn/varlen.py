@@ -148,7 +148,8 @@ def _padded_layout(cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k, max_seqlen_
 
 
 def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
-                  deterministic, return_attn_probs, block_table, seqused_q, seqused_k, sink, softcap, window):
+                  deterministic, return_attn_probs, block_table, seqused_q, seqused_k, sink, softcap, window,
+                  num_splits):
     """flash_attn_varlen_func over a paged cache (see its docstring): the decode op where it serves the
     call (CUDA, at most 64 query rows per kv head, no gradient, dropout or sink), else the variable-length
     path over a padded copy of each sequence's pages."""
@@ -176,7 +177,7 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
             and seqused_q is None and not needs_grad and kvcache.decode_op_serves(q, k_cache, v_cache, max_seqlen_q)):
         out, softmax_lse = torch.ops.flashattn.decode_fwd(
             q, k_cache, v_cache, seqused_k, block_table, None, None, scale_or_default(softmax_scale, q.size(-1)),
-            bool(causal), window[0], window[1], float(softcap), 0, cu_seqlens_q, max_seqlen_q)
+            bool(causal), window[0], window[1], float(softcap), num_splits, cu_seqlens_q, max_seqlen_q)
         return (out, softmax_lse, None) if return_attn_probs else out
     capacity = block_table.size(1) * k_cache.size(1)
     k = kvcache.gather_pages(k_cache, block_table).flatten(0, 1)  # (batch * capacity, nheads_k, headdim)
@@ -345,9 +346,12 @@ def flash_attn_varlen_func(
     learnable_sink: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
     page_table: Optional[torch.Tensor] = None,
+    num_splits: int = 0,
+    scheduler_metadata: Optional[torch.Tensor] = None,
 ):
     reject_alibi(alibi_slopes)
     block_table = page_table_alias(block_table, page_table)
+    num_splits = kvcache.splits_from(num_splits, scheduler_metadata)
     window = window_bounds(window_size)
     check_tensor("q", q, 3, "(total_q, nheads, headdim)")
     if out is not None:
@@ -355,7 +359,7 @@ def flash_attn_varlen_func(
     if block_table is not None:
         result = _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
                                deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink,
-                               softcap, window)
+                               softcap, window, num_splits)
     else:
         check_tensor("k", k, 3, "(total_k, nheads_k, headdim)")
         check_tensor("v", v, 3, "(total_k, nheads_k, headdim)")
@@ -400,6 +404,8 @@ flash_attn_varlen_func.__doc__ = (
     otherwise over a padded copy of each sequence's pages.
 
     ``page_table`` (keyword only) is FlashAttention-3's name for ``block_table`` (pass one of the two).
+    ``num_splits`` and ``scheduler_metadata`` (keyword only) set the decode op's key splits as in
+    :func:`flashattn.flash_attn_with_kvcache`; other calls ignore them.
     ``out`` (keyword only): a ``(total_q, nheads, headdim)`` tensor of q's dtype and device that receives
     the output, which is then returned in its place (as serving engines pass a slice of their output
     buffer). The result is copied into it; without autograd, as torch's own ``out=`` arguments.

@@ -238,6 +238,54 @@ def test_paged_matches_contiguous_and_oracle(device, page_size, case):
     _assert_matches(out_p, lse_p, q, _oracle(q, k_rows, v_rows, _visible(seqlen_q, capacity, lengths, causal=causal)))
 
 
+def test_get_scheduler_metadata_form_and_errors():
+    md = flashattn.get_scheduler_metadata(4, 1, 8192, 32, 8, 128, num_splits=6)
+    assert md.dtype == torch.int32 and md.device.type == "cpu" and md.tolist() == [6]
+    md = flashattn.get_scheduler_metadata(4, 1, 8192, 32, 8, 128, cache_seqlens=torch.zeros(4, dtype=torch.int32),
+                                          causal=True, pack_gqa=True)
+    assert md.dtype == torch.int32 and md.shape == (1,) and md.item() >= 1
+    if not flashattn.cuda_kernels_built() or not torch.cuda.is_available():
+        assert md.item() == 1  # no GPU: no split
+    with pytest.raises(NotImplementedError, match="attention_chunk"):
+        flashattn.get_scheduler_metadata(4, 1, 8192, 32, 8, 128, attention_chunk=1024)
+    with pytest.raises(NotImplementedError, match="value head dim"):
+        flashattn.get_scheduler_metadata(4, 1, 8192, 32, 8, 192, headdim_v=128)
+    with pytest.raises(ValueError, match="multiple of num_heads_kv"):
+        flashattn.get_scheduler_metadata(4, 1, 8192, 30, 8, 128)
+    with pytest.raises(ValueError, match="max_seqlen_k must be an int"):
+        flashattn.get_scheduler_metadata(4, 1, -1, 32, 8, 128)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scheduler_metadata_sets_num_splits(device):
+    """scheduler_metadata's count is the decode op's num_splits (same bits as passing it directly), in
+    flash_attn_with_kvcache and the paged flash_attn_varlen_func; a num_splits above 0 wins; anything but
+    get_scheduler_metadata's form raises."""
+    dtype = BF16 if device == "cuda" else torch.float32
+    batch, heads_q, heads_kv, head_dim, capacity = 2, 8, 2, 64, 1024
+    lengths = torch.tensor([1000, 333], dtype=torch.int32, device=device)
+    q = torch.randn(batch, 1, heads_q, head_dim, dtype=dtype, device=device)
+    k_cache, v_cache = (torch.randn(batch, capacity, heads_kv, head_dim, dtype=dtype, device=device) for _ in range(2))
+    md = flashattn.get_scheduler_metadata(batch, 1, capacity, heads_q, heads_kv, head_dim, num_splits=3)
+    via_md = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, scheduler_metadata=md)
+    direct = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=3)
+    assert torch.equal(via_md, direct)
+    other = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=1,
+                                             scheduler_metadata=md)
+    assert torch.equal(other, flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                                                num_splits=1))
+    k_pages, v_pages, table = _paginate(k_cache, v_cache, lengths, 64)
+    cu_q = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
+    varlen_md = flashattn.flash_attn_varlen_func(q[:, 0], k_pages, v_pages, cu_q, None, 1, capacity, seqused_k=lengths,
+                                                 block_table=table, scheduler_metadata=md)
+    varlen_direct = flashattn.flash_attn_varlen_func(q[:, 0], k_pages, v_pages, cu_q, None, 1, capacity,
+                                                     seqused_k=lengths, block_table=table, num_splits=3)
+    assert torch.equal(varlen_md, varlen_direct)
+    for bad in (md.float(), md.to(device) if device == "cuda" else torch.zeros(2, dtype=torch.int32), 3):
+        with pytest.raises(ValueError, match="scheduler_metadata must be what"):
+            flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, scheduler_metadata=bad)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_page_table_is_block_table(device):
     """FlashAttention-3's name page_table reaches the same paged path as block_table, in

@@ -4,6 +4,7 @@
 // (decode_supported).
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -30,6 +31,16 @@ constexpr const char* op = "flashattn.decode_fwd";
 
 ElementType element_type_of(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16;
+}
+
+// The split count num_splits = 0 takes for a call of these sizes on the current device: its kv heads'
+// query rows (group query heads times seqlen_q) in blocks of decode::rows_per_block(), max_keys keys.
+int heuristic_splits(int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t max_keys,
+                     int64_t head_dim, ElementType type, int num_sms) {
+  const int rows = static_cast<int>(heads_q / heads_kv * seqlen_q);
+  const int row_groups = (rows + decode::rows_per_block() - 1) / decode::rows_per_block();
+  return decode::choose_splits(static_cast<int>(batch), static_cast<int>(heads_kv), row_groups,
+                               static_cast<int>(max_keys), static_cast<int>(head_dim), type, num_sms);
 }
 
 std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, const at::Tensor& k_cache,
@@ -122,14 +133,11 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
   auto result = [&]() -> std::tuple<at::Tensor, at::Tensor> { return {packed ? out.squeeze(0) : out, lse}; };
   if (out.numel() == 0 || batch == 0) return result();
 
-  const int group = static_cast<int>(heads_q / heads_kv);
-  const int rows = group * static_cast<int>(seqlen_q);
-  const int row_groups = (rows + decode::rows_per_block() - 1) / decode::rows_per_block();
+  const int64_t rows = heads_q / heads_kv * seqlen_q;  // query rows of one kv head
   int splits = static_cast<int>(std::min<int64_t>(num_splits, 1024));
   if (splits == 0) {
-    splits = decode::choose_splits(static_cast<int>(batch), static_cast<int>(heads_kv), row_groups,
-                                   static_cast<int>(capacity), static_cast<int>(head_dim), element_type_of(q),
-                                   device.num_sms);
+    splits = heuristic_splits(batch, heads_q, heads_kv, seqlen_q, capacity, head_dim, element_type_of(q),
+                              device.num_sms);
   }
 
   DecodeParams p{};
@@ -191,8 +199,22 @@ bool decode_supported(int64_t head_dim, bool bf16, int64_t device_index) {
                                                bf16 ? ElementType::kBFloat16 : ElementType::kFloat16,
                                                static_cast<int>(prop->sharedMemPerBlockOptin));
 }
+int64_t decode_num_splits(int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t max_keys,
+                          int64_t head_dim, bool bf16, int64_t device_index, int64_t sm_margin) {
+  TORCH_CHECK(batch >= 1 && heads_kv >= 1 && heads_q % heads_kv == 0 && seqlen_q >= 1 && max_keys >= 0 &&
+                  head_dim >= 1,
+              "flashattn.decode_num_splits: sizes must be positive with heads_q a multiple of heads_kv, got batch ",
+              to_text(batch), ", heads_q ", to_text(heads_q), ", heads_kv ", to_text(heads_kv), ", seqlen_q ",
+              to_text(seqlen_q), ", max_keys ", to_text(max_keys), ", head_dim ", to_text(head_dim));
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device_index));
+  const int num_sms = std::max(1, prop->multiProcessorCount - static_cast<int>(std::clamp<int64_t>(sm_margin, 0, 1 << 20)));
+  return heuristic_splits(batch, heads_q, heads_kv, seqlen_q, std::min<int64_t>(max_keys, (int64_t{1} << 31) - 1),
+                          head_dim, bf16 ? ElementType::kBFloat16 : ElementType::kFloat16, num_sms);
+}
 #else
 bool decode_supported(int64_t, bool, int64_t) { return false; }
+int64_t decode_num_splits(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t) { return 1; }
 #endif
 
 }  // namespace flashattn

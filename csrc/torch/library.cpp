@@ -375,6 +375,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("compiled_with_cuda", &flashattn::compiled_with_cuda, "True when the CUDA kernels were built");
   m.def("decode_supported", &flashattn::decode_supported, pybind11::arg("head_dim"), pybind11::arg("bf16"),
         pybind11::arg("device_index"), "Whether the decode op serves this head dim on that CUDA device");
+  m.def("decode_num_splits", &flashattn::decode_num_splits, pybind11::arg("batch"), pybind11::arg("heads_q"),
+        pybind11::arg("heads_kv"), pybind11::arg("seqlen_q"), pybind11::arg("max_keys"), pybind11::arg("head_dim"),
+        pybind11::arg("bf16"), pybind11::arg("device_index"), pybind11::arg("sm_margin") = 0,
+        "The key splits the decode op chooses (num_splits=0) for these sizes on that CUDA device");
   m.def(
       "cpu_matrix_units",
       [](bool bfloat16) {
