@@ -129,6 +129,23 @@ __device__ __forceinline__ BwdKeyBlock bwd_varlen_key_block(const BwdParams& p, 
   return block;
 }
 
+// The CTA's key block and where its rows live: item blockIdx.x of p.varlen's list (kVarlen; seq gets its
+// sequence's span, and false comes back past the list's end, the grid being the list's capacity) or the
+// batched grid's block.
+template <int kBlockN, bool kVarlen>
+__device__ __forceinline__ bool bwd_cta_block(const BwdParams& p, BwdKeyBlock& block, SeqSpan& seq, BwdRows& rows) {
+  if constexpr (kVarlen) {
+    if (static_cast<int>(blockIdx.x) >= *p.varlen.tile_count) return false;
+    block = bwd_varlen_key_block<kBlockN>(p, blockIdx.x);
+    seq = SeqSpan::of(p.varlen, block.batch);
+    rows = bwd_varlen_rows(p, block.batch, seq);
+  } else {
+    block = bwd_key_block<kBlockN>(p);
+    rows = bwd_batched_rows(p, block.batch);
+  }
+  return true;
+}
+
 // The steps of the key block of kBlockN keys starting at key n0: every query head of its GQA group times
 // the kBlockM-query blocks from the first that sees key n0 to the last that sees the block's last key
 // (a sliding window's; else the last block), none when no query sees the block.
@@ -500,15 +517,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   BwdKeyBlock block;
   SeqSpan seq{};  // kVarlen: the CTA's sequence, whose own lengths and diagonal `sh` then holds
   BwdRows rows;
-  if constexpr (kVarlen) {
-    if (static_cast<int>(blockIdx.x) >= *p.varlen.tile_count) return;  // past the list (the grid is its capacity)
-    block = bwd_varlen_key_block<kBlockN>(p, blockIdx.x);
-    seq = SeqSpan::of(p.varlen, block.batch);
-    rows = bwd_varlen_rows(p, block.batch, seq);
-  } else {
-    block = bwd_key_block<kBlockN>(p);
-    rows = bwd_batched_rows(p, block.batch);
-  }
+  if (!bwd_cta_block<kBlockN, kVarlen>(p, block, seq, rows)) return;
   const AttentionShape seq_shape = kVarlen ? seq.shape(p.shape) : AttentionShape{};
   const AttentionShape& sh = kVarlen ? seq_shape : p.shape;
   const int n_block = block.n_block, kv_head = block.kv_head, batch = block.batch, n0 = block.n0;

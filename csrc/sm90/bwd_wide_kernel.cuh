@@ -311,15 +311,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
   BwdKeyBlock block;
   SeqSpan seq{};  // kVarlen: the CTA's sequence, whose own lengths and diagonal `sh` then holds
   BwdRows rows;
-  if constexpr (kVarlen) {
-    if (static_cast<int>(blockIdx.x) >= *p.varlen.tile_count) return;  // past the list (the grid is its capacity)
-    block = bwd_varlen_key_block<kBlockN>(p, blockIdx.x);
-    seq = SeqSpan::of(p.varlen, block.batch);
-    rows = bwd_varlen_rows(p, block.batch, seq);
-  } else {
-    block = bwd_key_block<kBlockN>(p);
-    rows = bwd_batched_rows(p, block.batch);
-  }
+  if (!bwd_cta_block<kBlockN, kVarlen>(p, block, seq, rows)) return;
   const AttentionShape seq_shape = kVarlen ? seq.shape(p.shape) : AttentionShape{};
   const AttentionShape& sh = kVarlen ? seq_shape : p.shape;
   const int n_block = block.n_block, kv_head = block.kv_head, batch = block.batch, n0 = block.n0;

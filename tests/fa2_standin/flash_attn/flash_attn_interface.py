@@ -1,13 +1,5 @@
 """``flash_attn.flash_attn_interface``: the API functions, and the two helpers FlashAttention-2's tests read."""
-from flash_attn import (  # noqa: F401 (re-exported)
-    flash_attn_func,
-    flash_attn_kvpacked_func,
-    flash_attn_qkvpacked_func,
-    flash_attn_varlen_func,
-    flash_attn_varlen_kvpacked_func,
-    flash_attn_varlen_qkvpacked_func,
-    flash_attn_with_kvcache,
-)
+from flash_attn import *  # noqa: F401,F403 (the API functions, re-exported)
 
 USE_TRITON_ROCM = False
 
