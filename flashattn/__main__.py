@@ -185,8 +185,9 @@ support matrix
                   page size; also in flash_attn_varlen_func with seqused_k)
   variants        attention sinks (learnable_sink, transformers' s_aux), softcap (not with a floating
                   mask) and sliding windows (window_size; not with a mask), forward and backward,
-                  every path
-  not supported   ALiBi, a value head dim different from the query's
+                  every path; ALiBi (alibi_slopes, FlashAttention-2 API) as an additive mask (S x S
+                  memory, the masked kernels' speed; not with softcap or a paged varlen cache)
+  not supported   a value head dim different from the query's
                   (scaled_dot_product_attention falls back for it)
   fallbacks       scaled_dot_product_attention passes to torch SDPA (one warning per reason): dropout_p
                   outside [0, 1), an attn_mask of another dtype or device, float32/float64 CUDA tensors,

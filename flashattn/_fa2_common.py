@@ -10,14 +10,37 @@ import torch
 
 from . import ops
 
-__all__ = ["check_devices", "check_sink", "check_tensor", "fa2_attention", "page_table_alias", "reject_alibi",
-           "rows_aligned", "window_bounds", "window_keys"]
+__all__ = ["alibi_mask", "check_alibi", "check_devices", "check_sink", "check_tensor", "fa2_attention",
+           "page_table_alias", "rows_aligned", "window_bounds", "window_keys"]
 
 
-def reject_alibi(alibi_slopes) -> None:
-    """Raises NotImplementedError for alibi_slopes, which flashattn does not have yet."""
-    if alibi_slopes is not None:
-        raise NotImplementedError("flashattn: alibi_slopes is not implemented yet (only alibi_slopes=None)")
+def check_alibi(alibi_slopes, batch: int, nheads: int, device: torch.device, softcap: float):
+    """alibi_slopes as a float32 (1 or batch, nheads) tensor (from FlashAttention-2's (nheads,) or (batch,
+    nheads) float32 tensor on q's device), or None."""
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"flashattn: alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype != torch.float32 or alibi_slopes.device != device or tuple(alibi_slopes.shape) not in (
+            (nheads,), (batch, nheads)):
+        raise ValueError(f"flashattn: alibi_slopes must be a float32 ({nheads},) or ({batch}, {nheads}) tensor (nheads "
+                         f"or batch, nheads) on {device}, got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)} on "
+                         f"{alibi_slopes.device}")
+    if softcap != 0.0:
+        raise NotImplementedError("flashattn: alibi_slopes with softcap is not implemented (ALiBi runs as an additive "
+                                  "mask, which softcap does not take)")
+    return alibi_slopes.detach().reshape(-1, nheads)
+
+
+def alibi_mask(slopes: torch.Tensor, query_pos: torch.Tensor, keys: torch.Tensor, window) -> torch.Tensor:
+    """The additive mask of ALiBi, FlashAttention-2's bias ``-slope * |query_pos - key|`` (query_pos: each query's
+    diagonal position, ``i + Lk - Lq``), with the keys outside the sliding window at -inf: float32 (B, nheads,
+    Lq, Lk). slopes: (1 or batch, nheads); query_pos: (1 or batch, Lq) integers; keys: (Lk,) integers."""
+    distance = (query_pos[:, None, :, None] - keys).abs().float()  # (B, 1, Lq, Lk)
+    bias = -slopes[:, :, None, None] * distance
+    if window != (-1, -1):
+        bias = bias.masked_fill(~window_keys(query_pos[:, None, :, None], keys, window), float("-inf"))
+    return bias
 
 
 def window_bounds(window_size) -> tuple:

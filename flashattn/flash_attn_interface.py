@@ -13,17 +13,28 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._fa2_common import check_devices, check_sink, check_tensor, fa2_attention, reject_alibi, unpack, window_bounds
+from ._fa2_common import (alibi_mask, check_alibi, check_devices, check_sink, check_tensor, fa2_attention, unpack,
+                          window_bounds)
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]
 
 
 def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window, softcap, deterministic, return_attn_probs,
-                learnable_sink):
+                learnable_sink, alibi_slopes):
     check_devices(q, k, v)
     check_sink(learnable_sink, q, 2)
+    slopes = check_alibi(alibi_slopes, q.size(0), q.size(2), q.device, float(softcap))
+    mask = None
+    if slopes is not None:
+        # ALiBi as an additive mask (the window folded into it: the kernels take no window beside a mask).
+        seqlen_q, seqlen_k = q.size(1), k.size(1)
+        query_pos = torch.arange(seqlen_q, device=q.device)[None] + (seqlen_k - seqlen_q)
+        window = (window[0], 0 if causal else window[1])
+        mask = alibi_mask(slopes, query_pos, torch.arange(seqlen_k, device=q.device), window)
+        mask = mask.expand(q.size(0), q.size(2), seqlen_q, seqlen_k)
+        window = (-1, -1)
     out, softmax_lse, keep_mask = fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic,
-                                                return_attn_probs, sink=learnable_sink, softcap=softcap,
+                                                return_attn_probs, mask, sink=learnable_sink, softcap=softcap,
                                                 window=window)
     return (out, softmax_lse, keep_mask) if return_attn_probs else out
 
@@ -47,7 +58,12 @@ _FA2_ARGS_DOC = """
             what W keys cost.
         softcap: 0.0 (none), or a cap > 0 of every scaled score: ``softcap * tanh(score / softcap)``
             before the softmax (Gemma 2's attention soft-capping), with its exact backward.
-        alibi_slopes: must be None (no ALiBi yet; other values raise NotImplementedError).
+        alibi_slopes: None, or ALiBi's float32 slopes, ``(nheads,)`` or ``(batch, nheads)``: query i's score
+            for key j gets ``-slope[h] * |i + seqlen_k - seqlen_q - j|`` added after the scale (the bias of
+            FlashAttention-2, whose causal form adds ``slope * j`` instead, which gives the same output and
+            another LSE). It runs as an additive mask (a float32 ``(batch or 1, nheads, seqlen_q, seqlen_k)``
+            tensor, with a window folded into it) through the masked kernels: exact, with their speed and
+            that memory; not with softcap (NotImplementedError).
         deterministic: make the backward bitwise reproducible. By default the CUDA backward adds
             each key block's share of dq with atomics in whatever order the blocks run, so dq's last
             bits can differ from run to run (dk and dv do not). With ``True`` the blocks add in a
@@ -97,13 +113,12 @@ def flash_attn_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_alibi(alibi_slopes)
     window = window_bounds(window_size)
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     check_tensor("k", k, 4, "(batch, seqlen_k, nheads_k, headdim)")
     check_tensor("v", v, 4, "(batch, seqlen_k, nheads_k, headdim)")
     return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window, softcap, deterministic, return_attn_probs,
-                       learnable_sink)
+                       learnable_sink, alibi_slopes)
 
 
 flash_attn_func.__doc__ = (
@@ -131,12 +146,11 @@ def flash_attn_kvpacked_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_alibi(alibi_slopes)
     window = window_bounds(window_size)
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     k, v = unpack("kv", kv, 5, 2, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
     return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window, softcap, deterministic, return_attn_probs,
-                       learnable_sink)
+                       learnable_sink, alibi_slopes)
 
 
 flash_attn_kvpacked_func.__doc__ = (
@@ -163,11 +177,10 @@ def flash_attn_qkvpacked_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_alibi(alibi_slopes)
     window = window_bounds(window_size)
     q, k, v = unpack("qkv", qkv, 5, 2, 3, "(batch, seqlen, 3, nheads, headdim)")
     return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window, softcap, deterministic, return_attn_probs,
-                       learnable_sink)
+                       learnable_sink, alibi_slopes)
 
 
 flash_attn_qkvpacked_func.__doc__ = (

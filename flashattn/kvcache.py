@@ -34,8 +34,8 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import ops
-from ._fa2_common import (check_devices, check_tensor, fa2_attention, page_table_alias, reject_alibi, rows_aligned,
-                          scale_or_default, window_bounds, window_keys)
+from ._fa2_common import (alibi_mask, check_alibi, check_devices, check_tensor, fa2_attention, page_table_alias,
+                          rows_aligned, scale_or_default, window_bounds, window_keys)
 
 __all__ = ["flash_attn_with_kvcache", "get_scheduler_metadata"]
 
@@ -304,12 +304,12 @@ def flash_attn_with_kvcache(
     softcap and window_size as in :func:`flash_attn_func`, the window around each query's diagonal
     position ``cache_seqlens[b] - seqlen_q + i`` (after the append).
 
-    Not implemented (it raises NotImplementedError): alibi_slopes.
+    alibi_slopes as in :func:`flash_attn_func`, from the same diagonal positions: an additive mask over the
+    cache on the batched kernels (such calls do not take the decode op).
 
     Returns out ``(batch, seqlen_q, nheads, headdim)``, and with ``return_softmax_lse=True`` also the
     log-sum-exp ``(batch, nheads, seqlen_q)`` float32 (-inf for a row that sees no key).
     """
-    reject_alibi(alibi_slopes)
     block_table = page_table_alias(block_table, page_table)
     window = window_bounds(window_size)
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
@@ -348,7 +348,8 @@ def flash_attn_with_kvcache(
         _check_rotary(rotary_cos, rotary_sin, q.size(-1), q.device)
         if k is None:
             raise ValueError("flashattn: rotary_cos and rotary_sin apply to new k and v: pass them too")
-    decode_op = decode_op_serves(q, k_cache, v_cache, seqlen_q)  # alibi_slopes was refused above
+    slopes = check_alibi(alibi_slopes, batch, nheads, q.device, float(softcap))
+    decode_op = slopes is None and decode_op_serves(q, k_cache, v_cache, seqlen_q)
     if k is not None:
         if cache_seqlens is None:
             raise ValueError("flashattn: appending k and v needs cache_seqlens (where each sequence's cache ends)")
@@ -405,6 +406,11 @@ def flash_attn_with_kvcache(
     if leftpad is not None:
         visible = visible & (keys >= leftpad[:, None])[:, None, None, :]
     mask = visible.expand(batch, nheads, seqlen_q, seqlen_cache)
+    if slopes is not None:
+        # ALiBi as an additive mask, from each query's diagonal position in its own sequence.
+        diagonal = lengths[:, None] - seqlen_q + torch.arange(seqlen_q, device=q.device)  # [batch, seqlen_q]
+        bias = alibi_mask(slopes, diagonal, keys, (-1, -1))  # [batch, nheads, seqlen_q, seqlen_cache]
+        mask = bias.masked_fill(~mask, float("-inf"))
     if cache_batch_idx is not None:
         k_cache, v_cache = k_cache.index_select(0, cache_rows), v_cache.index_select(0, cache_rows)
     # The causal mask is in `mask`, aligned to each sequence's own length.

@@ -26,8 +26,9 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from . import _C, kvcache, ops
-from ._fa2_common import (check_devices, check_max_seqlen, check_sink, check_tensor, fa2_attention, page_table_alias,
-                          reject_alibi, rows_aligned, scale_or_default, unpack, window_bounds, window_keys)
+from ._fa2_common import (alibi_mask, check_alibi, check_devices, check_max_seqlen, check_sink, check_tensor,
+                          fa2_attention, page_table_alias, rows_aligned, scale_or_default, unpack, window_bounds,
+                          window_keys)
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
 
@@ -149,7 +150,7 @@ def _padded_layout(cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k, max_seqlen_
 
 def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
                   deterministic, return_attn_probs, block_table, seqused_q, seqused_k, sink, softcap, window,
-                  num_splits):
+                  num_splits, alibi_slopes=None):
     """flash_attn_varlen_func over a paged cache (see its docstring): the decode op where it serves the
     call (CUDA, at most 64 query rows per kv head, no gradient, dropout or sink), else the variable-length
     path over a padded copy of each sequence's pages."""
@@ -174,7 +175,8 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache))
     if (isinstance(max_seqlen_q, int) and max_seqlen_q >= 1 and float(dropout_p) == 0.0 and sink is None
-            and seqused_q is None and not needs_grad and kvcache.decode_op_serves(q, k_cache, v_cache, max_seqlen_q)):
+            and seqused_q is None and alibi_slopes is None and not needs_grad
+            and kvcache.decode_op_serves(q, k_cache, v_cache, max_seqlen_q)):
         out, softmax_lse = torch.ops.flashattn.decode_fwd(
             q, k_cache, v_cache, seqused_k, block_table, None, None, scale_or_default(softmax_scale, q.size(-1)),
             bool(causal), window[0], window[1], float(softcap), num_splits, cu_seqlens_q, max_seqlen_q)
@@ -183,13 +185,15 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     k = kvcache.gather_pages(k_cache, block_table).flatten(0, 1)  # (batch * capacity, nheads_k, headdim)
     v = kvcache.gather_pages(v_cache, block_table).flatten(0, 1)
     cu_seqlens_rows = torch.arange(0, (batch + 1) * capacity, capacity, dtype=torch.int32, device=q.device)
+    if alibi_slopes is not None:
+        raise NotImplementedError("flashattn: alibi_slopes with block_table is not implemented")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_rows, max_seqlen_q, capacity, dropout_p, softmax_scale, causal,
                    deterministic, return_attn_probs, None, seqused_q, seqused_k, sink, softcap, window)
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
             deterministic, return_attn_probs, block_table, seqused_q=None, seqused_k=None, sink=None, softcap=0.0,
-            window=(-1, -1)):
+            window=(-1, -1), alibi_slopes=None):
     if block_table is not None:
         raise NotImplementedError("flashattn: block_table (paged KV cache) is not implemented yet (only None)")
     check_devices(q, k, v)
@@ -208,7 +212,8 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     max_seqlen_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     total_q, nheads = q.size(0), q.size(1)
     dropout_p = float(dropout_p)
-    if _in_kernels(q, k, v, dropout_p, block_table):
+    slopes = check_alibi(alibi_slopes, batch, nheads, q.device, float(softcap))
+    if slopes is None and _in_kernels(q, k, v, dropout_p, block_table):
         # The op checks the offsets where it reads them (on CUDA in the kernel that builds its schedule),
         # and an int max_seqlen with them; a tensor one is compared here, on its device.
         limits = []
@@ -233,9 +238,16 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
             "head dims 33..256 without dropout); this call takes the padded path")
     # The padded batch's sizes: a tensor max_seqlen is read here (a host synchronization).
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    # Padding before each sequence with causal masking, a window or ALiBi: the padded batch's bottom-right
+    # diagonal is then each sequence's own.
     lay = _padded_layout(cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k, max_seqlen_q, max_seqlen_k, total_q,
-                         k.size(0), nheads, causal or window != (-1, -1))
+                         k.size(0), nheads, causal or window != (-1, -1) or slopes is not None)
     key_mask = _window_key_mask(lay.key_mask, max_seqlen_q, max_seqlen_k, causal, window, q.device)
+    if slopes is not None:
+        # ALiBi as an additive mask over the padded batch (from its bottom-right diagonal, each sequence's own).
+        query_pos = torch.arange(max_seqlen_q, device=q.device)[None] + (max_seqlen_k - max_seqlen_q)
+        bias = alibi_mask(slopes, query_pos, torch.arange(max_seqlen_k, device=q.device), (-1, -1))
+        key_mask = bias.masked_fill(~key_mask, float("-inf"))
     q_pad = _gather_padded(q, cu_seqlens_q, lay.offset_q)  # (batch, max_seqlen_q, nheads, headdim)
     k_pad = _gather_padded(k, cu_seqlens_k, lay.offset_k)  # (batch, max_seqlen_k, nheads_k, headdim)
     v_pad = _gather_padded(v, cu_seqlens_k, lay.offset_k)
@@ -349,7 +361,6 @@ def flash_attn_varlen_func(
     num_splits: int = 0,
     scheduler_metadata: Optional[torch.Tensor] = None,
 ):
-    reject_alibi(alibi_slopes)
     block_table = page_table_alias(block_table, page_table)
     num_splits = kvcache.splits_from(num_splits, scheduler_metadata)
     window = window_bounds(window_size)
@@ -359,13 +370,13 @@ def flash_attn_varlen_func(
     if block_table is not None:
         result = _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
                                deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink,
-                               softcap, window, num_splits)
+                               softcap, window, num_splits, alibi_slopes)
     else:
         check_tensor("k", k, 3, "(total_k, nheads_k, headdim)")
         check_tensor("v", v, 3, "(total_k, nheads_k, headdim)")
         result = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                          causal, deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink,
-                         softcap, window)
+                         softcap, window, alibi_slopes)
     if out is None:
         return result
     if isinstance(result, tuple):
@@ -403,6 +414,8 @@ flash_attn_varlen_func.__doc__ = (
     dropout or sink, this runs on the decode op (keys split across thread blocks, pages read in place);
     otherwise over a padded copy of each sequence's pages.
 
+    ``alibi_slopes`` as in :func:`flashattn.flash_attn_func`, each sequence from its own diagonal: over the
+    padded copy of the batch (an additive mask), not in the variable-length kernels; not with a paged cache.
     ``page_table`` (keyword only) is FlashAttention-3's name for ``block_table`` (pass one of the two).
     ``num_splits`` and ``scheduler_metadata`` (keyword only) set the decode op's key splits as in
     :func:`flashattn.flash_attn_with_kvcache`; other calls ignore them.
@@ -433,12 +446,12 @@ def flash_attn_varlen_kvpacked_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_alibi(alibi_slopes)
     window = window_bounds(window_size)
     check_tensor("q", q, 3, "(total_q, nheads, headdim)")
     k, v = unpack("kv", kv, 4, 1, 2, "(total_k, 2, nheads_k, headdim)")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, None, sink=learnable_sink, softcap=softcap, window=window)
+                   deterministic, return_attn_probs, None, sink=learnable_sink, softcap=softcap, window=window,
+                   alibi_slopes=alibi_slopes)
 
 
 flash_attn_varlen_kvpacked_func.__doc__ = (
@@ -465,11 +478,11 @@ def flash_attn_varlen_qkvpacked_func(
     *,
     learnable_sink: Optional[torch.Tensor] = None,
 ):
-    reject_alibi(alibi_slopes)
     window = window_bounds(window_size)
     q, k, v = unpack("qkv", qkv, 4, 1, 3, "(total, 3, nheads, headdim)")
     return _varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, None, sink=learnable_sink, softcap=softcap, window=window)
+                   deterministic, return_attn_probs, None, sink=learnable_sink, softcap=softcap, window=window,
+                   alibi_slopes=alibi_slopes)
 
 
 flash_attn_varlen_qkvpacked_func.__doc__ = (

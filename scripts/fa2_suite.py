@@ -3,8 +3,7 @@
 (tests/fa2_standin; needs a GPU and einops). The test file is not part of this repository: pass the
 path of `tests/test_flash_attn.py` from a FlashAttention-2 checkout.
 
-    python3 scripts/fa2_suite.py PATH/test_flash_attn.py --tests kvcache splitkv --sample 300 \
-        --where alibi=False --out out/fa2
+    python3 scripts/fa2_suite.py PATH/test_flash_attn.py --tests kvcache splitkv --sample 300 --out out/fa2
 
 --tests picks test functions by the part of the name after `test_flash_attn_` (an exact match each:
 `kvcache` is not `kvcache_paged_block_table_bounds`);

@@ -508,7 +508,7 @@ def test_raw_op_rejects_non_contiguous_last_dim():
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
+    ({"alibi_slopes": torch.ones(4), "softcap": 20.0}, "alibi_slopes with softcap"),
 ])
 @pytest.mark.parametrize("api", ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"])
 def test_unimplemented_arguments_raise(api, kwargs, name):

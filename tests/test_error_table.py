@@ -170,7 +170,7 @@ def _old_gpu(mp):
 
 
 _UNIMPLEMENTED = {
-    "alibi": {"alibi_slopes": torch.ones(4)},
+    "alibi-softcap": {"alibi_slopes": torch.ones(4), "softcap": 30.0},
 }
 
 # id -> call(monkeypatch). Each makes one bad call; the table says what must happen.
@@ -335,6 +335,7 @@ _OUT_OF_RANGE = {
     "dropout-one": {"dropout_p": 1.0},
     "softcap-negative": {"softcap": -1.0},
     "window-not-a-pair": {"window_size": 8},
+    "alibi-shape": {"alibi_slopes": torch.ones(3)},
 }
 
 for _name, _kwargs in {**_UNIMPLEMENTED, **_OUT_OF_RANGE}.items():

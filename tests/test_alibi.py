@@ -1,0 +1,151 @@
+"""ALiBi (alibi_slopes, FlashAttention-2's bias -slope * |i + Lk - Lq - j|) in flash_attn_func and its packed
+forms, flash_attn_with_kvcache and the varlen functions, forward and gradients, against the reference
+with the bias written out as an additive mask."""
+import pytest
+import torch
+
+import flashattn
+from conftest import requires_cuda
+from flashattn.reference import attention_reference
+from flashattn.testing import GRAD_FACTOR, OUT_FACTOR, assert_oracle
+
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=requires_cuda)]
+
+
+def _bias(slopes, seqlen_q, seqlen_k, heads, causal, window=(-1, -1), diagonal_shift=None):
+    """(B or 1, H, Lq, Lk) float64: -slope * |i + shift - j|, -inf where causal or the window hide the key."""
+    shift = seqlen_k - seqlen_q if diagonal_shift is None else diagonal_shift
+    i = torch.arange(seqlen_q)[:, None] + shift
+    j = torch.arange(seqlen_k)
+    bias = -slopes.double().reshape(-1, heads)[:, :, None, None].cpu() * (i - j).abs()
+    hidden = torch.zeros(seqlen_q, seqlen_k, dtype=torch.bool)
+    right = 0 if causal else window[1]
+    if right >= 0:
+        hidden |= j > i + right
+    if window[0] >= 0:
+        hidden |= j < i - window[0]
+    return bias.masked_fill(hidden, float("-inf"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(37, 37), (20, 45), (45, 20)])
+@pytest.mark.parametrize("per_batch", [False, True], ids=["slopes_h", "slopes_bh"])
+@pytest.mark.parametrize("window", [(-1, -1), (9, 4)], ids=["full", "window"])
+def test_alibi_matches_reference(device, causal, seqlen_q, seqlen_k, per_batch, window):
+    torch.manual_seed(seqlen_q * 7 + seqlen_k)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    batch, heads_q, heads_kv, head_dim = 2, 6, 2, 32
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device=device, requires_grad=True)
+    k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, dtype=dtype, device=device, requires_grad=True)
+            for _ in range(2))
+    slopes = torch.rand((batch, heads_q) if per_batch else (heads_q,), device=device) * 0.5
+    out = flashattn.flash_attn_func(q, k, v, causal=causal, window_size=window, alibi_slopes=slopes)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    group = heads_q // heads_kv
+    bias = _bias(slopes, seqlen_q, seqlen_k, heads_q, causal, window)
+    # GQA: the reference reads each kv head once per query head of its group (autograd sums dk, dv back).
+    ref_leaves = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    ref = attention_reference(ref_leaves[0], ref_leaves[1].repeat_interleave(group, 2),
+                              ref_leaves[2].repeat_interleave(group, 2), head_dim ** -0.5, False, False, attn_mask=bias)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, dout.double().cpu())
+    base_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    base = attention_reference(base_leaves[0], base_leaves[1].repeat_interleave(group, 2),
+                               base_leaves[2].repeat_interleave(group, 2), head_dim ** -0.5, False, False,
+                               upcast=False, attn_mask=bias.to(device, dtype))
+    base_grads = torch.autograd.grad(base, base_leaves, dout)
+    if seqlen_q > seqlen_k and causal:  # the first Lq - Lk rows see no key: out 0 in both
+        ref = torch.nan_to_num(ref)
+    assert_oracle("out", out.detach().cpu().double(), ref, base.detach().cpu().double(), OUT_FACTOR)
+    for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads):
+        assert_oracle(name, g.cpu().double(), torch.nan_to_num(r), torch.nan_to_num(b.cpu().double()), GRAD_FACTOR)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_alibi_packed_forms_equal_the_plain_call(device):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, v = (torch.randn(2, 19, 4, 32, dtype=dtype, device=device) for _ in range(3))
+    slopes = torch.rand(4, device=device) * 0.3
+    plain = flashattn.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes)
+    torch.testing.assert_close(flashattn.flash_attn_kvpacked_func(q, torch.stack([k, v], 2), causal=True,
+                                                                  alibi_slopes=slopes), plain, rtol=0, atol=0)
+    torch.testing.assert_close(flashattn.flash_attn_qkvpacked_func(torch.stack([q, k, v], 2), causal=True,
+                                                                   alibi_slopes=slopes), plain, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi_kvcache(device, causal):
+    """Each sequence's queries at their own diagonal (cache_seqlens after the append), left padding never
+    attended, on the batched kernels (the decode op does not take ALiBi)."""
+    torch.manual_seed(3)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    batch, seqlen_q, heads_q, heads_kv, head_dim, capacity = 3, 2, 4, 2, 32, 40
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device=device)
+    k_cache, v_cache = (torch.randn(batch, capacity, heads_kv, head_dim, dtype=dtype, device=device) for _ in range(2))
+    lengths = torch.tensor([5, 40, 23], dtype=torch.int32, device=device)
+    leftpad = torch.tensor([0, 6, 2], dtype=torch.int32, device=device)
+    slopes = torch.rand(batch, heads_q, device=device) * 0.4
+    out = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, cache_leftpad=leftpad,
+                                            causal=causal, alibi_slopes=slopes)
+    for b in range(batch):
+        n, lp = int(lengths[b]), int(leftpad[b])
+        bias = _bias(slopes[b], seqlen_q, n, heads_q, causal)
+        bias[..., :lp] = float("-inf")
+        ks, vs = (t[b:b + 1, :n].repeat_interleave(heads_q // heads_kv, 2) for t in (k_cache, v_cache))
+        ref = attention_reference(q[b:b + 1].double().cpu(), ks.double().cpu(), vs.double().cpu(), head_dim ** -0.5,
+                                  False, False, attn_mask=bias)
+        base = attention_reference(q[b:b + 1], ks, vs, head_dim ** -0.5, False, False, upcast=False,
+                                   attn_mask=bias.to(device, dtype))
+        assert_oracle(f"out[{b}]", out[b:b + 1].cpu().double(), ref, base.cpu().double(), OUT_FACTOR)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi_varlen_equals_per_sequence_calls(device, causal):
+    """The packed batch with ALiBi gives each sequence what flash_attn_func gives it alone (its own
+    diagonal), forward and gradients."""
+    torch.manual_seed(5)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    lengths_q, lengths_k = [7, 30, 1], [7, 30, 1] if causal else [12, 30, 4]
+    heads, head_dim = 4, 32
+    q = torch.randn(sum(lengths_q), heads, head_dim, dtype=dtype, device=device, requires_grad=True)
+    k, v = (torch.randn(sum(lengths_k), heads, head_dim, dtype=dtype, device=device, requires_grad=True)
+            for _ in range(2))
+    cu = lambda ls: torch.tensor([0] + torch.tensor(ls).cumsum(0).tolist(), dtype=torch.int32, device=device)  # noqa
+    slopes = torch.rand(3, heads, device=device) * 0.5
+    out = flashattn.flash_attn_varlen_func(q, k, v, cu(lengths_q), cu(lengths_k), max(lengths_q), max(lengths_k),
+                                           causal=causal, alibi_slopes=slopes)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    sq, sk = 0, 0
+    for b, (lq, lk) in enumerate(zip(lengths_q, lengths_k)):
+        rows_q, rows_k = slice(sq, sq + lq), slice(sk, sk + lk)
+        leaves = [t[rows][None].detach().clone().requires_grad_() for t, rows in ((q, rows_q), (k, rows_k), (v, rows_k))]
+        want = flashattn.flash_attn_func(*leaves, causal=causal, alibi_slopes=slopes[b])
+        want_grads = torch.autograd.grad(want, leaves, dout[rows_q][None])
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(out[rows_q], want[0], **tol)
+        for g, w, rows in zip(grads, want_grads, (rows_q, rows_k, rows_k)):
+            torch.testing.assert_close(g[rows], w[0], **tol)
+        sq, sk = sq + lq, sk + lk
+
+
+def test_alibi_argument_errors():
+    q, k, v = (torch.randn(2, 5, 4, 8) for _ in range(3))
+    with pytest.raises(ValueError, match="alibi_slopes must be a float32"):
+        flashattn.flash_attn_func(q, k, v, alibi_slopes=torch.ones(4, dtype=torch.float16))
+    with pytest.raises(ValueError, match="alibi_slopes must be a float32"):
+        flashattn.flash_attn_func(q, k, v, alibi_slopes=torch.ones(3, 4))
+    with pytest.raises(TypeError, match="alibi_slopes must be a torch.Tensor"):
+        flashattn.flash_attn_func(q, k, v, alibi_slopes=[0.5] * 4)
+    with pytest.raises(NotImplementedError, match="alibi_slopes with softcap"):
+        flashattn.flash_attn_func(q, k, v, alibi_slopes=torch.ones(4), softcap=10.0)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    pages = torch.randn(3, 4, 4, 8)
+    with pytest.raises(NotImplementedError, match="alibi_slopes with block_table"):
+        flashattn.flash_attn_varlen_func(torch.randn(2, 4, 8), pages, pages, cu, None, 1, 8,
+                                         seqused_k=torch.tensor([3, 4], dtype=torch.int32),
+                                         block_table=torch.tensor([[0, 1], [2, 0]], dtype=torch.int32),
+                                         alibi_slopes=torch.ones(4))
