@@ -395,10 +395,10 @@ def flash_attn_with_kvcache(
     if block_table is not None:
         k_cache, v_cache = gather_pages(k_cache, block_table), gather_pages(v_cache, block_table)
     keys = torch.arange(seqlen_cache, device=q.device)
+    # Query i of sequence b sits at diagonal position lengths[b] - seqlen_q + i (with causal: it sees the
+    # keys up to there); a window bounds the keys around it, and ALiBi's bias grows with the distance.
+    diagonal = lengths[:, None] - seqlen_q + torch.arange(seqlen_q, device=q.device)  # [batch, seqlen_q]
     if window != (-1, -1):
-        # Query i of sequence b sits at diagonal position lengths[b] - seqlen_q + i (with causal: it sees
-        # the keys up to there); the window bounds the keys around it.
-        diagonal = lengths[:, None] - seqlen_q + torch.arange(seqlen_q, device=q.device)  # [batch, seqlen_q]
         visible = window_keys(diagonal[:, :, None], keys, window) & (keys < lengths[:, None, None])
         visible = visible[:, None]  # [batch, 1, seqlen_q, seqlen_cache]
     else:
@@ -407,8 +407,6 @@ def flash_attn_with_kvcache(
         visible = visible & (keys >= leftpad[:, None])[:, None, None, :]
     mask = visible.expand(batch, nheads, seqlen_q, seqlen_cache)
     if slopes is not None:
-        # ALiBi as an additive mask, from each query's diagonal position in its own sequence.
-        diagonal = lengths[:, None] - seqlen_q + torch.arange(seqlen_q, device=q.device)  # [batch, seqlen_q]
         bias = alibi_mask(slopes, diagonal, keys, (-1, -1))  # [batch, nheads, seqlen_q, seqlen_cache]
         mask = bias.masked_fill(~mask, float("-inf"))
     if cache_batch_idx is not None:

@@ -154,6 +154,8 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     """flash_attn_varlen_func over a paged cache (see its docstring): the decode op where it serves the
     call (CUDA, at most 64 query rows per kv head, no gradient, dropout or sink), else the variable-length
     path over a padded copy of each sequence's pages."""
+    if alibi_slopes is not None:
+        raise NotImplementedError("flashattn: alibi_slopes with block_table is not implemented")
     check_tensor("k", k_cache, 4, "(num_pages, page_size, nheads_k, headdim) with block_table")
     check_tensor("v", v_cache, 4, "(num_pages, page_size, nheads_k, headdim) with block_table")
     check_devices(q, k_cache, v_cache)
@@ -175,8 +177,7 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache))
     if (isinstance(max_seqlen_q, int) and max_seqlen_q >= 1 and float(dropout_p) == 0.0 and sink is None
-            and seqused_q is None and alibi_slopes is None and not needs_grad
-            and kvcache.decode_op_serves(q, k_cache, v_cache, max_seqlen_q)):
+            and seqused_q is None and not needs_grad and kvcache.decode_op_serves(q, k_cache, v_cache, max_seqlen_q)):
         out, softmax_lse = torch.ops.flashattn.decode_fwd(
             q, k_cache, v_cache, seqused_k, block_table, None, None, scale_or_default(softmax_scale, q.size(-1)),
             bool(causal), window[0], window[1], float(softcap), num_splits, cu_seqlens_q, max_seqlen_q)
@@ -185,8 +186,6 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     k = kvcache.gather_pages(k_cache, block_table).flatten(0, 1)  # (batch * capacity, nheads_k, headdim)
     v = kvcache.gather_pages(v_cache, block_table).flatten(0, 1)
     cu_seqlens_rows = torch.arange(0, (batch + 1) * capacity, capacity, dtype=torch.int32, device=q.device)
-    if alibi_slopes is not None:
-        raise NotImplementedError("flashattn: alibi_slopes with block_table is not implemented")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_rows, max_seqlen_q, capacity, dropout_p, softmax_scale, causal,
                    deterministic, return_attn_probs, None, seqused_q, seqused_k, sink, softcap, window)
 

@@ -12,10 +12,9 @@ from flashattn.testing import GRAD_FACTOR, OUT_FACTOR, assert_oracle
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=requires_cuda)]
 
 
-def _bias(slopes, seqlen_q, seqlen_k, heads, causal, window=(-1, -1), diagonal_shift=None):
-    """(B or 1, H, Lq, Lk) float64: -slope * |i + shift - j|, -inf where causal or the window hide the key."""
-    shift = seqlen_k - seqlen_q if diagonal_shift is None else diagonal_shift
-    i = torch.arange(seqlen_q)[:, None] + shift
+def _bias(slopes, seqlen_q, seqlen_k, heads, causal, window=(-1, -1)):
+    """(B or 1, H, Lq, Lk) float64: -slope * |i + Lk - Lq - j|, -inf where causal or the window hide the key."""
+    i = torch.arange(seqlen_q)[:, None] + (seqlen_k - seqlen_q)
     j = torch.arange(seqlen_k)
     bias = -slopes.double().reshape(-1, heads)[:, :, None, None].cpu() * (i - j).abs()
     hidden = torch.zeros(seqlen_q, seqlen_k, dtype=torch.bool)

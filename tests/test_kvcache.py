@@ -94,6 +94,12 @@ def test_kvcache_argument_errors():
 # ---- rotary embedding, cache_batch_idx and cache_leftpad (FlashAttention-2's semantics) ----
 
 
+def _rotary_tables(rows, rotary_dim, dtype, device):
+    """Random rotary tables (cos, sin) of (rows, rotary_dim / 2) angles, in dtype."""
+    angle = torch.rand(rows, rotary_dim // 2, device=device) * 6.283
+    return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+
+
 def _rotary_reference(x, cos, sin, positions, interleaved):
     """x (B, S, H, D) rotated at positions (B, S), in float64, as complex multiplication: pairs (re, im) are
     dims (2i, 2i + 1) when interleaved, else (i, i + rotary_dim / 2)."""
@@ -143,8 +149,7 @@ def test_kvcache_rotary_batch_idx_and_leftpad(device, causal, interleaved):
     k_cache, v_cache = (torch.randn(cache_batch, seqlen_cache, heads_kv, head_dim, dtype=dtype, device=device)
                         for _ in range(2))
     k_new, v_new = (torch.randn(batch, seqlen_new, heads_kv, head_dim, dtype=dtype, device=device) for _ in range(2))
-    angle = torch.rand(seqlen_cache, rotary_dim // 2, device=device) * 6.283
-    cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+    cos, sin = _rotary_tables(seqlen_cache, rotary_dim, dtype, device)
     cached = torch.tensor([10, 0, 40], dtype=torch.int32, device=device)
     leftpad = torch.tensor([3, 0, 17], dtype=torch.int32, device=device)
     rows = torch.tensor([4, 0, 2], dtype=torch.int32, device=device)
@@ -187,8 +192,7 @@ def test_kvcache_rotary_positions_with_window(device):
     k_cache, v_cache = (torch.randn(batch, seqlen_cache, heads_kv, head_dim, dtype=dtype, device=device)
                         for _ in range(2))
     k_new, v_new = (torch.randn(batch, seqlen_q, heads_kv, head_dim, dtype=dtype, device=device) for _ in range(2))
-    angle = torch.rand(seqlen_cache, rotary_dim // 2, device=device) * 6.283
-    cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+    cos, sin = _rotary_tables(seqlen_cache, rotary_dim, dtype, device)
     cached = torch.tensor([20, 7], dtype=torch.int32, device=device)
     positions = cached.long()[:, None] + torch.arange(seqlen_q, device=device)
     q_rot = _rotary_reference(q, cos, sin, positions, False).to(dtype)

@@ -347,6 +347,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_wide_kernel(const __grid
             return r;
           });
     } else if (warp == 0) {
+      // The batched rows made again from the batch index rather than kept live from the setup: the
+      // compiler then allocates the batched kernel's registers as before the varlen form existed.
       produce_bwd<T, Cfg, kMasked, kVarlen>(p, maps, bars, base, n0, kv_head, batch, steps, walk,
                                             kVarlen ? rows : bwd_batched_rows(p, batch));
     }
