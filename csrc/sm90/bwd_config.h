@@ -38,19 +38,22 @@ struct BwdConfig {
   static constexpr int kQBytes = kColBlocks * kQColBlockBytes;    // a Q or dO tile
   static constexpr int kKVBytes = kColBlocks * kKVColBlockBytes;  // a K or V tile
   // dS^T of one consumer: [kBlockM / 64 query blocks][64 keys][64 queries] (128-byte swizzled rows).
+  // Two sets of both consumers' tiles, used by alternate steps: a consumer writes the next step's while
+  // the other may still read this one's in its dQ GEMM (the consumers meet once a step, before dQ).
   static constexpr int kDsBytes = 64 * kBlockM * 2;
+  static constexpr int kDsSetBytes = kConsumers * kDsBytes;
   static constexpr int kDsQueryBlockBytes = 64 * 64 * 2;
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4;  // the step's dQ partial, fp32, tile layout
   static constexpr bool kDqByRows = kBlockM == 2 * kDqTileRows;  // each consumer its own 64 queries
   static constexpr int kDqCols = kDqByRows ? kHeadDim : kHeadDim / kConsumers;  // dQ columns per consumer
   static constexpr int kStatsBytes = 2 * kBlockM * 4;             // a step's LSE (base 2) then delta, fp32
-  // K, V, the Q ring, the dO ring, dS^T per consumer, the dQ staging tile, the LSE / delta ring, then the
-  // mbarriers.
+  // K, V, the Q ring, the dO ring, two sets of dS^T per consumer, the dQ staging tile, the LSE / delta
+  // ring, then the mbarriers.
   static constexpr int kVOffset = kKVBytes;
   static constexpr int kQOffset = 2 * kKVBytes;
   static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
   static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;
-  static constexpr int kDqOffset = kDsOffset + kConsumers * kDsBytes;
+  static constexpr int kDqOffset = kDsOffset + 2 * kDsSetBytes;
   static constexpr int kStatsOffset = kDqOffset + kDqBytes;
   static constexpr int kBarriersOffset = kStatsOffset + kStages * kStatsBytes;
   static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + kStages) * 8;
@@ -64,7 +67,9 @@ struct BwdConfig {
                 "each consumer's dQ columns lie in one 64-column block, or (width 96) in two pieces");
   static_assert(kBlockM % kBwdStatsAlign == 0 || kBwdStatsAlign % kBlockM == 0, "steps never cross a stats row");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
-  static_assert(kBwdStageBarrier0 + kStages <= 16, "16 named barriers per CTA");
+  // Per consumer, a barrier of its own warpgroup: its part of the dQ partial staged.
+  static constexpr int kDqStagedBarrier0 = kBwdStageBarrier0 + kStages;
+  static_assert(kDqStagedBarrier0 + kConsumers <= 16, "16 named barriers per CTA");
 };
 
 // The wide backward (bwd_wide_kernel.cuh) for tile widths above 128, where one consumer cannot hold dK

@@ -7,11 +7,12 @@
 // meeting). Otherwise lane 0 of the consumers' reducer warp issues each reduction itself, right after
 // the consumers meet: without turns to wait for, the hand-over to another warp only adds its latency.
 //
-// The writer's hand-over, per step, between the consumers' reducer warp (threads 128..159) and the writer
-// warp, through two mbarriers (DqHandover); the writer walks the CTA's steps itself, as the consumers
-// and the producer do, so nothing but the staged partial passes between them:
-//   consumers: store the dQ partial in the staging tile, meet (the partial complete), then lane 0 of the
-//     reducer warp arrives on `full`;
+// The writer's hand-over, per step, between the consumers' reducer warp (threads 128..159; in the narrow
+// kernel's unmasked forms each consumer's first warp, DqReducer::send_parts) and the writer warp,
+// through two mbarriers (DqHandover); the writer walks the CTA's steps itself, as the consumers and the
+// producer do, so nothing but the staged partial passes between them:
+//   consumers: store the dQ partial in the staging tile, meet (the partial complete; or each consumer's
+//     warpgroup, its part complete), then lane 0 of the reducer warp (of each) arrives on `full`;
 //   writer: locates the step's workspace rows (and its turns), waits on `full`, [takes the turns], issues
 //     the reduction, waits until it has read the staging tile, arrives on `free`, [waits for its
 //     completion, passes the turns];
@@ -43,9 +44,11 @@ __device__ __forceinline__ DqHandover& dq_handover() {
   return handover;
 }
 
-// Thread 0, before the CTA's first __syncthreads (and the mbarriers' init fence).
-__device__ __forceinline__ void init_dq_handover() {
-  mbar_init(&dq_handover().full, 1);
+// Thread 0, before the CTA's first __syncthreads (and the mbarriers' init fence). senders: the arrivals
+// that complete a phase of `full` (one per consumer when the consumers send their parts each on its
+// own, DqReducer::send_parts).
+__device__ __forceinline__ void init_dq_handover(int senders = 1) {
+  mbar_init(&dq_handover().full, senders);
   mbar_init(&dq_handover().free, 1);
 }
 
@@ -163,8 +166,9 @@ __device__ __forceinline__ void write_dq(const BwdParams& p, const float* stage,
   if (leader) bulk_wait();
 }
 
-// The consumers' side, run by their reducer warp (threads 128..159, a whole warp) only. to_writer: the
-// writer warp runs (deterministic mode's turns), else lane 0 issues the reductions.
+// The consumers' side, run by their reducer warp (threads 128..159, or each consumer's first warp: a
+// whole warp) only. to_writer: the writer warp runs (deterministic mode's turns), else lane 0 issues
+// the reductions.
 struct DqReducer {
   bool to_writer;
 
@@ -189,6 +193,27 @@ struct DqReducer {
       bulk_reduce_add_f32(p.dq_accum + row() * kWidth, stage, kRows * kWidth * 4);
       bulk_commit();
     }
+  }
+  // The narrow kernel's form of send_stage, with no meeting of the consumers: each consumer's reducer
+  // warp sends its own parts of the partial once its warpgroup has staged them, kParts float ranges
+  // [offset, offset + count) of the kRows x kWidth block at `stage`, which go to the same ranges of the
+  // workspace block from row row(). Lane 0 issues their reductions, or arrives on `full` (initialised
+  // for one arrival per consumer: the writer then adds the whole block, every consumer's parts staged).
+  // Each consumer's reducer warp calls await_stage and finish too.
+  template <int kWidth, int kParts, typename Row>
+  __device__ __forceinline__ void send_parts(const BwdParams& p, const float* stage, const int (&offset)[kParts],
+                                             const int (&count)[kParts], Row&& row) const {
+    if (threadIdx.x % 32 == 0) {
+      if (to_writer) {
+        mbar_arrive(&dq_handover().full);
+      } else {
+        float* const block = p.dq_accum + row() * kWidth;
+#pragma unroll
+        for (int i = 0; i < kParts; ++i) bulk_reduce_add_f32(block + offset[i], stage + offset[i], count[i] * 4);
+        bulk_commit();
+      }
+    }
+    __syncwarp();
   }
   // After the consumers' last step (iter: the steps they ran): waits until the writer's last reduction
   // has read the staging tile, or for the last reduction.

@@ -17,11 +17,13 @@
 //     S^T = K Q^T and dP^T = V dO^T (wgmma from shared memory), P^T = exp2(S^T scale - LSE) and
 //     dS^T = P^T (dP^T - delta) in registers; dV += P^T dO and dK += dS^T Q with P^T, dS^T as register
 //     A operands (dK, dV stay in registers for the whole CTA). dS^T is also written to shared memory
-//     (swizzled), and once both consumers' tiles are there each computes half the columns of
-//     dQ_partial = dS K over all 128 keys (with 128-query steps: the rows of its own 64 queries); the
-//     halves meet in one fp32 staging tile, added into the dq workspace with one asynchronous bulk
-//     reduction per step (one per 128 keys, not per 64), issued by a consumer warp or, in deterministic
-//     mode, by the producer warpgroup's second warp, which takes the turns (sm90/bwd_dq_writer.h).
+//     (swizzled; two sets of tiles, alternate steps), and once both consumers' tiles are there (the
+//     consumers' one meeting a step) each computes half the columns of dQ_partial = dS K over all 128
+//     keys (with 128-query steps: the rows of its own 64 queries) into its part of one fp32 staging
+//     tile, while its dK GEMM runs. Each consumer's first warp adds its part into the dq workspace with
+//     asynchronous bulk reductions (one per 128 keys, not per 64) or, in deterministic mode, hands it to
+//     the producer warpgroup's second warp, which takes the turns and adds the whole tile
+//     (sm90/bwd_dq_writer.h). The masked forms meet a second time instead, and one warp adds the tile.
 // The kMasked variant applies params.mask (its tile classes on this kernel's 64-query x 128-key grid):
 // producer and consumers walk only the steps whose tile lets some key through (the same walk on both
 // sides, so the ring stays in step), steps whose tile needs it add the mask element by element to the
@@ -334,6 +336,29 @@ struct DqPieces {
   __device__ __forceinline__ static int col1(int consumer) { return 64 + 16 * consumer; }
 };
 
+// The float ranges of the dQ staging tile (and of the workspace block) that a consumer's part of a
+// step's partial fills: its 64-query block (kDqByRows), or its pieces of columns (DqPieces; n8 blocks of
+// kDqTileRows x 8 floats each in the tile layout).
+template <typename Cfg>
+struct DqParts {
+  using Pieces = DqPieces<Cfg>;
+  static constexpr int kCount = Pieces::kCols1 > 0 ? 2 : 1;
+  int offset[kCount], count[kCount];
+  __device__ __forceinline__ explicit DqParts(int consumer) {
+    if constexpr (Cfg::kDqByRows) {
+      offset[0] = consumer * kDqTileRows * Cfg::kHeadDim;
+      count[0] = kDqTileRows * Cfg::kHeadDim;
+    } else {
+      offset[0] = Pieces::col0(consumer) * kDqTileRows;
+      count[0] = Pieces::kCols0 * kDqTileRows;
+      if constexpr (kCount > 1) {
+        offset[1] = Pieces::col1(consumer) * kDqTileRows;
+        count[1] = Pieces::kCols1 * kDqTileRows;
+      }
+    }
+  }
+};
+
 // The B descriptor of K's columns from col (within one 64-column block; a piece not at the block's
 // start begins (col % 64) * 2 bytes into the swizzled rows).
 template <typename Cfg>
@@ -455,8 +480,10 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const AttentionS
 }
 
 // Thread 0's setup of a backward CTA: the tensor maps prefetched, the K/V and Q/dO barriers set.
+// dq_senders: the consumers' arrivals per step at the dq writer's hand-over (init_dq_handover).
 template <typename Cfg>
-__device__ __forceinline__ void init_bwd_barriers(const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars) {
+__device__ __forceinline__ void init_bwd_barriers(const BwdTensorMaps& maps, BwdBarriers<Cfg>& bars,
+                                                  int dq_senders = 1) {
   prefetch_tensor_map(&maps.q);
   prefetch_tensor_map(&maps.k);
   prefetch_tensor_map(&maps.v);
@@ -465,7 +492,7 @@ __device__ __forceinline__ void init_bwd_barriers(const BwdTensorMaps& maps, Bwd
   for (int i = 0; i < Cfg::kStages; ++i) {
     mbar_init(&bars.qdo_full[i], 32);  // one arrival per producer lane, plus the TMA bytes
   }
-  init_dq_handover();
+  init_dq_handover(dq_senders);
   mbar_fence_init();
 }
 
@@ -508,6 +535,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 #else
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kScores = kBlockM / 2;  // a consumer's S^T (or dP^T) elements per thread
+  // The unmasked kernels end a step with dK running while each consumer stages its part of the dQ
+  // partial and sends it on its own (no second meeting of the consumers). The masked forms, whose
+  // mask, dropout and dmask code leaves fewer registers, keep the consumers' second meeting and one
+  // reduction a step, with dK issued beside dV: the other way ptxas spilled 170-700 bytes more at D=128.
+  constexpr bool kSendApart = !(kMasked || kDropout);
   static_assert(kBlockM == 64 || !(kMasked || kDropout || kKeyEnds), "128-query steps in the unmasked kernel only");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -544,7 +576,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     return kVarlen ? rows.stats(head) + m0 : (static_cast<int64_t>(batch) * sh.heads_q + head) * p.stats_stride + m0;
   };
 
-  if (threadIdx.x == 0) init_bwd_barriers(maps, bars);
+  if (threadIdx.x == 0) init_bwd_barriers(maps, bars, kSendApart ? Cfg::kConsumers : 1);
   __syncthreads();
 
   if (warpgroup == 0) {
@@ -580,8 +612,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int thread_in_group = threadIdx.x % 128;
   const int warp_in_group = thread_in_group / 32;
   const int lane = threadIdx.x % 32;
-  // The warp that issues each step's dQ reduction or hands it to the writer warp.
-  const bool reducer_warp = threadIdx.x / 32 == 4;
+  // The warp that issues each step's dQ reduction or hands it to the writer warp: each consumer's first
+  // (kSendApart), or the first consumer's first.
+  const bool reducer_warp = warp_in_group == 0 && (kSendApart || consumer == 0);
   const DqReducer reducer{to_writer};
   const int key0 = n0 + consumer * 64;      // this warpgroup's keys: [key0, key0 + 64)
   // The consumer's share of dQ: its 64 queries (from dq_row0, every head dim) or its kDqCols head dims
@@ -591,14 +624,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const uint32_t smem = smem_u32(base);
   const uint32_t k_rows = smem + consumer * 64 * 128;
   const uint32_t v_rows = smem + Cfg::kVOffset + consumer * 64 * 128;
-  const uint32_t ds_tiles = smem + Cfg::kDsOffset;  // both consumers' dS^T (Cfg::kDsBytes each)
-  const uint32_t ds_tile = ds_tiles + consumer * Cfg::kDsBytes;
-  const uint32_t ds_dq_queries = ds_tiles + (dq_row0 / 64) * Cfg::kDsQueryBlockBytes;  // the dQ GEMM's A
+  // Set 0 of both consumers' dS^T tiles (Cfg::kDsBytes each; step iter uses set iter % 2), this
+  // consumer's tile in it, and the dQ GEMM's A (its query block of both tiles).
+  const uint32_t ds_tiles = smem + Cfg::kDsOffset;
+  const uint32_t ds_tile0 = ds_tiles + consumer * Cfg::kDsBytes;
+  const uint32_t ds_dq_queries0 = ds_tiles + (dq_row0 / 64) * Cfg::kDsQueryBlockBytes;
   // This consumer's part of the dQ staging tile ([kBlockM * kHeadDim] fp32, the tile layout): its query
   // block's when the consumers split dQ by rows.
   const uint32_t dq_stage_addr = smem + Cfg::kDqOffset + dq_row0 * Cfg::kHeadDim * 4;
   const uint32_t stats_addr = smem + Cfg::kStatsOffset;
-
+  using Pieces = DqPieces<Cfg>;
   float dk[Cfg::kHeadDim / 2], dv[Cfg::kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < Cfg::kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -738,43 +773,68 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
     accumulator_to_a<T, kBlockM>(p_frag, s);
     accumulator_to_a<T, kBlockM>(ds_frag, dp);
-    store_ds_swizzled(ds_tile, ds_frag, warp_in_group, lane);
+    const uint32_t ds_set = (iter % 2) * Cfg::kDsSetBytes;
+    store_ds_swizzled(ds_tile0 + ds_set, ds_frag, warp_in_group, lane);
     fence_proxy_async_shared();
+    // dV (and in the masked forms dK) needs this consumer's P^T (dS^T) only: issued before the meeting,
+    // it runs while the consumers wait for each other.
+    wgmma_fence();
+    issue_keys_by_dims<T, Cfg>(dv, p_frag, do_tile);
+    if constexpr (!kSendApart) issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
+    wgmma_commit();
     if (reducer_warp) reducer.await_stage(iter);  // the previous step's dQ reduction has left dq_stage
     named_barrier_sync(kBwdConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free
 
     float dq[Cfg::kDqCols / 2];
     wgmma_fence();
-    issue_keys_by_dims<T, Cfg>(dv, p_frag, do_tile);
-    issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
+    issue_dq<T, Cfg>(dq, ds_dq_queries0 + ds_set, smem, consumer);
     wgmma_commit();
-    issue_dq<T, Cfg>(dq, ds_dq_queries, smem, consumer);
-    wgmma_commit();
-    wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO (and the next S^T, dP^T with them)
+    wgmma_wait<1>();  // dV (and dK) done with this stage's dO (and Q)
     fence_registers(dv);
-    fence_registers(dk);
     fence_registers(p_frag);
-    fence_registers(ds_frag);
-    named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
-    wgmma_wait<0>();
+    if constexpr (!kSendApart) {
+      fence_registers(dk);
+      fence_registers(ds_frag);
+      named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
+      wgmma_wait<0>();  // dQ is done
+    } else {
+      wgmma_fence();
+      issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
+      wgmma_commit();
+      wgmma_wait<1>();  // dQ is done
+    }
     fence_registers(dq);
     // By rows, a consumer's 64 x kHeadDim partial is a whole block of the tile layout.
-    {
-      using Pieces = DqPieces<Cfg>;
-      store_dq_tile<Pieces::kCols0>(dq_stage_addr, reinterpret_cast<const float(&)[Pieces::kCols0 / 2]>(dq),
-                                    Pieces::col0(consumer), thread_in_group);
-      if constexpr (Pieces::kCols1 > 0) {
-        store_dq_tile<Pieces::kCols1>(dq_stage_addr,
-                                      reinterpret_cast<const float(&)[Pieces::kCols1 / 2]>(dq[Pieces::kCols0 / 2]),
-                                      Pieces::col1(consumer), thread_in_group);
-      }
+    store_dq_tile<Pieces::kCols0>(dq_stage_addr, reinterpret_cast<const float(&)[Pieces::kCols0 / 2]>(dq),
+                                  Pieces::col0(consumer), thread_in_group);
+    if constexpr (Pieces::kCols1 > 0) {
+      store_dq_tile<Pieces::kCols1>(dq_stage_addr,
+                                    reinterpret_cast<const float(&)[Pieces::kCols1 / 2]>(dq[Pieces::kCols0 / 2]),
+                                    Pieces::col1(consumer), thread_in_group);
     }
     fence_proxy_async_shared();
-    // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
-    named_barrier_sync(kBwdConsumerBarrier, 256);
-    if (reducer_warp) {
-      reducer.send_stage<Cfg::kHeadDim, kBlockM>(p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), head, m0,
-                                                 [&] { return dq_row(head, m0); });
+    if constexpr (kSendApart) {
+      // This consumer's part of dq_stage complete. (A consumer writes the next step's dS^T into the
+      // other set, and the one after it only once both consumers have met at the next step, each of
+      // its dQ GEMMs done by then.)
+      named_barrier_sync(Cfg::kDqStagedBarrier0 + consumer, 128);
+      if (reducer_warp) {
+        const DqParts<Cfg> parts(consumer);
+        reducer.send_parts<Cfg::kHeadDim>(p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), parts.offset,
+                                          parts.count, [&] { return dq_row(head, m0); });
+      }
+    } else {
+      named_barrier_sync(kBwdConsumerBarrier, 256);  // dq_stage complete
+      if (reducer_warp) {
+        reducer.send_stage<Cfg::kHeadDim, kBlockM>(p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), head,
+                                                   m0, [&] { return dq_row(head, m0); });
+      }
+    }
+    if constexpr (kSendApart) {
+      wgmma_wait<0>();  // dK is done with this stage's Q
+      fence_registers(dk);
+      fence_registers(ds_frag);
+      named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
     }
     step = next;
   }
