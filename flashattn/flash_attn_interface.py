@@ -87,7 +87,7 @@ _FA2_ARGS_DOC = """
             the output from it).
 
     Returns:
-        out ``(batch, seqlen_q, nheads, headdim)`` contiguous, in the inputs' dtype;
+        out ``(batch, seqlen_q, nheads, headdim_v)`` contiguous, in the inputs' dtype;
         or ``(out, softmax_lse, keep_mask)`` with ``return_attn_probs=True``.
 
     Supported: float16/bfloat16 CUDA tensors on GPUs of compute capability 8.0 or newer, and
@@ -116,7 +116,7 @@ def flash_attn_func(
     window = window_bounds(window_size)
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     check_tensor("k", k, 4, "(batch, seqlen_k, nheads_k, headdim)")
-    check_tensor("v", v, 4, "(batch, seqlen_k, nheads_k, headdim)")
+    check_tensor("v", v, 4, "(batch, seqlen_k, nheads_k, headdim_v)")
     return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window, softcap, deterministic, return_attn_probs,
                        learnable_sink, alibi_slopes)
 
@@ -124,9 +124,11 @@ def flash_attn_func(
 flash_attn_func.__doc__ = (
     """Exact attention in the FlashAttention-2 layout: ``flash_attn.flash_attn_func`` compatible.
 
-    q ``(batch, seqlen_q, nheads, headdim)``, k and v ``(batch, seqlen_k, nheads_k, headdim)``;
-    nheads must be a multiple of nheads_k (multi-query / grouped-query attention: query head h
-    reads key/value head ``h // (nheads // nheads_k)``).
+    q ``(batch, seqlen_q, nheads, headdim)``, k ``(batch, seqlen_k, nheads_k, headdim)`` and v
+    ``(batch, seqlen_k, nheads_k, headdim_v)``; nheads must be a multiple of nheads_k (multi-query /
+    grouped-query attention: query head h reads key/value head ``h // (nheads // nheads_k)``).
+    headdim_v may differ from headdim (out is then ``(batch, seqlen_q, nheads, headdim_v)``): the kernels
+    run on copies zero-padded to the larger of the two, exact and at that head dim's cost.
 """
     + _FA2_ARGS_DOC
 )

@@ -385,6 +385,22 @@ def dropout_keep_mask(rng_state: torch.Tensor, batch: int, heads: int, seqlen_q:
     return _keep_mask_op(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p)
 
 
+def common_head_dim(q, k, v):
+    """``(q, k, v, value_dim)``: for a value head dim different from the query/key one, the three zero-padded
+    in their last dim to the larger of the two (a copy of the narrower ones), so that the kernels of one
+    head dim serve the call; else the tensors unchanged. Exact: zero columns add nothing to ``q . k`` and
+    make zero columns of ``p v`` (and of the gradients), so ``out[..., :value_dim]`` is the attention and
+    the gradients of the padded copies' first columns are the inputs'. The caller passes the scale of the
+    query's own head dim. With a key head dim other than the query's nothing is padded (the op then
+    raises, naming the head dims)."""
+    head_dim, value_dim = q.size(-1), v.size(-1)
+    if value_dim == head_dim or k.size(-1) != head_dim:
+        return q, k, v, value_dim
+    width = max(head_dim, value_dim)
+    q, k, v = (t if t.size(-1) == width else torch.nn.functional.pad(t, (0, width - t.size(-1))) for t in (q, k, v))
+    return q, k, v, value_dim
+
+
 def attention(q, k, v, scale: float, is_causal: bool, causal_bottom_right: bool, deterministic: bool = False,
               attn_mask=None, dropout_p: float = 0.0, rng_state=None, generator=None, sink=None, softcap: float = 0.0,
               window_left: int = -1, window_right: int = -1):
@@ -397,11 +413,17 @@ def attention(q, k, v, scale: float, is_causal: bool, causal_bottom_right: bool,
     :func:`draw_rng_state` on q's device from ``generator``; the backward reuses it, so it applies the
     forward's keep-mask. Pass an ``rng_state`` to choose the mask (the same one gives the same mask: see
     :func:`dropout_keep_mask`).
+
+    v may have another head dim than q and k (``[B, Lk, Hk, Dv]``; out is then ``[B, Lq, Hq, Dv]``): the
+    op runs on copies zero-padded to the larger of the two (:func:`common_head_dim`), which costs what
+    that head dim costs, and out is its first Dv columns (copied, so contiguous as always).
     """
     dropout_p = float(dropout_p)
     if dropout_p == 0.0:
         rng_state = None
     elif rng_state is None:
         rng_state = draw_rng_state(q.device, generator)
-    return fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, bool(deterministic),
-               sink, float(softcap), int(window_left), int(window_right))
+    q, k, v, value_dim = common_head_dim(q, k, v)
+    out, lse = fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state,
+                   bool(deterministic), sink, float(softcap), int(window_left), int(window_right))
+    return (out if out.size(-1) == value_dim else out[..., :value_dim].contiguous()), lse

@@ -75,9 +75,7 @@ def fallback_reason(query, key, value, attn_mask=None, dropout_p=0.0, enable_gqa
     if query.shape[:-3] != key.shape[:-3] or query.shape[:-3] != value.shape[:-3]:
         return "query/key/value with different batch dims (broadcasting) are not supported by flashattn"
     head_dim = query.size(-1)
-    if value.size(-1) != head_dim:
-        return "a value head dim different from the query head dim is not supported by flashattn"
-    if head_dim > MAX_HEAD_DIM or head_dim < 1:
+    if not (1 <= head_dim <= MAX_HEAD_DIM and 1 <= value.size(-1) <= MAX_HEAD_DIM):
         return f"head dims outside 1..{MAX_HEAD_DIM} are not supported by flashattn"
     if not enable_gqa and query.dim() >= 3:
         heads_q, heads_k, heads_v = query.size(-3), key.size(-3), value.size(-3)
@@ -138,9 +136,9 @@ def scaled_dot_product_attention(
 
     Same signature, layout and semantics as torch's function:
 
-    * ``query`` ``(..., Hq, L, E)``, ``key``/``value`` ``(..., Hk, S, E)``; 4-dim ``(B, H, L, E)`` is
-      the usual case, 3-dim ``(H, L, E)`` and 2-dim ``(L, E)`` work, more than 4 dims are flattened
-      into one batch dim (a view when the leading dims allow it, else a copy).
+    * ``query`` ``(..., Hq, L, E)``, ``key`` ``(..., Hk, S, E)``, ``value`` ``(..., Hk, S, Ev)``; 4-dim
+      ``(B, H, L, E)`` is the usual case, 3-dim ``(H, L, E)`` and 2-dim ``(L, E)`` work, more than 4 dims
+      are flattened into one batch dim (a view when the leading dims allow it, else a copy).
     * ``is_causal`` masks key j from query i unless ``j <= i`` (top-left alignment, also when
       ``L != S``, as in torch).
     * ``scale`` defaults to ``1 / sqrt(E)``.
@@ -158,8 +156,10 @@ def scaled_dot_product_attention(
       :func:`flashattn.ops.draw_rng_state`) and the backward applies the same mask. It is flashattn's
       own mask (a Philox function of the positions, the same on the CPU and on CUDA), not the one
       torch's SDPA would draw for the same seed.
-    * Returns ``(..., Hq, L, E)`` in the query's dtype; for 4-dim inputs it is a transposed view of a
-      contiguous ``(B, L, H, E)`` buffer, as torch's flash backend returns.
+    * Returns ``(..., Hq, L, Ev)`` in the query's dtype; for 4-dim inputs it is a transposed view of a
+      contiguous ``(B, L, H, Ev)`` buffer, as torch's flash backend returns (with Ev != E, of its first Ev
+      columns: the kernels run on copies of the narrower inputs zero-padded to the wider head dim, which
+      is exact and costs what that head dim costs).
 
     The 4-dim inputs are passed to the kernels as transposed views (no copy); the kernels accept any
     strides except in the last dim, so an input whose last dim is not contiguous is copied first.
@@ -168,9 +168,10 @@ def scaled_dot_product_attention(
     float16/bfloat16 tensors on GPUs of compute capability 8.0 or newer, with head dims 1..256.
     Every other call is passed unchanged to ``torch.nn.functional.scaled_dot_product_attention``, with
     a warning naming the reason (once per reason, and only outside ``torch.compile``): ``dropout_p``
-    outside [0, 1) (torch returns zeros for 1 and raises otherwise), an ``attn_mask`` of another dtype or device, float32/float64 CUDA tensors, a head dim above 256, a value head dim
-    different from the query's, a GPU older than sm_80, an extension built without CUDA kernels,
-    broadcasting between batch dims (or of a size-1 query head dim), nested tensors, other devices.
+    outside [0, 1) (torch returns zeros for 1 and raises otherwise), an ``attn_mask`` of another dtype or
+    device, float32/float64 CUDA tensors, a head dim above 256, a GPU older than sm_80, an extension
+    built without CUDA kernels, broadcasting between batch dims (or of a size-1 query head dim), nested
+    tensors, other devices.
 
     Autograd, ``torch.compile(fullgraph=True)`` and CUDA graph capture work on the flashattn path.
     The forward is bitwise reproducible; the CUDA backward is not by default (dq is summed with atomics
@@ -209,9 +210,13 @@ def scaled_dot_product_attention(
     deterministic = torch.are_deterministic_algorithms_enabled()
     # The transposes to the kernels' layout happen inside the op, below autograd (no view nodes).
     rng_state = ops.draw_rng_state(query.device) if dropout_p > 0.0 else None
+    # A value head dim Ev other than E: the op runs on zero-padded copies (ops.common_head_dim).
+    query, key, value, value_dim = ops.common_head_dim(query, key, value)
     out, _ = ops.fwd_heads_first(query, key, value, float(scale), bool(is_causal), False, mask, float(dropout_p),
-                                 rng_state, deterministic)  # (N, L, Hq, E)
-    out = out.transpose(1, 2)  # (N, Hq, L, E)
+                                 rng_state, deterministic)  # (N, L, Hq, max(E, Ev))
+    if out.size(-1) != value_dim:
+        out = out[..., :value_dim]
+    out = out.transpose(1, 2)  # (N, Hq, L, Ev)
     if ndim != 4:
         out = out.reshape(lead_shape + tuple(out.shape[1:]))
     if ndim == 2:

@@ -1,8 +1,10 @@
 """The FlashAttention-2 variable-length API: sequences of different lengths packed along one dim.
 
 ``q`` ``(total_q, nheads, headdim)`` holds the batch's query rows one sequence after another, sequence
-``b`` at rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``; ``k`` and ``v`` ``(total_k, nheads_k, headdim)``
-likewise with ``cu_seqlens_k``. Each sequence attends only within itself.
+``b`` at rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``; ``k`` ``(total_k, nheads_k, headdim)`` and ``v``
+``(total_k, nheads_k, headdim_v)`` likewise with ``cu_seqlens_k``. Each sequence attends only within
+itself. (headdim_v other than headdim: every path below runs on copies zero-padded to the larger, except
+a paged cache, which takes equal head dims.)
 
 How it runs. In the kernels (``torch.ops.flashattn.varlen_fwd`` / ``varlen_bwd``) on the CPU and on
 sm_90 GPUs at head dims 33..256 without dropout: the packed rows are read in place and each
@@ -196,6 +198,24 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     if block_table is not None:
         raise NotImplementedError("flashattn: block_table (paged KV cache) is not implemented yet (only None)")
     check_devices(q, k, v)
+    # A value head dim other than q's: every path below runs on zero-padded copies (ops.common_head_dim)
+    # with the scale of q's own head dim, and out keeps the first value_dim columns.
+    softmax_scale = scale_or_default(softmax_scale, q.size(-1))
+    q, k, v, value_dim = ops.common_head_dim(q, k, v)
+    result = _varlen_one_head_dim(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, deterministic, return_attn_probs, seqused_q, seqused_k, sink,
+                                  softcap, window, alibi_slopes)
+    if q.size(-1) == value_dim:
+        return result
+    if not return_attn_probs:
+        return result[..., :value_dim].contiguous()
+    return (result[0][..., :value_dim].contiguous(),) + tuple(result[1:])
+
+
+def _varlen_one_head_dim(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                         causal, deterministic, return_attn_probs, seqused_q, seqused_k, sink, softcap, window,
+                         alibi_slopes):
+    block_table = None
     check_sink(sink, q, 1)
     _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
     _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
@@ -372,7 +392,7 @@ def flash_attn_varlen_func(
                                softcap, window, num_splits, alibi_slopes)
     else:
         check_tensor("k", k, 3, "(total_k, nheads_k, headdim)")
-        check_tensor("v", v, 3, "(total_k, nheads_k, headdim)")
+        check_tensor("v", v, 3, "(total_k, nheads_k, headdim_v)")
         result = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                          causal, deterministic, return_attn_probs, block_table, seqused_q, seqused_k, learnable_sink,
                          softcap, window, alibi_slopes)

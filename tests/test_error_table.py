@@ -195,7 +195,6 @@ CALLS: Dict[str, Callable] = {
     "sdpa-dropout-one": lambda mp: sdpa(*_bhsd(), dropout_p=1.0),
     "sdpa-head-dim-300": lambda mp: sdpa(_randn(2, 4, 5, 300), _randn(2, 4, 7, 300), _randn(2, 4, 7, 300)),
     "sdpa-head-dim-0": lambda mp: sdpa(_randn(2, 4, 5, 0), _randn(2, 4, 7, 0), _randn(2, 4, 7, 0)),
-    "sdpa-value-head-dim": lambda mp: sdpa(_randn(2, 4, 5, 8), _randn(2, 4, 7, 8), _randn(2, 4, 7, 16)),
     "sdpa-batch-broadcast": lambda mp: sdpa(_randn(2, 4, 5, 8), _randn(1, 4, 7, 8), _randn(1, 4, 7, 8)),
     "sdpa-rank-broadcast": lambda mp: sdpa(_randn(2, 4, 5, 8), _randn(4, 7, 8), _randn(4, 7, 8)),
     "sdpa-query-head-broadcast": lambda mp: sdpa(_randn(2, 1, 5, 8), _randn(2, 4, 7, 8), _randn(2, 4, 7, 8)),

@@ -1,0 +1,151 @@
+"""A value head dim different from the query/key head dim (DeepSeek-style 192 / 128, and 128 / 64; also
+a value wider than the query) against the oracle, through the SDPA drop-in, the FlashAttention-2 API and
+the varlen functions: out and every gradient against a float64 reference (flashattn.reference takes
+any value head dim), with the FlashAttention-2 rule of GUIDE section 4. CPU cases run everywhere; CUDA
+cases where a GPU is.
+"""
+import warnings
+
+import pytest
+import torch
+
+import flashattn
+from flashattn import ops
+from flashattn.reference import attention_reference
+from flashattn.testing import CAUSAL_MODES, GRAD_FACTOR, OUT_FACTOR, assert_attention_oracle, assert_oracle
+
+from conftest import requires_cuda
+
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+
+# (query/key head dim, value head dim)
+DIMS = [(192, 128), (128, 64), (64, 128), (40, 24)]
+
+
+def _dtypes(device):
+    return [torch.float32, torch.bfloat16] if device == "cpu" else [torch.bfloat16, torch.float16]
+
+
+def _qkv(b, lq, lk, hq, hk, d, dv, dtype, device):
+    q = torch.randn(b, lq, hq, d, dtype=dtype, device=device)
+    k = torch.randn(b, lk, hk, d, dtype=dtype, device=device)
+    v = torch.randn(b, lk, hk, dv, dtype=dtype, device=device)
+    return q, k, v
+
+
+def _reference(q, k, v, dout, scale, causal, bottom_right, upcast=True, dropout_p=0.0, keep=None):
+    """(out, lse, grads of q, k, v): float64 with upcast, else in q's dtype."""
+    dtype = torch.float64 if upcast else q.dtype
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out, lse = attention_reference(*leaves, scale, causal, bottom_right, upcast=upcast, return_lse=True,
+                                   dropout_p=dropout_p, dropout_mask=keep)
+    return out.detach(), lse.detach(), torch.autograd.grad(out, leaves, dout.to(dtype))
+
+
+def _judge(out, lse, grads, q, k, v, dout, scale, causal, bottom_right, dropout_p=0.0, keep=None):
+    ref = _reference(q, k, v, dout, scale, causal, bottom_right, True, dropout_p, keep)
+    base = _reference(q, k, v, dout, scale, causal, bottom_right, False, dropout_p, keep)
+    assert out.shape == ref[0].shape
+    assert_attention_oracle(out, lse, grads, ref, base)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dims", DIMS, ids=lambda d: f"{d[0]}-{d[1]}")
+@pytest.mark.parametrize("causal_mode", ["none", "bottom_right", "top_left"])
+def test_flash_attn_func_value_head_dim(device, dims, causal_mode):
+    d, dv = dims
+    causal, bottom_right = CAUSAL_MODES[causal_mode]
+    for dtype in _dtypes(device):
+        q, k, v = _qkv(2, 37, 53 if causal_mode != "top_left" else 37, 4, 2, d, dv, dtype, device)
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        scale = d ** -0.5
+        out, lse = ops.attention(*leaves, scale, causal, bottom_right)
+        assert out.shape == (2, 37, 4, dv) and out.is_contiguous()
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, leaves, dout)
+        _judge(out.detach(), lse, grads, q, k, v, dout, scale, causal, bottom_right)
+        # The FlashAttention-2 API: the default scale is q's head dim's, not the padded one's.
+        if causal_mode != "top_left":
+            api = flashattn.flash_attn_func(q, k, v, causal=causal)
+            torch.testing.assert_close(api, out.detach(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_value_head_dim_with_dropout(device):
+    """The keep-mask does not depend on the head dims: the padded call drops what the reference drops."""
+    dtype = _dtypes(device)[-1]
+    q, k, v = _qkv(2, 45, 45, 4, 4, 128, 64, dtype, device)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    rng_state = ops.draw_rng_state(q.device)
+    keep = ops.dropout_keep_mask(rng_state, 2, 4, 45, 45, 0.2)
+    out, lse = ops.attention(*leaves, 128 ** -0.5, True, True, dropout_p=0.2, rng_state=rng_state)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, dout)
+    _judge(out.detach(), lse, grads, q, k, v, dout, 128 ** -0.5, True, True, 0.2, keep)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dims", [(192, 128), (64, 128)], ids=lambda d: f"{d[0]}-{d[1]}")
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sdpa_value_head_dim(device, dims, is_causal):
+    """The SDPA drop-in serves it (no fallback warning) and matches torch's own SDPA's value and gradients."""
+    d, dv = dims
+    dtype = _dtypes(device)[-1]
+    q = torch.randn(2, 4, 29, d, dtype=dtype, device=device, requires_grad=True)
+    k = torch.randn(2, 4, 29, d, dtype=dtype, device=device, requires_grad=True)
+    v = torch.randn(2, 4, 29, dv, dtype=dtype, device=device, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*falling back")
+        out = flashattn.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    assert out.shape == (2, 4, 29, dv)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    # In the (B, S, H, D) layout of the reference (SDPA returns no lse: out and the gradients are judged).
+    bshd = [t.detach().transpose(1, 2) for t in (q, k, v)]
+    ref = _reference(*bshd, dout.transpose(1, 2), d ** -0.5, is_causal, False)
+    base = _reference(*bshd, dout.transpose(1, 2), d ** -0.5, is_causal, False, upcast=False)
+    assert_oracle("out", out.detach().transpose(1, 2), ref[0], base[0], OUT_FACTOR)
+    for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref[2], base[2]):
+        assert_oracle(name, g.transpose(1, 2), r, b, GRAD_FACTOR)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dims", [(192, 128), (128, 64)], ids=lambda d: f"{d[0]}-{d[1]}")
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_value_head_dim(device, dims, causal):
+    """flash_attn_varlen_func against the batched call on each sequence alone (itself judged above)."""
+    d, dv = dims
+    dtype = _dtypes(device)[-1]
+    lengths_q, lengths_k = [17, 64, 1, 40], [23, 64, 9, 33]
+    cu_q = torch.tensor([0] + list(torch.tensor(lengths_q).cumsum(0)), dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + list(torch.tensor(lengths_k).cumsum(0)), dtype=torch.int32, device=device)
+    q = torch.randn(sum(lengths_q), 4, d, dtype=dtype, device=device, requires_grad=True)
+    k = torch.randn(sum(lengths_k), 2, d, dtype=dtype, device=device, requires_grad=True)
+    v = torch.randn(sum(lengths_k), 2, dv, dtype=dtype, device=device, requires_grad=True)
+    out = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal)
+    assert out.shape == (sum(lengths_q), 4, dv)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for i in range(len(lengths_q)):
+        rows_q = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        rows_k = slice(int(cu_k[i]), int(cu_k[i + 1]))
+        parts = [t.detach()[rows][None] for t, rows in ((q, rows_q), (k, rows_k), (v, rows_k))]
+        ref = _reference(*parts, dout[rows_q][None], d ** -0.5, causal, True)
+        base = _reference(*parts, dout[rows_q][None], d ** -0.5, causal, True, upcast=False)
+        assert_oracle("out", out.detach()[rows_q][None], ref[0], base[0], OUT_FACTOR)
+        for name, g, r, b, rows in zip(("dq", "dk", "dv"), grads, ref[2], base[2], (rows_q, rows_k, rows_k)):
+            assert_oracle(name, g[rows][None], r, b, GRAD_FACTOR)
+
+
+def test_key_head_dim_mismatch_still_raises():
+    q, k, v = torch.randn(1, 5, 2, 8), torch.randn(1, 7, 2, 16), torch.randn(1, 7, 2, 8)
+    with pytest.raises(RuntimeError, match="same head dim"):
+        flashattn.flash_attn_func(q, k, v)
+
+
+def test_value_head_dim_under_compile():
+    """torch.compile traces the padding (no graph break)."""
+    q, k, v = torch.randn(1, 9, 2, 32), torch.randn(1, 9, 2, 32), torch.randn(1, 9, 2, 16)
+    fn = torch.compile(lambda q, k, v: flashattn.flash_attn_func(q, k, v, causal=True), fullgraph=True,
+                       backend="eager")
+    torch.testing.assert_close(fn(q, k, v), flashattn.flash_attn_func(q, k, v, causal=True))
