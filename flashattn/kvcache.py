@@ -27,7 +27,6 @@ the device.
 """
 from __future__ import annotations
 
-import functools
 import os
 from typing import Optional, Tuple, Union
 
@@ -112,10 +111,17 @@ _DECODE_MAX_ROWS = 64
 decode_op_enabled = os.environ.get("FLASHATTN_DECODE_OP", "1") != "0"
 
 
-@torch.compiler.assume_constant_result  # a property of the build and the GPU: traced as a constant
-@functools.lru_cache(maxsize=None)
+_decode_head_dims: dict = {}
+
+
+# A property of the build and the GPU: traced as a constant (a plain function with its own cache: dynamo
+# traces into an lru_cache wrapper and then cannot call the extension function).
+@torch.compiler.assume_constant_result
 def _decode_op_serves_head_dim(head_dim: int, bf16: bool, device_index: int) -> bool:
-    return bool(ops._C.decode_supported(head_dim, bf16, device_index))
+    key = (head_dim, bf16, device_index)
+    if key not in _decode_head_dims:
+        _decode_head_dims[key] = bool(ops._C.decode_supported(head_dim, bf16, device_index))
+    return _decode_head_dims[key]
 
 
 def decode_op_serves(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, queries_per_sequence: int) -> bool:

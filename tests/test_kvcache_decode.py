@@ -503,6 +503,17 @@ def test_cuda_graph_replay_honors_new_cache_seqlens(paged, num_splits):
 # ---- 6. torch.compile ----
 
 
+def test_decode_head_dim_query_traces_as_a_constant():
+    """The build's answer to "does the decode op serve this head dim" is a constant under
+    torch.compile(fullgraph=True): dynamo cannot call the extension function itself (on the CPU, what the
+    CUDA compile tests below need of it)."""
+    from flashattn import kvcache
+    fn = torch.compile(lambda x: x + 1 if kvcache._decode_op_serves_head_dim(128, True, 0) else x - 1,
+                       fullgraph=True, backend="eager")
+    expected = 1.0 if kvcache._decode_op_serves_head_dim(128, True, 0) else -1.0
+    assert fn(torch.zeros(2)).tolist() == [expected, expected]
+
+
 @requires_cuda
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged64"])
 def test_torch_compile_fullgraph_matches_eager(paged):
