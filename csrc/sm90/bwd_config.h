@@ -38,22 +38,24 @@ struct BwdConfig {
   static constexpr int kQBytes = kColBlocks * kQColBlockBytes;    // a Q or dO tile
   static constexpr int kKVBytes = kColBlocks * kKVColBlockBytes;  // a K or V tile
   // dS^T of one consumer: [kBlockM / 64 query blocks][64 keys][64 queries] (128-byte swizzled rows).
-  // Two sets of both consumers' tiles, used by alternate steps: a consumer writes the next step's while
-  // the other may still read this one's in its dQ GEMM (the consumers meet once a step, before dQ).
+  // With the consumers splitting dQ by columns, two sets of both consumers' tiles, used by alternate
+  // steps by the kernels whose consumers meet once a step (before dQ): a consumer writes the next
+  // step's while the other may still read this one's in its dQ GEMM.
   static constexpr int kDsBytes = 64 * kBlockM * 2;
   static constexpr int kDsSetBytes = kConsumers * kDsBytes;
   static constexpr int kDsQueryBlockBytes = 64 * 64 * 2;
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4;  // the step's dQ partial, fp32, tile layout
   static constexpr bool kDqByRows = kBlockM == 2 * kDqTileRows;  // each consumer its own 64 queries
+  static constexpr int kDsSets = kDqByRows ? 1 : 2;  // (above)
   static constexpr int kDqCols = kDqByRows ? kHeadDim : kHeadDim / kConsumers;  // dQ columns per consumer
   static constexpr int kStatsBytes = 2 * kBlockM * 4;             // a step's LSE (base 2) then delta, fp32
-  // K, V, the Q ring, the dO ring, two sets of dS^T per consumer, the dQ staging tile, the LSE / delta
+  // K, V, the Q ring, the dO ring, the sets of dS^T per consumer, the dQ staging tile, the LSE / delta
   // ring, then the mbarriers.
   static constexpr int kVOffset = kKVBytes;
   static constexpr int kQOffset = 2 * kKVBytes;
   static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
   static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;
-  static constexpr int kDqOffset = kDsOffset + 2 * kDsSetBytes;
+  static constexpr int kDqOffset = kDsOffset + kDsSets * kDsSetBytes;
   static constexpr int kStatsOffset = kDqOffset + kDqBytes;
   static constexpr int kBarriersOffset = kStatsOffset + kStages * kStatsBytes;
   static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + kStages) * 8;

@@ -8,7 +8,7 @@
 // the consumers meet: without turns to wait for, the hand-over to another warp only adds its latency.
 //
 // The writer's hand-over, per step, between the consumers' reducer warp (threads 128..159; in the narrow
-// kernel's unmasked forms each consumer's first warp, DqReducer::send_parts) and the writer warp,
+// kernel's unmasked column-split forms each consumer's first warp, DqReducer::send_parts) and the writer warp,
 // through two mbarriers (DqHandover); the writer walks the CTA's steps itself, as the consumers and the
 // producer do, so nothing but the staged partial passes between them:
 //   consumers: store the dQ partial in the staging tile, meet (the partial complete; or each consumer's

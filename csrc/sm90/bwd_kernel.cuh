@@ -23,7 +23,8 @@
 //     tile, while its dK GEMM runs. Each consumer's first warp adds its part into the dq workspace with
 //     asynchronous bulk reductions (one per 128 keys, not per 64) or, in deterministic mode, hands it to
 //     the producer warpgroup's second warp, which takes the turns and adds the whole tile
-//     (sm90/bwd_dq_writer.h). The masked forms meet a second time instead, and one warp adds the tile.
+//     (sm90/bwd_dq_writer.h). The masked forms and the 128-query kernel at width 64 meet a second time
+//     instead (dV and dK issued together after the first meeting), and one warp adds the tile.
 // The kMasked variant applies params.mask (its tile classes on this kernel's 64-query x 128-key grid):
 // producer and consumers walk only the steps whose tile lets some key through (the same walk on both
 // sides, so the ring stays in step), steps whose tile needs it add the mask element by element to the
@@ -535,11 +536,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 #else
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kScores = kBlockM / 2;  // a consumer's S^T (or dP^T) elements per thread
-  // The unmasked kernels end a step with dK running while each consumer stages its part of the dQ
-  // partial and sends it on its own (no second meeting of the consumers). The masked forms, whose
-  // mask, dropout and dmask code leaves fewer registers, keep the consumers' second meeting and one
-  // reduction a step, with dK issued beside dV: the other way ptxas spilled 170-700 bytes more at D=128.
-  constexpr bool kSendApart = !(kMasked || kDropout);
+  // The unmasked kernels whose consumers split dQ by its columns (widths 96 and 128) end a step with dK
+  // running while each consumer stages its part of the dQ partial and sends it on its own (no second
+  // meeting of the consumers). The other forms keep the consumers' second meeting and one reduction a
+  // step: the masked ones, whose mask, dropout and dmask code leaves fewer registers (ptxas spilled
+  // 170-700 bytes more at D=128 the other way), and the 128-query kernel at width 64, which measured
+  // 1-5% slower the other way.
+  constexpr bool kSendApart = !(kMasked || kDropout || Cfg::kDqByRows);
+  static_assert(!kSendApart || Cfg::kDsSets == 2, "a set of dS^T tiles per alternate step");
   static_assert(kBlockM == 64 || !(kMasked || kDropout || kKeyEnds), "128-query steps in the unmasked kernel only");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -614,7 +618,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const int lane = threadIdx.x % 32;
   // The warp that issues each step's dQ reduction or hands it to the writer warp: each consumer's first
   // (kSendApart), or the first consumer's first.
-  const bool reducer_warp = warp_in_group == 0 && (kSendApart || consumer == 0);
+  const bool reducer_warp = kSendApart ? warp_in_group == 0 : threadIdx.x / 32 == 4;
   const DqReducer reducer{to_writer};
   const int key0 = n0 + consumer * 64;      // this warpgroup's keys: [key0, key0 + 64)
   // The consumer's share of dQ: its 64 queries (from dq_row0, every head dim) or its kDqCols head dims
@@ -773,35 +777,44 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
     accumulator_to_a<T, kBlockM>(p_frag, s);
     accumulator_to_a<T, kBlockM>(ds_frag, dp);
-    const uint32_t ds_set = (iter % 2) * Cfg::kDsSetBytes;
+    const uint32_t ds_set = kSendApart ? (iter % 2) * Cfg::kDsSetBytes : 0;
     store_ds_swizzled(ds_tile0 + ds_set, ds_frag, warp_in_group, lane);
     fence_proxy_async_shared();
-    // dV (and in the masked forms dK) needs this consumer's P^T (dS^T) only: issued before the meeting,
-    // it runs while the consumers wait for each other.
-    wgmma_fence();
-    issue_keys_by_dims<T, Cfg>(dv, p_frag, do_tile);
-    if constexpr (!kSendApart) issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
-    wgmma_commit();
-    if (reducer_warp) reducer.await_stage(iter);  // the previous step's dQ reduction has left dq_stage
-    named_barrier_sync(kBwdConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free
-
     float dq[Cfg::kDqCols / 2];
-    wgmma_fence();
-    issue_dq<T, Cfg>(dq, ds_dq_queries0 + ds_set, smem, consumer);
-    wgmma_commit();
-    wgmma_wait<1>();  // dV (and dK) done with this stage's dO (and Q)
-    fence_registers(dv);
-    fence_registers(p_frag);
-    if constexpr (!kSendApart) {
-      fence_registers(dk);
-      fence_registers(ds_frag);
-      named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
-      wgmma_wait<0>();  // dQ is done
-    } else {
+    if constexpr (kSendApart) {
+      // dV needs this consumer's P^T only: issued before the meeting, it runs while the consumers wait
+      // for each other. Then dQ, and dK last, so that the dQ partial is staged while dK runs.
+      wgmma_fence();
+      issue_keys_by_dims<T, Cfg>(dv, p_frag, do_tile);
+      wgmma_commit();
+      if (reducer_warp) reducer.await_stage(iter);  // the previous step's dQ reduction has left dq_stage
+      named_barrier_sync(kBwdConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free
+      wgmma_fence();
+      issue_dq<T, Cfg>(dq, ds_dq_queries0 + ds_set, smem, consumer);
+      wgmma_commit();
+      wgmma_wait<1>();  // dV is done with this stage's dO
+      fence_registers(dv);
+      fence_registers(p_frag);
       wgmma_fence();
       issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
       wgmma_commit();
       wgmma_wait<1>();  // dQ is done
+    } else {
+      if (reducer_warp) reducer.await_stage(iter);  // the previous step's dQ reduction has left dq_stage
+      named_barrier_sync(kBwdConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free
+      wgmma_fence();
+      issue_keys_by_dims<T, Cfg>(dv, p_frag, do_tile);
+      issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
+      wgmma_commit();
+      issue_dq<T, Cfg>(dq, ds_dq_queries0 + ds_set, smem, consumer);
+      wgmma_commit();
+      wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO (and the next S^T, dP^T with them)
+      fence_registers(dv);
+      fence_registers(dk);
+      fence_registers(p_frag);
+      fence_registers(ds_frag);
+      named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
+      wgmma_wait<0>();
     }
     fence_registers(dq);
     // By rows, a consumer's 64 x kHeadDim partial is a whole block of the tile layout.
@@ -823,18 +836,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
         reducer.send_parts<Cfg::kHeadDim>(p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), parts.offset,
                                           parts.count, [&] { return dq_row(head, m0); });
       }
-    } else {
-      named_barrier_sync(kBwdConsumerBarrier, 256);  // dq_stage complete
-      if (reducer_warp) {
-        reducer.send_stage<Cfg::kHeadDim, kBlockM>(p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), head,
-                                                   m0, [&] { return dq_row(head, m0); });
-      }
-    }
-    if constexpr (kSendApart) {
       wgmma_wait<0>();  // dK is done with this stage's Q
       fence_registers(dk);
       fence_registers(ds_frag);
       named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
+    } else {
+      // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
+      named_barrier_sync(kBwdConsumerBarrier, 256);
+      if (reducer_warp) {
+        reducer.send_stage<Cfg::kHeadDim, kBlockM>(p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), head,
+                                                   m0, [&] { return dq_row(head, m0); });
+      }
     }
     step = next;
   }
