@@ -2,8 +2,8 @@
 grows in place, for autoregressive decoding and chunked prefill.
 
 ``k_cache`` and ``v_cache`` ``(batch, seqlen_cache, nheads_k, headdim)`` hold each sequence's keys and
-values at its first ``cache_seqlens[b]`` positions; new ``k`` and ``v`` ``(batch, seqlen_new, nheads_k,
-headdim)``, when given, are written after them (in place, with indices computed on the device: no
+values at its first ``cache_seqlens[b]`` positions (v's head dim may differ: headdim_v); new ``k`` and
+``v`` ``(batch, seqlen_new, nheads_k, headdim / headdim_v)``, when given, are written after them (in place, with indices computed on the device: no
 host synchronization) and attended to as well. The queries ``q`` ``(batch, seqlen_q, nheads, headdim)``
 are the sequence's last ``seqlen_q`` positions: with ``causal``, query i of sequence b sees keys
 ``j <= L_b - seqlen_q + i``, where ``L_b`` is the sequence's length after the append.
@@ -131,6 +131,8 @@ def decode_op_serves(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return False
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or k_cache.size(2) == 0 or q.size(-2) % k_cache.size(2):
         return False
+    if v_cache.size(-1) != q.size(-1):  # a value head dim of its own: the batched kernels (padded)
+        return False
     if q.size(-2) // k_cache.size(2) * queries_per_sequence > _DECODE_MAX_ROWS:
         return False
     if not all(rows_aligned(t) for t in (q, k_cache, v_cache)):
@@ -180,12 +182,11 @@ def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int
     not change the count (``cache_seqlens``, ``cu_seqlens_*``, ``cache_leftpad``, ``page_size``,
     ``max_seqlen_k_new``, ``causal``, ``window_size``, ``has_softcap``; the query heads of a kv head are
     always packed together, whatever ``pack_gqa`` says); ``attention_chunk`` other than 0 and a
-    ``headdim_v`` other than ``headdim`` are not implemented and raise NotImplementedError."""
+    ``headdim_v``, except that one other than ``headdim`` gives 1 (such calls take the batched kernels,
+    which split no keys); ``attention_chunk`` other than 0 is not implemented and raises
+    NotImplementedError."""
     if attention_chunk:
         raise NotImplementedError("flashattn: attention_chunk is not implemented (only 0)")
-    if headdim_v is not None and headdim_v != headdim:
-        raise NotImplementedError(f"flashattn: a value head dim ({headdim_v}) other than headdim ({headdim}) is not "
-                                  "implemented")
     sizes = dict(batch_size=batch_size, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                  num_heads_q=num_heads_q, num_heads_kv=num_heads_kv, headdim=headdim, num_splits=num_splits,
                  sm_margin=sm_margin)
@@ -195,6 +196,8 @@ def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int
     if num_heads_kv < 1 or num_heads_q % num_heads_kv != 0:
         raise ValueError(f"flashattn: num_heads_q ({num_heads_q}) must be a multiple of num_heads_kv ({num_heads_kv})")
     splits = num_splits
+    if splits == 0 and headdim_v is not None and headdim_v != headdim:
+        splits = 1  # the batched kernels' call: no split count
     if splits == 0:
         splits = 1
         if (ops.cuda_kernels_built() and torch.cuda.is_available() and batch_size >= 1 and max_seqlen_q >= 1
@@ -274,8 +277,10 @@ def flash_attn_with_kvcache(
     """Attention over a KV cache: ``flash_attn.flash_attn_with_kvcache`` compatible (a subset).
 
     q ``(batch, seqlen_q, nheads, headdim)``; k_cache, v_cache ``(batch, seqlen_cache, nheads_k,
-    headdim)``; k, v (optional, both or neither) ``(batch, seqlen_new, nheads_k, headdim)``, written
-    into the caches at positions ``cache_seqlens[b] ..`` in place before the attention.
+    headdim)`` and ``(..., headdim_v)``; k, v (optional, both or neither) ``(batch, seqlen_new, nheads_k,
+    headdim)`` and ``(..., headdim_v)``, written into the caches at positions ``cache_seqlens[b] ..`` in
+    place before the attention. A headdim_v other than headdim takes the batched kernels over a copy of
+    the caches zero-padded to the wider head dim (exact; the copy costs the cache's size each call).
     cache_seqlens: the cached length of each sequence before the append, an int or an int32
     ``(batch,)`` tensor on q's device; None means the whole cache (then k and v must be None).
     A sequence whose append would run past the cache is an error (raised at once on the CPU, a
@@ -313,14 +318,14 @@ def flash_attn_with_kvcache(
     alibi_slopes as in :func:`flash_attn_func`, from the same diagonal positions: an additive mask over the
     cache on the batched kernels (such calls do not take the decode op).
 
-    Returns out ``(batch, seqlen_q, nheads, headdim)``, and with ``return_softmax_lse=True`` also the
+    Returns out ``(batch, seqlen_q, nheads, headdim_v)``, and with ``return_softmax_lse=True`` also the
     log-sum-exp ``(batch, nheads, seqlen_q)`` float32 (-inf for a row that sees no key).
     """
     block_table = page_table_alias(block_table, page_table)
     window = window_bounds(window_size)
     check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     check_tensor("k_cache", k_cache, 4, "(batch, seqlen_cache, nheads_k, headdim)")
-    check_tensor("v_cache", v_cache, 4, "(batch, seqlen_cache, nheads_k, headdim)")
+    check_tensor("v_cache", v_cache, 4, "(batch, seqlen_cache, nheads_k, headdim_v)")
     check_devices(q, k_cache, v_cache)
     if (k is None) != (v is None):
         raise ValueError("flashattn: k and v must be given together (or neither)")
@@ -328,16 +333,17 @@ def flash_attn_with_kvcache(
     batch, seqlen_q, nheads = q.shape[:3]
     if block_table is not None:
         check_block_table(block_table, batch, cache_batch_idx, q.device)
-        if k_cache.shape != v_cache.shape:
+        if k_cache.shape[:3] != v_cache.shape[:3]:
             raise ValueError(f"flashattn: k_cache and v_cache must have the same shape (num_pages, page_size, nheads_k, "
-                             f"headdim), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+                             f"headdim; headdim_v may differ), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
         seqlen_cache = block_table.size(1) * k_cache.size(1)  # each sequence's capacity
     else:
         seqlen_cache = k_cache.size(1)
-        if k_cache.shape != v_cache.shape or (cache_batch_idx is None and k_cache.size(0) != batch):
+        if k_cache.shape[:3] != v_cache.shape[:3] or (cache_batch_idx is None and k_cache.size(0) != batch):
             raise ValueError(
                 f"flashattn: k_cache and v_cache must have the same shape (batch={batch}, seqlen_cache, nheads_k, "
-                f"headdim; any batch with cache_batch_idx), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+                f"headdim; any batch with cache_batch_idx; headdim_v may differ), got {tuple(k_cache.shape)} and "
+                f"{tuple(v_cache.shape)}"
             )
     lengths = _lengths(cache_seqlens, batch, seqlen_cache, q.device)
     cache_rows = None  # row b (made only where an append needs it)
@@ -360,12 +366,13 @@ def flash_attn_with_kvcache(
         if cache_seqlens is None:
             raise ValueError("flashattn: appending k and v needs cache_seqlens (where each sequence's cache ends)")
         check_tensor("k", k, 4, "(batch, seqlen_new, nheads_k, headdim)")
-        check_tensor("v", v, 4, "(batch, seqlen_new, nheads_k, headdim)")
+        check_tensor("v", v, 4, "(batch, seqlen_new, nheads_k, headdim_v)")
         expected = (batch, k.size(1)) + tuple(k_cache.shape[2:])
-        if tuple(k.shape) != expected or tuple(v.shape) != expected:
+        expected_v = (batch, k.size(1)) + tuple(v_cache.shape[2:])
+        if tuple(k.shape) != expected or tuple(v.shape) != expected_v:
             raise ValueError(
-                f"flashattn: k and v must have shape {expected} (batch, seqlen_new, nheads_k, headdim), got "
-                f"{tuple(k.shape)} and {tuple(v.shape)}"
+                f"flashattn: k and v must have shapes {expected} and {expected_v} (batch, seqlen_new, nheads_k, "
+                f"headdim or headdim_v), got {tuple(k.shape)} and {tuple(v.shape)}"
             )
         if k.dtype != k_cache.dtype or v.dtype != k_cache.dtype:
             raise ValueError(f"flashattn: k and v must have the caches' dtype {k_cache.dtype}, got {k.dtype} and {v.dtype}")

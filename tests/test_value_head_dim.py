@@ -149,3 +149,51 @@ def test_value_head_dim_under_compile():
     fn = torch.compile(lambda q, k, v: flashattn.flash_attn_func(q, k, v, causal=True), fullgraph=True,
                        backend="eager")
     torch.testing.assert_close(fn(q, k, v), flashattn.flash_attn_func(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("dims", [(192, 128), (64, 128)], ids=lambda d: f"{d[0]}-{d[1]}")
+def test_kvcache_value_head_dim(device, paged, dims):
+    """flash_attn_with_kvcache with a value cache of its own head dim: the append writes both caches and
+    the attention over each sequence's keys matches the oracle (the batched kernels over padded copies)."""
+    d, dv = dims
+    dtype = _dtypes(device)[-1]
+    batch, seqlen_q, seqlen_new, heads_q, heads_kv, page = 3, 4, 4, 4, 2, 16
+    cached = [0, 21, 40]
+    capacity = 48
+    q = torch.randn(batch, seqlen_q, heads_q, d, dtype=dtype, device=device)
+    k_rows = torch.randn(batch, capacity, heads_kv, d, dtype=dtype, device=device)
+    v_rows = torch.randn(batch, capacity, heads_kv, dv, dtype=dtype, device=device)
+    k_new = torch.randn(batch, seqlen_new, heads_kv, d, dtype=dtype, device=device)
+    v_new = torch.randn(batch, seqlen_new, heads_kv, dv, dtype=dtype, device=device)
+    block_table = None
+    if paged:
+        # Sequence b's rows on pages in reverse order: pages_per_seq * (batch - 1 - b) + p.
+        pages_per_seq = capacity // page
+        order = [pages_per_seq * (batch - 1 - b) + p for b in range(batch) for p in range(pages_per_seq)]
+        block_table = torch.tensor(order, dtype=torch.int32, device=device).view(batch, pages_per_seq)
+        k_cache = torch.empty(batch * pages_per_seq, page, heads_kv, d, dtype=dtype, device=device)
+        v_cache = torch.empty(batch * pages_per_seq, page, heads_kv, dv, dtype=dtype, device=device)
+        k_cache[block_table.flatten().long()] = k_rows.reshape(-1, page, heads_kv, d)
+        v_cache[block_table.flatten().long()] = v_rows.reshape(-1, page, heads_kv, dv)
+    else:
+        k_cache, v_cache = k_rows.clone(), v_rows.clone()
+    cache_seqlens = torch.tensor(cached, dtype=torch.int32, device=device)
+    out, lse = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens,
+                                                 block_table=block_table, causal=True, return_softmax_lse=True)
+    assert out.shape == (batch, seqlen_q, heads_q, dv)
+    for b, n in enumerate(cached):
+        k_rows[b, n:n + seqlen_new], v_rows[b, n:n + seqlen_new] = k_new[b], v_new[b]
+    if paged:
+        got_v = v_cache[block_table.long()].reshape(batch, capacity, heads_kv, dv)
+    else:
+        got_v = v_cache
+    assert torch.equal(got_v, v_rows), "the value cache holds the appended rows"
+    for b, n in enumerate(cached):
+        parts = (q[b:b + 1], k_rows[b:b + 1, :n + seqlen_new], v_rows[b:b + 1, :n + seqlen_new])
+        dout = torch.zeros(1, seqlen_q, heads_q, dv, dtype=dtype, device=device)
+        ref = _reference(*parts, dout, d ** -0.5, True, True)
+        base = _reference(*parts, dout, d ** -0.5, True, True, upcast=False)
+        assert_oracle("out", out[b:b + 1], ref[0], base[0], OUT_FACTOR)
+        torch.testing.assert_close(lse[b:b + 1].double(), ref[1].to(lse.device), rtol=0, atol=2e-3)
