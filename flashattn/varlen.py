@@ -215,7 +215,6 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
 def _varlen_one_head_dim(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                          causal, deterministic, return_attn_probs, seqused_q, seqused_k, sink, softcap, window,
                          alibi_slopes):
-    block_table = None
     check_sink(sink, q, 1)
     _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
     _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
@@ -232,7 +231,7 @@ def _varlen_one_head_dim(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     total_q, nheads = q.size(0), q.size(1)
     dropout_p = float(dropout_p)
     slopes = check_alibi(alibi_slopes, batch, nheads, q.device, float(softcap))
-    if slopes is None and _in_kernels(q, k, v, dropout_p, block_table):
+    if slopes is None and _in_kernels(q, k, v, dropout_p, None):
         # The op checks the offsets where it reads them (on CUDA in the kernel that builds its schedule),
         # and an int max_seqlen with them; a tensor one is compared here, on its device.
         limits = []
