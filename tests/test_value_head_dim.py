@@ -49,6 +49,15 @@ def _judge(out, lse, grads, q, k, v, dout, scale, causal, bottom_right, dropout_
     assert_attention_oracle(out, lse, grads, ref, base)
 
 
+def _judge_without_lse(out, grads, q, k, v, dout, scale, causal, bottom_right):
+    """As _judge for calls that return no lse: out and the gradients of q, k and v."""
+    ref = _reference(q, k, v, dout, scale, causal, bottom_right)
+    base = _reference(q, k, v, dout, scale, causal, bottom_right, upcast=False)
+    assert_oracle("out", out, ref[0], base[0], OUT_FACTOR)
+    for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref[2], base[2]):
+        assert_oracle(name, g, r, b, GRAD_FACTOR)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dims", DIMS, ids=lambda d: f"{d[0]}-{d[1]}")
 @pytest.mark.parametrize("causal_mode", ["none", "bottom_right", "top_left"])
@@ -88,7 +97,7 @@ def test_value_head_dim_with_dropout(device):
 @pytest.mark.parametrize("dims", [(192, 128), (64, 128)], ids=lambda d: f"{d[0]}-{d[1]}")
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_sdpa_value_head_dim(device, dims, is_causal):
-    """The SDPA drop-in serves it (no fallback warning) and matches torch's own SDPA's value and gradients."""
+    """The SDPA drop-in serves it (no fallback warning): out and the gradients against the oracle."""
     d, dv = dims
     dtype = _dtypes(device)[-1]
     q = torch.randn(2, 4, 29, d, dtype=dtype, device=device, requires_grad=True)
@@ -100,20 +109,17 @@ def test_sdpa_value_head_dim(device, dims, is_causal):
     assert out.shape == (2, 4, 29, dv)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    # In the (B, S, H, D) layout of the reference (SDPA returns no lse: out and the gradients are judged).
+    # In the (B, S, H, D) layout of the reference.
     bshd = [t.detach().transpose(1, 2) for t in (q, k, v)]
-    ref = _reference(*bshd, dout.transpose(1, 2), d ** -0.5, is_causal, False)
-    base = _reference(*bshd, dout.transpose(1, 2), d ** -0.5, is_causal, False, upcast=False)
-    assert_oracle("out", out.detach().transpose(1, 2), ref[0], base[0], OUT_FACTOR)
-    for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref[2], base[2]):
-        assert_oracle(name, g.transpose(1, 2), r, b, GRAD_FACTOR)
+    _judge_without_lse(out.detach().transpose(1, 2), [g.transpose(1, 2) for g in grads], *bshd, dout.transpose(1, 2),
+                       d ** -0.5, is_causal, False)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dims", [(192, 128), (128, 64)], ids=lambda d: f"{d[0]}-{d[1]}")
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_value_head_dim(device, dims, causal):
-    """flash_attn_varlen_func against the batched call on each sequence alone (itself judged above)."""
+    """flash_attn_varlen_func: each sequence's out and gradients against the oracle on that sequence alone."""
     d, dv = dims
     dtype = _dtypes(device)[-1]
     lengths_q, lengths_k = [17, 64, 1, 40], [23, 64, 9, 33]
@@ -130,11 +136,9 @@ def test_varlen_value_head_dim(device, dims, causal):
         rows_q = slice(int(cu_q[i]), int(cu_q[i + 1]))
         rows_k = slice(int(cu_k[i]), int(cu_k[i + 1]))
         parts = [t.detach()[rows][None] for t, rows in ((q, rows_q), (k, rows_k), (v, rows_k))]
-        ref = _reference(*parts, dout[rows_q][None], d ** -0.5, causal, True)
-        base = _reference(*parts, dout[rows_q][None], d ** -0.5, causal, True, upcast=False)
-        assert_oracle("out", out.detach()[rows_q][None], ref[0], base[0], OUT_FACTOR)
-        for name, g, r, b, rows in zip(("dq", "dk", "dv"), grads, ref[2], base[2], (rows_q, rows_k, rows_k)):
-            assert_oracle(name, g[rows][None], r, b, GRAD_FACTOR)
+        sequence_grads = [g[rows][None] for g, rows in zip(grads, (rows_q, rows_k, rows_k))]
+        _judge_without_lse(out.detach()[rows_q][None], sequence_grads, *parts, dout[rows_q][None], d ** -0.5, causal,
+                           True)
 
 
 def test_key_head_dim_mismatch_still_raises():
