@@ -539,9 +539,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   // The unmasked kernels whose consumers split dQ by its columns (widths 96 and 128) end a step with dK
   // running while each consumer stages its part of the dQ partial and sends it on its own (no second
   // meeting of the consumers). The other forms keep the consumers' second meeting and one reduction a
-  // step: the masked ones, whose mask, dropout and dmask code leaves fewer registers (ptxas spilled
-  // 170-700 bytes more at D=128 the other way), and the 128-query kernel at width 64, which measured
-  // 1-5% slower the other way.
+  // step: the masked ones, whose mask, dropout and dmask code leaves no registers for dQ's accumulators
+  // to stay live across the dK GEMM (they spill), and the 128-query kernel at width 64, whose by-rows
+  // dQ partials and shorter steps gain nothing from the split and lost time to it (docs/perf-log.md).
   constexpr bool kSendApart = !(kMasked || kDropout || Cfg::kDqByRows);
   static_assert(!kSendApart || Cfg::kDsSets == 2, "a set of dS^T tiles per alternate step");
   static_assert(kBlockM == 64 || !(kMasked || kDropout || kKeyEnds), "128-query steps in the unmasked kernel only");
