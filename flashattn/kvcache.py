@@ -3,8 +3,8 @@ grows in place, for autoregressive decoding and chunked prefill.
 
 ``k_cache`` and ``v_cache`` ``(batch, seqlen_cache, nheads_k, headdim)`` hold each sequence's keys and
 values at its first ``cache_seqlens[b]`` positions (v's head dim may differ: headdim_v); new ``k`` and
-``v`` ``(batch, seqlen_new, nheads_k, headdim / headdim_v)``, when given, are written after them (in place, with indices computed on the device: no
-host synchronization) and attended to as well. The queries ``q`` ``(batch, seqlen_q, nheads, headdim)``
+``v`` ``(batch, seqlen_new, nheads_k, headdim / headdim_v)``, when given, are written after them (in
+place, with indices computed on the device: no host synchronization) and attended to as well. The queries ``q`` ``(batch, seqlen_q, nheads, headdim)``
 are the sequence's last ``seqlen_q`` positions: with ``causal``, query i of sequence b sees keys
 ``j <= L_b - seqlen_q + i``, where ``L_b`` is the sequence's length after the append.
 
@@ -181,10 +181,9 @@ def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int
     above 0 is returned as it is. The other arguments describe the call as FlashAttention-3's do and do
     not change the count (``cache_seqlens``, ``cu_seqlens_*``, ``cache_leftpad``, ``page_size``,
     ``max_seqlen_k_new``, ``causal``, ``window_size``, ``has_softcap``; the query heads of a kv head are
-    always packed together, whatever ``pack_gqa`` says); ``attention_chunk`` other than 0 and a
-    ``headdim_v``, except that one other than ``headdim`` gives 1 (such calls take the batched kernels,
-    which split no keys); ``attention_chunk`` other than 0 is not implemented and raises
-    NotImplementedError."""
+    always packed together, whatever ``pack_gqa`` says). A ``headdim_v`` other than ``headdim`` gives 1
+    (such calls take the batched kernels, which split no keys); ``attention_chunk`` other than 0 is not
+    implemented and raises NotImplementedError."""
     if attention_chunk:
         raise NotImplementedError("flashattn: attention_chunk is not implemented (only 0)")
     sizes = dict(batch_size=batch_size, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
@@ -196,12 +195,11 @@ def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int
     if num_heads_kv < 1 or num_heads_q % num_heads_kv != 0:
         raise ValueError(f"flashattn: num_heads_q ({num_heads_q}) must be a multiple of num_heads_kv ({num_heads_kv})")
     splits = num_splits
-    if splits == 0 and headdim_v is not None and headdim_v != headdim:
-        splits = 1  # the batched kernels' call: no split count
     if splits == 0:
         splits = 1
+        # (A value head dim of its own takes the batched kernels: no split count.)
         if (ops.cuda_kernels_built() and torch.cuda.is_available() and batch_size >= 1 and max_seqlen_q >= 1
-                and headdim >= 1):
+                and headdim >= 1 and headdim_v in (None, headdim)):
             splits = ops._C.decode_num_splits(batch_size, num_heads_q, num_heads_kv, max_seqlen_q, max_seqlen_k, headdim,
                                           qkv_dtype == torch.bfloat16, torch.cuda.current_device(), sm_margin)
     return torch.tensor([splits], dtype=torch.int32)
