@@ -2,11 +2,12 @@
 """The attention variants of today's models beside plain attention, flashattn beside FlashAttention-4.
 
 For each variant (``sink``: a learned sink logit per query head, gpt-oss's; ``softcap``: scores capped to
-30 * tanh(score / 30), Gemma 2's form) and each (N, causal) cell of a
+30 * tanh(score / 30), Gemma 2's form; ``alibi``: ALiBi's bias with the slopes 2^(-8 (h + 1) / heads),
+FlashAttention-2's ``alibi_slopes``) and each (N, causal) cell of a
 B * N = ``--tokens`` grid at ``--heads`` x ``--headdim`` (bf16), four contenders are timed in rotating
 rounds (harness.rotating_medians): flashattn plain, flashattn with the variant, FlashAttention-4 plain and
-FlashAttention-4 with the variant (``flash_attn.cute.interface.flash_attn_func``, its ``learnable_sink`` or
-``softcap``;
+FlashAttention-4 with the variant (``flash_attn.cute.interface.flash_attn_func``, its ``learnable_sink``,
+``softcap`` or ``alibi_slopes``;
 n/a with the reason when it does not import or refuses the call). Modes: fwd, bwd (the backward alone, of
 one forward) and fwdbwd, each a median of CUDA-event timings (harness.time_ms); the backward computes
 the variant's own gradient too (the sink's) where it has one, as a training step does.
@@ -48,7 +49,7 @@ from harness import (  # noqa: E402  (benchmarks/harness.py)
     warm_up,
 )
 
-VARIANTS = ("sink", "softcap")
+VARIANTS = ("sink", "softcap", "alibi")
 MODES = ("fwd", "bwd", "fwdbwd")
 
 
@@ -58,7 +59,16 @@ def variant_args(variant: str, heads: int, device) -> Dict[str, torch.Tensor]:
         return {"learnable_sink": (torch.randn(heads, device=device) + 1.0).requires_grad_()}
     if variant == "softcap":
         return {"softcap": 30.0}
+    if variant == "alibi":
+        return {"alibi_slopes": torch.exp2(-8.0 * torch.arange(1, heads + 1, device=device) / heads)}
     raise ValueError(variant)
+
+
+def alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int) -> torch.Tensor:
+    """(1, heads, Lq, Lk) float32: ALiBi's -slope * |i + Lk - Lq - j|."""
+    i = torch.arange(seqlen_q, device=slopes.device)[:, None] + (seqlen_k - seqlen_q)
+    j = torch.arange(seqlen_k, device=slopes.device)
+    return -slopes[None, :, None, None] * (i - j).abs().float()
 
 
 def contenders(variant: str, causal: bool, extra: Dict[str, torch.Tensor]):
@@ -102,9 +112,11 @@ def reference_error(forward, q, k, v, causal: bool, extra) -> float:
     with torch.no_grad():
         out = forward(q[:1], k[:1], v[:1]).float()
         sink = extra.get("learnable_sink")
+        slopes = extra.get("alibi_slopes")
         ref = attention_reference(q[:1].float(), k[:1].float(), v[:1].float(), None, causal, True,
                                   sink=None if sink is None else sink.detach().float(),
-                                  softcap=extra.get("softcap", 0.0))
+                                  softcap=extra.get("softcap", 0.0),
+                                  attn_mask=None if slopes is None else alibi_bias(slopes, q.size(1), k.size(1)))
     return (out - ref).abs().max().item()
 
 
@@ -131,7 +143,8 @@ def run_cell(variant, seqlen, causal, args, device="cuda") -> dict:
             del forwards[name]
     for mode in args.mode:
         def time_one(name, mode=mode):
-            leaves = (q, k, v) + (tuple(t for t in extra.values() if isinstance(t, torch.Tensor)) if "+" in name else ())
+            leaves = (q, k, v) + (tuple(t for t in extra.values() if isinstance(t, torch.Tensor) and t.requires_grad)
+                                  if "+" in name else ())
             return time_ms(timed_call(forwards[name], mode, q, k, v, dout, leaves), args.warmup,
                            args.rep / args.rounds, device)
 

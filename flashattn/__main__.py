@@ -185,8 +185,9 @@ support matrix
                   page size; also in flash_attn_varlen_func with seqused_k)
   variants        attention sinks (learnable_sink, transformers' s_aux), softcap (not with a floating
                   mask) and sliding windows (window_size; not with a mask), forward and backward,
-                  every path; ALiBi (alibi_slopes, FlashAttention-2 API) as an additive mask (S x S
-                  memory, the masked kernels' speed; not with softcap or a paged varlen cache)
+                  every path; ALiBi (alibi_slopes, FlashAttention-2 API) through the masked kernels
+                  (causal: a term per key; else an S x S additive mask; not with softcap or a paged
+                  varlen cache)
   value dim       a value head dim other than the query's (SDPA drop-in, FlashAttention-2 API, varlen,
                   KV cache; not a paged varlen cache): zero-padded copies at the larger head dim (exact,
                   its cost; the KV cache takes the batched kernels over a copy of the caches)

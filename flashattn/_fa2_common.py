@@ -10,7 +10,7 @@ import torch
 
 from . import ops
 
-__all__ = ["alibi_mask", "check_alibi", "check_devices", "check_sink", "check_tensor", "fa2_attention",
+__all__ = ["alibi_key_terms", "alibi_mask", "check_alibi", "check_devices", "check_sink", "check_tensor", "fa2_attention",
            "page_table_alias", "rows_aligned", "window_bounds", "window_keys"]
 
 
@@ -41,6 +41,28 @@ def alibi_mask(slopes: torch.Tensor, query_pos: torch.Tensor, keys: torch.Tensor
     if window != (-1, -1):
         bias = bias.masked_fill(~window_keys(query_pos[:, None, :, None], keys, window), float("-inf"))
     return bias
+
+
+def alibi_key_terms(slopes: torch.Tensor, query_pos: torch.Tensor, batch: int, seqlen_k: int):
+    """Causal ALiBi as a term per key: (terms, lse_shift).
+
+    Under a causal mask every visible key j of query position p has j <= p, so the bias
+    ``-slope * (p - j)`` is ``slope * (j - c)`` minus ``slope * (p - c)``, for any constant c. The second
+    part is the same for a whole row, so the softmax does not see it: the kernels run with the first part
+    alone, an additive mask broadcast over the queries (float32 (batch, nheads, 1, Lk), viewed as
+    (batch, nheads, Lq, Lk) with a zero query stride: memory per key, not per score), and the row's
+    LSE is then too large by ``lse_shift = slope * (p - c)``, (1 or batch, nheads, Lq). c = Lk // 2 keeps
+    the terms' magnitude within ``slope * Lk / 2``, which bounds their float32 rounding. The terms take
+    a batch dim of their own (not a broadcast one), so the kernels never classify the mask's tiles.
+    slopes: (1 or batch, nheads); query_pos: (1 or batch, Lq) integers (each query's diagonal position).
+    Not with attention sinks (a sink's logit does not carry the row's part) or a window (whose mask the
+    kernels could not take beside this one)."""
+    center = seqlen_k // 2
+    keys = torch.arange(seqlen_k, device=slopes.device, dtype=torch.float32) - center
+    nheads = slopes.size(1)
+    terms = (slopes[:, :, None, None] * keys).expand(batch, nheads, 1, seqlen_k).contiguous()
+    lse_shift = slopes[:, :, None] * (query_pos[:, None, :] - center).to(torch.float32)
+    return terms, lse_shift
 
 
 def window_bounds(window_size) -> tuple:

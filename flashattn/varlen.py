@@ -28,9 +28,9 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from . import _C, kvcache, ops
-from ._fa2_common import (alibi_mask, check_alibi, check_devices, check_max_seqlen, check_sink, check_tensor,
-                          fa2_attention, page_table_alias, rows_aligned, scale_or_default, unpack, window_bounds,
-                          window_keys)
+from ._fa2_common import (alibi_key_terms, alibi_mask, check_alibi, check_devices, check_max_seqlen, check_sink,
+                          check_tensor, fa2_attention, page_table_alias, rows_aligned, scale_or_default, unpack,
+                          window_bounds, window_keys)
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
 
@@ -261,11 +261,18 @@ def _varlen_one_head_dim(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     lay = _padded_layout(cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k, max_seqlen_q, max_seqlen_k, total_q,
                          k.size(0), nheads, causal or window != (-1, -1) or slopes is not None)
     key_mask = _window_key_mask(lay.key_mask, max_seqlen_q, max_seqlen_k, causal, window, q.device)
+    lse_shift = None
     if slopes is not None:
-        # ALiBi as an additive mask over the padded batch (from its bottom-right diagonal, each sequence's own).
+        # ALiBi over the padded batch, from its bottom-right diagonal (each sequence's own): with causal
+        # masking and no window or sinks a term per key (alibi_key_terms), else an additive mask per score.
         query_pos = torch.arange(max_seqlen_q, device=q.device)[None] + (max_seqlen_k - max_seqlen_q)
-        bias = alibi_mask(slopes, query_pos, torch.arange(max_seqlen_k, device=q.device), (-1, -1))
-        key_mask = bias.masked_fill(~key_mask, float("-inf"))
+        if causal and window == (-1, -1) and sink is None:
+            terms, lse_shift = alibi_key_terms(slopes, query_pos, lay.offset_q.size(0), max_seqlen_k)
+            terms = terms.masked_fill(~key_mask[:, :1, :1, :], float("-inf"))  # the padding's keys
+            key_mask = terms.expand(key_mask.shape)
+        else:
+            bias = alibi_mask(slopes, query_pos, torch.arange(max_seqlen_k, device=q.device), (-1, -1))
+            key_mask = bias.masked_fill(~key_mask, float("-inf"))
     q_pad = _gather_padded(q, cu_seqlens_q, lay.offset_q)  # (batch, max_seqlen_q, nheads, headdim)
     k_pad = _gather_padded(k, cu_seqlens_k, lay.offset_k)  # (batch, max_seqlen_k, nheads_k, headdim)
     v_pad = _gather_padded(v, cu_seqlens_k, lay.offset_k)
@@ -276,6 +283,8 @@ def _varlen_one_head_dim(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     out = out_pad.reshape((batch * max_seqlen_q,) + tuple(q.shape[1:])).index_select(0, positions)
     if not return_attn_probs:
         return out
+    if lse_shift is not None:
+        lse_pad = lse_pad - lse_shift
     # (nheads, total_q), as flash_attn's varlen functions return it.
     softmax_lse = lse_pad.transpose(0, 1).reshape(nheads, batch * max_seqlen_q).index_select(1, positions)
     return out, softmax_lse, keep_mask

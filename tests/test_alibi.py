@@ -148,3 +148,82 @@ def test_alibi_argument_errors():
                                          seqused_k=torch.tensor([3, 4], dtype=torch.int32),
                                          block_table=torch.tensor([[0, 1], [2, 0]], dtype=torch.int32),
                                          alibi_slopes=torch.ones(4))
+
+
+def _reference_lse(q, k, bias, group):
+    """(B, Hq, Lq) float64 LSE of the scaled scores plus the bias; -inf for a row that sees no key."""
+    qd = q.detach().double().cpu().transpose(1, 2)
+    kd = k.detach().double().cpu().repeat_interleave(group, 2).transpose(1, 2)
+    scores = qd @ kd.transpose(-1, -2) * q.size(-1) ** -0.5 + bias
+    return torch.logsumexp(scores, dim=-1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(37, 37), (20, 45), (45, 20)])
+@pytest.mark.parametrize("per_batch", [False, True], ids=["slopes_h", "slopes_bh"])
+@pytest.mark.parametrize("window", [(-1, -1), (9, 4)], ids=["full", "window"])
+def test_alibi_lse_matches_reference(device, causal, seqlen_q, seqlen_k, per_batch, window):
+    """The returned softmax_lse carries the bias whole, whichever form the kernels ran (a term per key, with
+    the row's part added back, or a mask per score)."""
+    torch.manual_seed(seqlen_q + 3 * seqlen_k)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    batch, heads_q, heads_kv, head_dim = 2, 6, 3, 32
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device=device)
+    k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, dtype=dtype, device=device) for _ in range(2))
+    slopes = torch.rand((batch, heads_q) if per_batch else (heads_q,), device=device) * 0.5
+    out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=causal, window_size=window, alibi_slopes=slopes,
+                                            return_attn_probs=True)
+    ref = _reference_lse(q, k, _bias(slopes, seqlen_q, seqlen_k, heads_q, causal, window), heads_q // heads_kv)
+    seen = torch.isfinite(ref)  # rows that see some key
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=2e-2)
+    torch.testing.assert_close(lse.cpu().double()[seen], ref[seen], **tol)
+    plain = flashattn.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)[1]
+    torch.testing.assert_close(lse.cpu()[~seen], plain.cpu()[~seen], rtol=0, atol=0)  # as without ALiBi
+
+
+def test_causal_alibi_takes_a_term_per_key(monkeypatch):
+    """Causal ALiBi without a window reaches the kernels as a per-key mask (zero query stride, B * H * Lk
+    floats); with a window it stays a mask per score."""
+    seen = []
+    attention = flashattn.ops.attention
+
+    def spy(q, k, v, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, *args, **kwargs):
+        seen.append((is_causal, attn_mask))
+        return attention(q, k, v, scale, is_causal, causal_bottom_right, deterministic, attn_mask, *args, **kwargs)
+
+    monkeypatch.setattr(flashattn.ops, "attention", spy)
+    batch, seqlen_q, seqlen_k, heads = 2, 30, 50, 4
+    q = torch.randn(batch, seqlen_q, heads, 16)
+    k, v = (torch.randn(batch, seqlen_k, heads, 16) for _ in range(2))
+    slopes = torch.rand(heads) * 0.5
+    flashattn.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes)
+    is_causal, mask = seen[-1]
+    assert is_causal and mask.shape == (batch, heads, seqlen_q, seqlen_k) and mask.stride(2) == 0
+    assert mask.untyped_storage().nbytes() == batch * heads * seqlen_k * 4
+    flashattn.flash_attn_func(q, k, v, causal=True, window_size=(8, 0), alibi_slopes=slopes)
+    assert seen[-1][1].stride(2) != 0
+    cu = torch.tensor([0, 10, 30], dtype=torch.int32)
+    flashattn.flash_attn_varlen_func(q[0], k[0, :30], v[0, :30], cu, cu, 20, 20, causal=True, alibi_slopes=slopes)
+    assert seen[-1][1].stride(2) == 0 and seen[-1][1].untyped_storage().nbytes() == 2 * heads * 20 * 4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_alibi_varlen_lse_equals_per_sequence_calls(device):
+    torch.manual_seed(6)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    lengths = [7, 30, 1]
+    heads, head_dim = 4, 32
+    q, k, v = (torch.randn(sum(lengths), heads, head_dim, dtype=dtype, device=device) for _ in range(3))
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    slopes = torch.rand(3, heads, device=device) * 0.5
+    _, lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,
+                                                 alibi_slopes=slopes, return_attn_probs=True)
+    start = 0
+    for b, n in enumerate(lengths):
+        rows = slice(start, start + n)
+        _, want, _ = flashattn.flash_attn_func(q[rows][None], k[rows][None], v[rows][None], causal=True,
+                                               alibi_slopes=slopes[b], return_attn_probs=True)
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=2e-2)
+        torch.testing.assert_close(lse[:, rows], want[0], **tol)
+        start += n

@@ -16,7 +16,7 @@ def test_tiny_cpu_grid_runs_and_renders(tmp_path):
     saved = json.loads((out / "bench_variants.json").read_text())
     rows = saved["rows"]
     assert [(r["variant"], r["causal"]) for r in rows] == [("sink", False), ("sink", True), ("softcap", False),
-                                                            ("softcap", True)]
+                                                            ("softcap", True), ("alibi", False), ("alibi", True)]
     for row in rows:
         assert row["batch"] == 2
         variant = "flashattn+" + row["variant"]
@@ -27,6 +27,7 @@ def test_tiny_cpu_grid_runs_and_renders(tmp_path):
             assert "fa4" in row["status"]  # unavailable here, with its reason
     table = (out / "bench_variants.md").read_text()
     assert table.count("\n| sink | 64 |") == 6 and table.count("\n| softcap | 64 |") == 6
+    assert table.count("\n| alibi | 64 |") == 6
     rendered = subprocess.run([sys.executable, bench_variants.__file__, "--render", str(out / "bench_variants.json")],
                               capture_output=True, text=True, timeout=120)
     assert rendered.returncode == 0, rendered.stderr
