@@ -189,8 +189,8 @@ support matrix
                   (causal: a term per key; else an S x S additive mask; not with softcap or a paged
                   varlen cache)
   value dim       a value head dim other than the query's (SDPA drop-in, FlashAttention-2 API, varlen,
-                  KV cache; not a paged varlen cache): zero-padded copies at the larger head dim (exact,
-                  its cost; the KV cache takes the batched kernels over a copy of the caches)
+                  KV cache, paged caches): zero-padded copies at the larger head dim (exact, its cost;
+                  the KV cache takes the batched kernels over a copy of the caches)
   fallbacks       scaled_dot_product_attention passes to torch SDPA (one warning per reason): dropout_p
                   outside [0, 1), an attn_mask of another dtype or device, float32/float64 CUDA tensors,
                   head dim > 256, GPUs older than sm_80, a build without CUDA kernels, broadcast batch

@@ -3,8 +3,8 @@
 ``q`` ``(total_q, nheads, headdim)`` holds the batch's query rows one sequence after another, sequence
 ``b`` at rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``; ``k`` ``(total_k, nheads_k, headdim)`` and ``v``
 ``(total_k, nheads_k, headdim_v)`` likewise with ``cu_seqlens_k``. Each sequence attends only within
-itself. (headdim_v other than headdim: every path below runs on copies zero-padded to the larger, except
-a paged cache, which takes equal head dims.)
+itself. (headdim_v other than headdim: every path below runs on copies zero-padded to the larger; a
+paged cache's pages are gathered first.)
 
 How it runs. In the kernels (``torch.ops.flashattn.varlen_fwd`` / ``varlen_bwd``) on the CPU and on
 sm_90 GPUs at head dims 33..256 without dropout: the packed rows are read in place and each
@@ -159,14 +159,14 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     if alibi_slopes is not None:
         raise NotImplementedError("flashattn: alibi_slopes with block_table is not implemented")
     check_tensor("k", k_cache, 4, "(num_pages, page_size, nheads_k, headdim) with block_table")
-    check_tensor("v", v_cache, 4, "(num_pages, page_size, nheads_k, headdim) with block_table")
+    check_tensor("v", v_cache, 4, "(num_pages, page_size, nheads_k, headdim_v) with block_table")
     check_devices(q, k_cache, v_cache)
     check_sink(sink, q, 1)
     _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
     batch = cu_seqlens_q.numel() - 1
     kvcache.check_block_table(block_table, batch, None, q.device)
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"flashattn: k and v must have the same shape (num_pages, page_size, nheads_k, headdim), got "
+    if k_cache.shape[:-1] != v_cache.shape[:-1]:
+        raise ValueError(f"flashattn: k and v must have the same (num_pages, page_size, nheads_k), got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     _check_seqused("seqused_k", seqused_k, batch, q.device)
     if seqused_k is None:

@@ -141,6 +141,37 @@ def test_varlen_value_head_dim(device, dims, causal):
                            True)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dims", [(192, 128), (64, 128)], ids=lambda d: f"{d[0]}-{d[1]}")
+def test_paged_varlen_value_head_dim(device, dims):
+    """flash_attn_varlen_func over a paged cache whose value pages have their own head dim (seqused_k,
+    the pages scattered): each sequence's out and LSE against the oracle on its own keys."""
+    d, dv = dims
+    dtype = _dtypes(device)[-1]
+    lengths_q, used, heads_q, heads_kv, page, pages_per_seq = [3, 1, 5], [20, 7, 32], 4, 2, 8, 4
+    batch = len(lengths_q)
+    cu_q = torch.tensor([0] + list(torch.tensor(lengths_q).cumsum(0)), dtype=torch.int32, device=device)
+    q = torch.randn(sum(lengths_q), heads_q, d, dtype=dtype, device=device)
+    k_cache = torch.randn(batch * pages_per_seq, page, heads_kv, d, dtype=dtype, device=device)
+    v_cache = torch.randn(batch * pages_per_seq, page, heads_kv, dv, dtype=dtype, device=device)
+    order = torch.randperm(batch * pages_per_seq, generator=torch.Generator().manual_seed(4))
+    block_table = order.view(batch, pages_per_seq).to(torch.int32).to(device)
+    seqused_k = torch.tensor(used, dtype=torch.int32, device=device)
+    out, lse, _ = flashattn.flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, max(lengths_q), None, causal=True,
+                                                   block_table=block_table, seqused_k=seqused_k,
+                                                   return_attn_probs=True)
+    assert out.shape == (sum(lengths_q), heads_q, dv)
+    for b in range(batch):
+        rows_q = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        keys, values = (c[block_table[b].long()].reshape(-1, heads_kv, c.size(-1))[:used[b]][None]
+                        for c in (k_cache, v_cache))
+        dout = torch.zeros(1, lengths_q[b], heads_q, dv, dtype=dtype, device=device)
+        ref = _reference(q[rows_q][None], keys, values, dout, d ** -0.5, True, True)
+        base = _reference(q[rows_q][None], keys, values, dout, d ** -0.5, True, True, upcast=False)
+        assert_oracle("out", out[rows_q][None], ref[0], base[0], OUT_FACTOR)
+        torch.testing.assert_close(lse[:, rows_q].double(), ref[1][0].to(lse.device), rtol=0, atol=2e-3)
+
+
 def test_key_head_dim_mismatch_still_raises():
     q, k, v = torch.randn(1, 5, 2, 8), torch.randn(1, 7, 2, 16), torch.randn(1, 7, 2, 8)
     with pytest.raises(RuntimeError, match="same head dim"):
