@@ -261,6 +261,9 @@ struct DecodeParams {
   int num_splits;
   float* partial_out;  // [num_splits, batch * heads_kv, rows, head_dim], rows = seqlen_q * group
   float* partial_lse;  // [num_splits, batch * heads_kv, rows]
+  // Attention sinks (nullptr: none): [heads_q] float32 logits, natural log, whose exp joins each row's
+  // softmax denominator once (in the merge of a single split, else in the combine kernel).
+  const float* sink = nullptr;
 };
 
 }  // namespace flashattn

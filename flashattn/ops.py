@@ -353,7 +353,8 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sequse
 
 @torch.library.register_fake("flashattn::decode_fwd")
 def _decode_fwd_fake(q, k_cache, v_cache, seqlens_k, block_table, cache_batch_idx, leftpad, scale, is_causal,
-                     window_left=-1, window_right=-1, softcap=0.0, num_splits=0, cu_seqlens_q=None, max_seqlen_q=0):
+                     window_left=-1, window_right=-1, softcap=0.0, num_splits=0, cu_seqlens_q=None, max_seqlen_q=0,
+                     sink=None):
     op = "flashattn.decode_fwd"
     q_dims = 4 if cu_seqlens_q is None else 3
     torch._check(q.dim() == q_dims and k_cache.dim() == 4 and v_cache.dim() == 4,

@@ -154,8 +154,8 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                   deterministic, return_attn_probs, block_table, seqused_q, seqused_k, sink, softcap, window,
                   num_splits, alibi_slopes=None):
     """flash_attn_varlen_func over a paged cache (see its docstring): the decode op where it serves the
-    call (CUDA, at most 64 query rows per kv head, no gradient, dropout or sink), else the variable-length
-    path over a padded copy of each sequence's pages."""
+    call (CUDA, at most 64 query rows per kv head, no gradient or dropout; a sink without a gradient is
+    taken), else the variable-length path over a padded copy of each sequence's pages."""
     if alibi_slopes is not None:
         raise NotImplementedError("flashattn: alibi_slopes with block_table is not implemented")
     check_tensor("k", k_cache, 4, "(num_pages, page_size, nheads_k, headdim) with block_table")
@@ -177,12 +177,13 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
             raise ValueError(f"flashattn: cu_seqlens_k must have batch + 1 = {batch + 1} entries, got {cu_seqlens_k.numel()}")
         seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
     max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache))
-    if (isinstance(max_seqlen_q, int) and max_seqlen_q >= 1 and float(dropout_p) == 0.0 and sink is None
-            and seqused_q is None and not needs_grad and kvcache.decode_op_serves(q, k_cache, v_cache, max_seqlen_q)):
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, sink))
+    if (isinstance(max_seqlen_q, int) and max_seqlen_q >= 1 and float(dropout_p) == 0.0 and seqused_q is None
+            and not needs_grad and kvcache.decode_op_serves(q, k_cache, v_cache, max_seqlen_q)):
         out, softmax_lse = torch.ops.flashattn.decode_fwd(
             q, k_cache, v_cache, seqused_k, block_table, None, None, scale_or_default(softmax_scale, q.size(-1)),
-            bool(causal), window[0], window[1], float(softcap), num_splits, cu_seqlens_q, max_seqlen_q)
+            bool(causal), window[0], window[1], float(softcap), num_splits, cu_seqlens_q, max_seqlen_q,
+            None if sink is None else sink.detach().float().contiguous())
         return (out, softmax_lse, None) if return_attn_probs else out
     capacity = block_table.size(1) * k_cache.size(1)
     k = kvcache.gather_pages(k_cache, block_table).flatten(0, 1)  # (batch * capacity, nheads_k, headdim)
@@ -437,9 +438,9 @@ flash_attn_varlen_func.__doc__ = (
     keep it), k and v are ``(num_pages, page_size, nheads_k, headdim)``: key j of sequence b is row
     ``j % page_size`` of page ``block_table[b, j // page_size]``, and ``seqused_k`` (or, without it,
     ``cu_seqlens_k``) gives each sequence's key count; ``max_seqlen_k`` is not used. On CUDA, with
-    float16 / bfloat16, an int ``max_seqlen_q`` of at most 64 / (nheads / nheads_k) and no gradient,
-    dropout or sink, this runs on the decode op (keys split across thread blocks, pages read in place);
-    otherwise over a padded copy of each sequence's pages.
+    float16 / bfloat16, an int ``max_seqlen_q`` of at most 64 / (nheads / nheads_k), no gradient (the
+    sink's included) and no dropout, this runs on the decode op (keys split across thread blocks, pages
+    read in place); otherwise over a padded copy of each sequence's pages.
 
     ``alibi_slopes`` as in :func:`flashattn.flash_attn_func`, each sequence from its own diagonal: over the
     padded copy of the batch (an additive mask), not in the variable-length kernels; not with a paged cache.

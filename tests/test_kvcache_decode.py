@@ -625,3 +625,39 @@ def test_varlen_paged_matches_oracle(device, case):
         visible = _visible(nq, capacity, ends[b:b + 1], causal=causal)
         expected = _oracle(q_b, k_rows[b:b + 1], v_rows[b:b + 1], visible)
         _assert_matches(out[rows].unsqueeze(0), lse[:, rows].unsqueeze(0), q_b, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_splits", [1, 4, 0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_paged_varlen_with_sink(device, num_splits, causal):
+    """flash_attn_varlen_func over a paged cache with a learnable_sink (no gradient), the call a gpt-oss
+    decoding step makes: on CUDA the decode op, whose single-split merge or split combine adds each head's
+    sink to the denominator once. out and the LSE (which includes the sink) against the reference per
+    sequence, a sequence with no keys included (its out 0, its LSE the sink)."""
+    torch.manual_seed(11)
+    dtype = BF16 if device == "cuda" else torch.float32
+    lengths_q, used, heads_q, heads_kv, head_dim, page, pages_per_seq = [1, 2, 1], [300, 0, 77], 8, 2, 64, 16, 20
+    batch = len(lengths_q)
+    cu_q = torch.tensor([0] + list(torch.tensor(lengths_q).cumsum(0)), dtype=torch.int32, device=device)
+    q = torch.randn(sum(lengths_q), heads_q, head_dim, dtype=dtype, device=device)
+    k_cache, v_cache = (torch.randn(batch * pages_per_seq, page, heads_kv, head_dim, dtype=dtype, device=device)
+                        for _ in range(2))
+    order = torch.randperm(batch * pages_per_seq, generator=torch.Generator().manual_seed(2))
+    block_table = order.view(batch, pages_per_seq).to(torch.int32).to(device)
+    sink = torch.randn(heads_q, device=device) * 2
+    out, lse, _ = flashattn.flash_attn_varlen_func(
+        q, k_cache, v_cache, cu_q, None, max(lengths_q), None, causal=causal, block_table=block_table,
+        seqused_k=torch.tensor(used, dtype=torch.int32, device=device), learnable_sink=sink, num_splits=num_splits,
+        return_attn_probs=True)
+    for b in range(batch):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        keys, values = (c[block_table[b].long()].reshape(-1, heads_kv, head_dim)[:used[b]][None]
+                        .repeat_interleave(heads_q // heads_kv, 2) for c in (k_cache, v_cache))
+        args = dict(is_causal=causal, causal_bottom_right=True, return_lse=True)
+        ref, ref_lse = attention_reference(q[rows][None].double(), keys.double(), values.double(), head_dim ** -0.5,
+                                           sink=sink.double(), **args)
+        base, _ = attention_reference(q[rows][None], keys, values, head_dim ** -0.5, upcast=False,
+                                      sink=sink.to(dtype), **args)
+        assert_oracle(f"out[{b}]", out[rows][None], torch.nan_to_num(ref), torch.nan_to_num(base), OUT_FACTOR)
+        torch.testing.assert_close(lse[:, rows].double(), ref_lse[0].to(lse.device), rtol=0, atol=2e-3)

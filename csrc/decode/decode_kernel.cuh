@@ -316,17 +316,21 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   // Thread tid takes row tid / 8 (16 rows, 8 threads each) and every 8th column pair of it.
   const int r = tid / 8, lane8 = tid % 8;
   const int row = row0 + r;
+  if (row >= rows) return;
   float max_all = -INFINITY;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) max_all = fmaxf(max_all, merge[(w * kRows + r) * kMergeRow + kWidth]);
+  // A sink joins the row's denominator here when this block is the row's only split (base 2).
+  const bool with_sink = p.sink != nullptr && p.num_splits == 1;
+  const float sink_log2 = with_sink ? p.sink[kv_head * group + row % group] * (1.f / kLn2) : -INFINITY;
+  max_all = fmaxf(max_all, sink_log2);
   const float base = max_all == -INFINITY ? 0.f : max_all;
-  float weight[kWarps], sum = 0.f;
+  float weight[kWarps], sum = with_sink ? exp2f(sink_log2 - base) : 0.f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) {
     weight[w] = exp2f(merge[(w * kRows + r) * kMergeRow + kWidth] - base);
     sum += weight[w] * merge[(w * kRows + r) * kMergeRow + kWidth + 1];
   }
-  if (row >= rows) return;
   // Natural-log LSE of the row over this split's keys; -inf (and out 0) for a row that saw none.
   const float lse = sum > 0.f ? (base + log2f(sum)) * kLn2 : -INFINITY;
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
@@ -375,7 +379,10 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
   if (r >= group * qr.count) return;  // past the sequence's queries: no partial, no output row
   const int64_t split_stride = units * rows;
 
-  float max_lse = -INFINITY;
+  const int query = r / group, head = kv_head * group + r % group;
+  // The row's sink (natural log), added to the denominator once, here.
+  const float sink = p.sink != nullptr ? p.sink[head] : -INFINITY;
+  float max_lse = sink;
   for (int s = lane; s < p.num_splits; s += 32) max_lse = fmaxf(max_lse, p.partial_lse[item + s * split_stride]);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffff, max_lse, off));
@@ -386,8 +393,7 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
   }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffff, sum, off);
-
-  const int query = r / group, head = kv_head * group + r % group;
+  if (sink != -INFINITY) sum += __expf(sink - max_lse);
   T* dst = static_cast<T*>(p.out) + b * p.out_strides.batch + (qr.start + query) * p.out_strides.row +
            head * p.out_strides.head;
   for (int c = 4 * lane; c < p.head_dim; c += 128) {

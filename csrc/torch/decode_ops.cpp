@@ -51,7 +51,7 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
                                                    bool is_causal, int64_t window_left, int64_t window_right,
                                                    double softcap, int64_t num_splits,
                                                    const std::optional<at::Tensor>& cu_seqlens_q_arg,
-                                                   int64_t max_seqlen_q) {
+                                                   int64_t max_seqlen_q, const std::optional<at::Tensor>& sink) {
   // Packed queries are run as a [1, total_q, H, D] view whose sequences the kernel finds in cu_seqlens_q.
   const bool packed = cu_seqlens_q_arg.has_value();
   if (packed) {
@@ -118,6 +118,14 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
   TORCH_CHECK(softcap >= 0.0 && std::isfinite(softcap), op, ": softcap must be finite and >= 0, got ",
               std::to_string(softcap));
   TORCH_CHECK(k_cache.size(1) >= 1 && k_cache.size(0) >= 1, op, ": k_cache must hold at least one row");
+  if (sink.has_value()) {
+    TORCH_CHECK(sink->scalar_type() == at::kFloat && sink->dim() == 1 && sink->size(0) == heads_q &&
+                    sink->is_contiguous(),
+                op, ": sink must be a contiguous float32 (heads_q=", to_text(heads_q), ",) tensor, got ",
+                sink->scalar_type(), " of shape ", to_text(sink->sizes()));
+    TORCH_CHECK(sink->device() == q.device(), op, ": sink must be on q's device ", q.device().str(), ", got ",
+                sink->device().str());
+  }
   const int64_t pages_per_seq = block_table.has_value() ? block_table->size(1) : 1;
   const int64_t capacity = pages_per_seq * k_cache.size(1);
   TORCH_CHECK(capacity < (int64_t{1} << 31) && k_cache.size(0) < (int64_t{1} << 31) && batch < (int64_t{1} << 24) &&
@@ -171,6 +179,7 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
   p.window_left = static_cast<int>(std::min<int64_t>(window_left, capacity));
   p.window_right = is_causal ? -1 : static_cast<int>(std::min<int64_t>(window_right, capacity));
   p.num_splits = splits;
+  p.sink = sink.has_value() ? sink->data_ptr<float>() : nullptr;
   if (packed) {
     p.cu_seqlens_q = cu_seqlens_q_arg->data_ptr<int>();
     p.total_q = static_cast<int>(total_q);
