@@ -597,8 +597,8 @@ def run(args, device="cuda", meta: Optional[dict] = None, started: Optional[floa
     dtype = DTYPES[args.dtype]
     meta = {} if meta is None else meta
     announced = {}
+    meta["decode_op"] = bool(flashattn.kvcache.decode_op_enabled)
     if any(m.startswith("fa4") for m in args.methods):
-        meta["decode_op"] = bool(flashattn.kvcache.decode_op_enabled)
         meta["fa4"] = fa4_status()
         if "unavailable" in meta["fa4"]:
             print(f"FlashAttention-4: unavailable ({meta['fa4']['unavailable']}); its columns are n/a", flush=True)

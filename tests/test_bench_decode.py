@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import bench_decode  # noqa: E402
+import flashattn  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------------
@@ -350,6 +351,15 @@ def test_tiny_cpu_run_without_fa4_writes_and_renders(monkeypatch, tmp_path, caps
                               capture_output=True, text=True, timeout=120)
     assert rendered.returncode == 0, rendered.stderr
     assert rendered.stdout == md
+
+
+def test_header_says_whether_the_decode_op_ran(tmp_path):
+    """The decode op's switch is recorded whichever methods run (without FlashAttention-4's too)."""
+    out = tmp_path / "decode"
+    assert bench_decode.main(TINY + ["--methods", "flashattn", "--out", str(out)]) == 0
+    on = flashattn.kvcache.decode_op_enabled
+    assert json.loads((out / "bench_decode.json").read_text())["meta"]["decode_op"] is on
+    assert f"decode op {'on' if on else 'off'}" in (out / "bench_decode.md").read_text()
 
 
 def test_tiny_cpu_run_calls_fa4_as_documented(monkeypatch):
