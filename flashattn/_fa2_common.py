@@ -10,8 +10,8 @@ import torch
 
 from . import ops
 
-__all__ = ["alibi_key_terms", "alibi_mask", "check_alibi", "check_devices", "check_sink", "check_tensor", "fa2_attention",
-           "page_table_alias", "rows_aligned", "window_bounds", "window_keys"]
+__all__ = ["alibi_by_key", "alibi_key_terms", "alibi_mask", "check_alibi", "check_devices", "check_sink",
+           "check_tensor", "fa2_attention", "page_table_alias", "rows_aligned", "window_bounds", "window_keys"]
 
 
 def check_alibi(alibi_slopes, batch: int, nheads: int, device: torch.device, softcap: float):
@@ -43,6 +43,11 @@ def alibi_mask(slopes: torch.Tensor, query_pos: torch.Tensor, keys: torch.Tensor
     return bias
 
 
+def alibi_by_key(causal: bool, window, sink) -> bool:
+    """Whether a call's ALiBi can take alibi_key_terms' form: causal masking, no window, no sinks."""
+    return bool(causal) and tuple(window) == (-1, -1) and sink is None
+
+
 def alibi_key_terms(slopes: torch.Tensor, query_pos: torch.Tensor, batch: int, seqlen_k: int):
     """Causal ALiBi as a term per key: (terms, lse_shift).
 
@@ -55,8 +60,8 @@ def alibi_key_terms(slopes: torch.Tensor, query_pos: torch.Tensor, batch: int, s
     the terms' magnitude within ``slope * Lk / 2``, which bounds their float32 rounding. The terms take
     a batch dim of their own (not a broadcast one), so the kernels never classify the mask's tiles.
     slopes: (1 or batch, nheads); query_pos: (1 or batch, Lq) integers (each query's diagonal position).
-    Not with attention sinks (a sink's logit does not carry the row's part) or a window (whose mask the
-    kernels could not take beside this one)."""
+    Only where alibi_by_key says so: not with attention sinks (a sink's logit does not carry the row's
+    part) or a window (whose mask the kernels could not take beside this one)."""
     center = seqlen_k // 2
     keys = torch.arange(seqlen_k, device=slopes.device, dtype=torch.float32) - center
     nheads = slopes.size(1)

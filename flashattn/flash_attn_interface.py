@@ -13,8 +13,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._fa2_common import (alibi_key_terms, alibi_mask, check_alibi, check_devices, check_sink, check_tensor,
-                          fa2_attention, unpack, window_bounds)
+from ._fa2_common import (alibi_by_key, alibi_key_terms, alibi_mask, check_alibi, check_devices, check_sink,
+                          check_tensor, fa2_attention, unpack, window_bounds)
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]
 
@@ -28,7 +28,7 @@ def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window, softcap, dete
     if slopes is not None:
         seqlen_q, seqlen_k = q.size(1), k.size(1)
         query_pos = torch.arange(seqlen_q, device=q.device)[None] + (seqlen_k - seqlen_q)
-        if causal and window == (-1, -1) and learnable_sink is None:
+        if alibi_by_key(causal, window, learnable_sink):
             # A term per key (alibi_key_terms), the causal mask the kernels' own.
             terms, lse_shift = alibi_key_terms(slopes, query_pos, q.size(0), seqlen_k)
             mask = terms.expand(q.size(0), q.size(2), seqlen_q, seqlen_k)

@@ -4,8 +4,8 @@ grows in place, for autoregressive decoding and chunked prefill.
 ``k_cache`` and ``v_cache`` ``(batch, seqlen_cache, nheads_k, headdim)`` hold each sequence's keys and
 values at its first ``cache_seqlens[b]`` positions (v's head dim may differ: headdim_v); new ``k`` and
 ``v`` ``(batch, seqlen_new, nheads_k, headdim / headdim_v)``, when given, are written after them (in
-place, with indices computed on the device: no host synchronization) and attended to as well. The queries ``q`` ``(batch, seqlen_q, nheads, headdim)``
-are the sequence's last ``seqlen_q`` positions: with ``causal``, query i of sequence b sees keys
+place, with indices computed on the device: no host synchronization) and attended to as well. The
+queries ``q`` ``(batch, seqlen_q, nheads, headdim)`` are the sequence's last ``seqlen_q`` positions: with ``causal``, query i of sequence b sees keys
 ``j <= L_b - seqlen_q + i``, where ``L_b`` is the sequence's length after the append.
 
 With ``rotary_cos`` / ``rotary_sin`` the new keys, and the queries, are rotated first (rotary position

@@ -28,9 +28,9 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from . import _C, kvcache, ops
-from ._fa2_common import (alibi_key_terms, alibi_mask, check_alibi, check_devices, check_max_seqlen, check_sink,
-                          check_tensor, fa2_attention, page_table_alias, rows_aligned, scale_or_default, unpack,
-                          window_bounds, window_keys)
+from ._fa2_common import (alibi_by_key, alibi_key_terms, alibi_mask, check_alibi, check_devices, check_max_seqlen,
+                          check_sink, check_tensor, fa2_attention, page_table_alias, rows_aligned, scale_or_default,
+                          unpack, window_bounds, window_keys)
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
 
@@ -267,7 +267,7 @@ def _varlen_one_head_dim(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
         # ALiBi over the padded batch, from its bottom-right diagonal (each sequence's own): with causal
         # masking and no window or sinks a term per key (alibi_key_terms), else an additive mask per score.
         query_pos = torch.arange(max_seqlen_q, device=q.device)[None] + (max_seqlen_k - max_seqlen_q)
-        if causal and window == (-1, -1) and sink is None:
+        if alibi_by_key(causal, window, sink):
             terms, lse_shift = alibi_key_terms(slopes, query_pos, lay.offset_q.size(0), max_seqlen_k)
             terms = terms.masked_fill(~key_mask[:, :1, :1, :], float("-inf"))  # the padding's keys
             key_mask = terms.expand(key_mask.shape)
