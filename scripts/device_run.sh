@@ -2,7 +2,7 @@
 # One call on the GPU machine: build in place, then the requested steps, logs under $OUT.
 #   scripts/device_run.sh guard        build + one small forward/backward per sm90 width (stops the call if it hangs)
 #   scripts/device_run.sh smoke        build + scripts/gpu_smoke.py (kernel oracle + quick timings)
-#   scripts/device_run.sh test         build + the GPU tests (test_gpu_*, CLI, transformers, packing, varlen, KV cache, error table, torch hook), `large` ones apart
+#   scripts/device_run.sh test         build + the GPU tests (test_gpu_*, CLI, transformers, packing, varlen, KV cache and decode op, variants, error table, torch hook), `large` ones apart
 #   scripts/device_run.sh large        build + the `large` tests (tens of GiB, inputs past 2^31 elements)
 #   scripts/device_run.sh sanitize     build + scripts/sanitize.py (compute-sanitizer, about 4 minutes)
 #   scripts/device_run.sh fuzz         build + the fuzz tests' GPU profile (FUZZ_EXAMPLES per test, default 300)
@@ -66,9 +66,9 @@ if has guard; then
   timeout 120 python3 -c "$GUARD" > "$OUT/guard.log" 2>&1 || { echo "guard failed (hang or error):"; tail -5 "$OUT/guard.log"; exit 1; }
   cat "$OUT/guard.log"
 fi
-GPU_TESTS="tests/test_plan.py tests/test_package_layout.py tests/test_gpu_attention.py tests/test_gpu_integration.py tests/test_gpu_paths.py tests/test_gpu_sm80_tiles.py tests/test_gpu_masks.py tests/test_gpu_dropout.py tests/test_gpu_reliability.py tests/test_cli.py tests/test_transformers.py tests/test_varlen.py tests/test_kvcache.py tests/test_error_table.py tests/test_torch_flash_impl.py tests/test_packing.py tests/test_sinks.py tests/test_softcap.py tests/test_window.py"
+GPU_TESTS="tests/test_plan.py tests/test_package_layout.py tests/test_gpu_attention.py tests/test_gpu_integration.py tests/test_gpu_paths.py tests/test_gpu_sm80_tiles.py tests/test_gpu_masks.py tests/test_gpu_dropout.py tests/test_gpu_reliability.py tests/test_cli.py tests/test_transformers.py tests/test_varlen.py tests/test_kvcache.py tests/test_error_table.py tests/test_torch_flash_impl.py tests/test_packing.py tests/test_sinks.py tests/test_softcap.py tests/test_window.py tests/test_alibi.py tests/test_value_head_dim.py tests/test_kvcache_decode.py tests/test_fa2_standin.py tests/test_bench_decode.py tests/test_bench_varlen.py"
 has smoke && run smoke 300 python3 scripts/gpu_smoke.py ${SMOKE_ARGS---bench}
-has test && run tests 420 python3 -m pytest $GPU_TESTS -m "not large" -q -rfEs --timeout=120
+has test && run tests 540 python3 -m pytest $GPU_TESTS -m "not large" -q -rfEs --timeout=120
 has large && run tests_large 300 python3 -m pytest tests/test_gpu_reliability.py -m large -q -rfEs --timeout=120
 has sanitize && run sanitize 300 python3 scripts/sanitize.py --out "$OUT/sanitize"
 has fuzz && run fuzz_gpu 300 env FLASHATTN_FUZZ_PROFILE=gpu FLASHATTN_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-300} \
