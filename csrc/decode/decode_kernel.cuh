@@ -83,13 +83,17 @@ __device__ __forceinline__ void row_keys(const DecodeParams& p, const KeyRange& 
   if (p.window_left >= 0) first = max(first, diagonal - p.window_left);
 }
 
-// One key row of K and V into a ring stage: lane pairs take a row each, alternate 16-byte chunks.
+// One 16-key block of K and V into a ring stage, whole rows per instruction: consecutive lanes take
+// consecutive 16-byte chunks of the block (512 contiguous bytes an instruction at width 128, two rows),
+// where a lane pair per row made each instruction touch 16 rows 32 bytes apart, so fewer, fuller memory
+// requests; row r's source offsets come from lane r (a paged cache's page lookup once per row).
 template <typename T, int kWidth>
 __device__ __forceinline__ void load_key_rows(const DecodeParams& p, T* k_tile, T* v_tile, int b, int kv_head,
                                               int cache_row, int key0, int key_end, int lane) {
   constexpr int kStride = stride_for(kWidth);
-  const int row = lane / 2;
-  const int key = key0 + row;
+  constexpr int kChunks = kWidth / 8;  // 16-byte chunks of a row
+  static_assert(kBlockKeys * kChunks % 32 == 0, "whole instructions per block");
+  const int key = key0 + lane % kBlockKeys;
   bool valid = key < key_end;
   int page = cache_row, page_row = key;
   if (valid && p.block_table != nullptr) {
@@ -98,17 +102,18 @@ __device__ __forceinline__ void load_key_rows(const DecodeParams& p, T* k_tile, 
     page_row = key - slot * p.page_size;
   }
   valid = valid && page >= 0 && page < p.num_pages;
-  const T* k_row = static_cast<const T*>(p.k);
-  const T* v_row = static_cast<const T*>(p.v);
-  if (valid) {
-    k_row += page * p.k_strides.batch + page_row * p.k_strides.row + kv_head * p.k_strides.head;
-    v_row += page * p.v_strides.batch + page_row * p.v_strides.row + kv_head * p.v_strides.head;
-  }
+  // Element offsets of row lane % 16 in k and v, -1 for a row outside the cache (zeros).
+  const int64_t k_off = valid ? page * p.k_strides.batch + page_row * p.k_strides.row + kv_head * p.k_strides.head : -1;
+  const int64_t v_off = valid ? page * p.v_strides.batch + page_row * p.v_strides.row + kv_head * p.v_strides.head : -1;
+  const T* k_base = static_cast<const T*>(p.k);
+  const T* v_base = static_cast<const T*>(p.v);
 #pragma unroll
-  for (int c = lane % 2; c < kWidth / 8; c += 2) {
-    const bool in = valid && c * 8 < p.head_dim;
-    sm80::cp_async_16(k_tile + row * kStride + c * 8, k_row + (in ? c * 8 : 0), in);
-    sm80::cp_async_16(v_tile + row * kStride + c * 8, v_row + (in ? c * 8 : 0), in);
+  for (int i = 0; i < kBlockKeys * kChunks / 32; ++i) {
+    const int chunk = lane + 32 * i, row = chunk / kChunks, c = chunk % kChunks;
+    const int64_t ko = __shfl_sync(0xffffffff, k_off, row), vo = __shfl_sync(0xffffffff, v_off, row);
+    const bool in = ko >= 0 && c * 8 < p.head_dim;
+    sm80::cp_async_16(k_tile + row * kStride + c * 8, k_base + (in ? ko + c * 8 : 0), in);
+    sm80::cp_async_16(v_tile + row * kStride + c * 8, v_base + (in ? vo + c * 8 : 0), in);
   }
 }
 
