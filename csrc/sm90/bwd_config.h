@@ -49,14 +49,17 @@ struct BwdConfig {
   static constexpr int kDsSets = kDqByRows ? 1 : 2;  // (above)
   static constexpr int kDqCols = kDqByRows ? kHeadDim : kHeadDim / kConsumers;  // dQ columns per consumer
   static constexpr int kStatsBytes = 2 * kBlockM * 4;             // a step's LSE (base 2) then delta, fp32
-  // K, V, the Q ring, the dO ring, the sets of dS^T per consumer, the dQ staging tile, the LSE / delta
+  // K, V, the Q ring, the dO ring, the sets of dS^T per consumer, the dQ staging tiles, the LSE / delta
   // ring, then the mbarriers.
   static constexpr int kVOffset = kKVBytes;
   static constexpr int kQOffset = 2 * kKVBytes;
   static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
   static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;
+  // Width 96's unmasked kernels give each step's whole dQ to one consumer, alternate steps to each
+  // (bwd_kernel's kDqOwner): a staging tile per consumer.
+  static constexpr int kDqTiles = kHeadDim == 96 && !kDqByRows ? 2 : 1;
   static constexpr int kDqOffset = kDsOffset + kDsSets * kDsSetBytes;
-  static constexpr int kStatsOffset = kDqOffset + kDqBytes;
+  static constexpr int kStatsOffset = kDqOffset + kDqTiles * kDqBytes;
   static constexpr int kBarriersOffset = kStatsOffset + kStages * kStatsBytes;
   static constexpr int kSmemBytes = 1024 + kBarriersOffset + (1 + kStages) * 8;
 

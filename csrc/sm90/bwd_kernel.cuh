@@ -324,25 +324,26 @@ __device__ __forceinline__ void issue_keys_by_dims(float (&acc)[Cfg::kHeadDim / 
 // A consumer's dQ columns: one piece of kCols0 from col0 (widths 64 and 128), or at width 96 two,
 // [32c, 32c + 32) and [64 + 16c, 80 + 16c) for consumer c, so that both consumers run the same GEMM
 // shapes and each piece lies in one 64-column block. A consumer's dQ accumulator holds piece 0, then
-// piece 1.
-template <typename Cfg>
+// piece 1. kWhole: every column, in one piece (the consumer that owns a step's whole dQ, kDqOwner).
+template <typename Cfg, bool kWhole = false>
 struct DqPieces {
-  static constexpr bool kTwo = Cfg::kHeadDim == 96 && !Cfg::kDqByRows;
-  static constexpr int kCols0 = kTwo ? 32 : Cfg::kDqCols;
+  static constexpr bool kTwo = Cfg::kHeadDim == 96 && !Cfg::kDqByRows && !kWhole;
+  static constexpr int kCols = kWhole ? Cfg::kHeadDim : Cfg::kDqCols;  // the consumer's dQ columns
+  static constexpr int kCols0 = kTwo ? 32 : kCols;
   static constexpr int kCols1 = kTwo ? 16 : 0;
-  static_assert(kCols0 + kCols1 == Cfg::kDqCols, "the pieces are the consumer's columns");
+  static_assert(kCols0 + kCols1 == kCols, "the pieces are the consumer's columns");
   __device__ __forceinline__ static int col0(int consumer) {
-    return kTwo ? 32 * consumer : Cfg::kDqByRows ? 0 : consumer * Cfg::kDqCols;
+    return kTwo ? 32 * consumer : (Cfg::kDqByRows || kWhole) ? 0 : consumer * Cfg::kDqCols;
   }
   __device__ __forceinline__ static int col1(int consumer) { return 64 + 16 * consumer; }
 };
 
 // The float ranges of the dQ staging tile (and of the workspace block) that a consumer's part of a
-// step's partial fills: its 64-query block (kDqByRows), or its pieces of columns (DqPieces; n8 blocks of
-// kDqTileRows x 8 floats each in the tile layout).
-template <typename Cfg>
+// step's partial fills: its 64-query block (kDqByRows), its pieces of columns (DqPieces; n8 blocks of
+// kDqTileRows x 8 floats each in the tile layout), or (kWhole) the whole block.
+template <typename Cfg, bool kWhole = false>
 struct DqParts {
-  using Pieces = DqPieces<Cfg>;
+  using Pieces = DqPieces<Cfg, kWhole>;
   static constexpr int kCount = Pieces::kCols1 > 0 ? 2 : 1;
   int offset[kCount], count[kCount];
   __device__ __forceinline__ explicit DqParts(int consumer) {
@@ -370,10 +371,10 @@ __device__ __forceinline__ uint64_t k_columns_desc(uint32_t k_tile, int col) {
 // dq (64 queries x this consumer's dQ columns, DqPieces) = dS (those 64 queries x 128 keys: one query
 // block of the two consumers' dS^T tiles, from ds_queries, MN-major A) times K (the 128 keys x the
 // columns, MN-major B).
-template <typename T, typename Cfg>
-__device__ __forceinline__ void issue_dq(float (&dq)[Cfg::kDqCols / 2], uint32_t ds_queries, uint32_t k_tile,
-                                         int consumer) {
-  using Pieces = DqPieces<Cfg>;
+template <typename T, typename Cfg, bool kWhole = false>
+__device__ __forceinline__ void issue_dq(float (&dq)[DqPieces<Cfg, kWhole>::kCols / 2], uint32_t ds_queries,
+                                         uint32_t k_tile, int consumer) {
+  using Pieces = DqPieces<Cfg, kWhole>;
   const uint64_t desc_a0 = smem_desc_sw128(ds_queries, 64 * 128, 1024);
   const uint64_t desc_b0 = k_columns_desc<Cfg>(k_tile, Pieces::col0(consumer));
 #pragma unroll
@@ -544,6 +545,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   // dQ partials and shorter steps gain nothing from the split and lost time to it (docs/perf-log.md).
   constexpr bool kSendApart = !(kMasked || kDropout || Cfg::kDqByRows);
   static_assert(!kSendApart || Cfg::kDsSets == 2, "a set of dS^T tiles per alternate step");
+  // At width 96 the consumers do not split dQ: a step's whole dQ is one consumer's (the step's owner,
+  // alternate steps each; consumer 0 every step in deterministic mode, whose writer warp reads one
+  // staging tile), so the dS operand is read once a step, not by four narrow GEMMs.
+  constexpr bool kDqOwner = kSendApart && Cfg::kHeadDim == 96;
+  static_assert(!kDqOwner || Cfg::kDqTiles == 2, "a staging tile per consumer");
   static_assert(kBlockM == 64 || !(kMasked || kDropout || kKeyEnds), "128-query steps in the unmasked kernel only");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -580,7 +586,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     return kVarlen ? rows.stats(head) + m0 : (static_cast<int64_t>(batch) * sh.heads_q + head) * p.stats_stride + m0;
   };
 
-  if (threadIdx.x == 0) init_bwd_barriers(maps, bars, kSendApart ? Cfg::kConsumers : 1);
+  if (threadIdx.x == 0) init_bwd_barriers(maps, bars, kSendApart && !kDqOwner ? Cfg::kConsumers : 1);
   __syncthreads();
 
   if (warpgroup == 0) {
@@ -635,9 +641,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const uint32_t ds_dq_queries0 = ds_tiles + (dq_row0 / 64) * Cfg::kDsQueryBlockBytes;
   // This consumer's part of the dQ staging tile ([kBlockM * kHeadDim] fp32, the tile layout): its query
   // block's when the consumers split dQ by rows.
-  const uint32_t dq_stage_addr = smem + Cfg::kDqOffset + dq_row0 * Cfg::kHeadDim * 4;
+  // (kDqOwner: this consumer's own staging tile.)
+  const uint32_t dq_stage_addr =
+      smem + Cfg::kDqOffset + (kDqOwner ? consumer * Cfg::kDqBytes : dq_row0 * Cfg::kHeadDim * 4);
+  const float* const dq_stage = reinterpret_cast<const float*>(base + Cfg::kDqOffset) +
+                                (kDqOwner ? consumer * Cfg::kDqBytes / 4 : 0);
   const uint32_t stats_addr = smem + Cfg::kStatsOffset;
-  using Pieces = DqPieces<Cfg>;
+  using Pieces = DqPieces<Cfg, kDqOwner>;
   float dk[Cfg::kHeadDim / 2], dv[Cfg::kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < Cfg::kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -780,25 +790,64 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     const uint32_t ds_set = kSendApart ? (iter % 2) * Cfg::kDsSetBytes : 0;
     store_ds_swizzled(ds_tile0 + ds_set, ds_frag, warp_in_group, lane);
     fence_proxy_async_shared();
-    float dq[Cfg::kDqCols / 2];
+    float dq[Pieces::kCols / 2];
+    // Stages this consumer's dQ (its part of the partial, or with kDqOwner the whole) in dq_stage.
+    auto stage_dq = [&] {
+      fence_registers(dq);
+      // By rows, a consumer's 64 x kHeadDim partial is a whole block of the tile layout.
+      store_dq_tile<Pieces::kCols0>(dq_stage_addr, reinterpret_cast<const float(&)[Pieces::kCols0 / 2]>(dq),
+                                    Pieces::col0(consumer), thread_in_group);
+      if constexpr (Pieces::kCols1 > 0) {
+        store_dq_tile<Pieces::kCols1>(dq_stage_addr,
+                                      reinterpret_cast<const float(&)[Pieces::kCols1 / 2]>(dq[Pieces::kCols0 / 2]),
+                                      Pieces::col1(consumer), thread_in_group);
+      }
+      fence_proxy_async_shared();
+    };
     if constexpr (kSendApart) {
       // dV needs this consumer's P^T only: issued before the meeting, it runs while the consumers wait
       // for each other. Then dQ, and dK last, so that the dQ partial is staged while dK runs.
       wgmma_fence();
       issue_keys_by_dims<T, Cfg>(dv, p_frag, do_tile);
       wgmma_commit();
-      if (reducer_warp) reducer.await_stage(iter);  // the previous step's dQ reduction has left dq_stage
+      // Whether this consumer computes (its part of) the step's dQ: always, but with kDqOwner only on its
+      // own steps.
+      const bool dq_here = !kDqOwner || consumer == (to_writer ? 0 : iter % 2);
+      if (reducer_warp && dq_here) reducer.await_stage(iter);  // the previous reduction has left dq_stage
       named_barrier_sync(kBwdConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free
-      wgmma_fence();
-      issue_dq<T, Cfg>(dq, ds_dq_queries0 + ds_set, smem, consumer);
-      wgmma_commit();
-      wgmma_wait<1>();  // dV is done with this stage's dO
-      fence_registers(dv);
-      fence_registers(p_frag);
-      wgmma_fence();
-      issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
-      wgmma_commit();
-      wgmma_wait<1>();  // dQ is done
+      // Two whole paths, so that each wgmma wait is unconditional where its accumulators are read.
+      if (dq_here) {
+        wgmma_fence();
+        issue_dq<T, Cfg, kDqOwner>(dq, ds_dq_queries0 + ds_set, smem, consumer);
+        wgmma_commit();
+        wgmma_wait<1>();  // dV is done with this stage's dO
+        fence_registers(dv);
+        fence_registers(p_frag);
+        wgmma_fence();
+        issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
+        wgmma_commit();
+        wgmma_wait<1>();  // dQ is done
+        stage_dq();
+        // This consumer's part of dq_stage complete. (A consumer writes the next step's dS^T into the
+        // other set, and the one after it only once both consumers have met at the next step, each of
+        // its dQ GEMMs done by then.)
+        named_barrier_sync(Cfg::kDqStagedBarrier0 + consumer, 128);
+        if (reducer_warp) {
+          const DqParts<Cfg, kDqOwner> parts(consumer);
+          reducer.send_parts<Cfg::kHeadDim>(p, dq_stage, parts.offset, parts.count, [&] { return dq_row(head, m0); });
+        }
+      } else {
+        wgmma_wait<0>();  // dV is done with this stage's dO
+        fence_registers(dv);
+        fence_registers(p_frag);
+        wgmma_fence();
+        issue_keys_by_dims<T, Cfg>(dk, ds_frag, q_tile);
+        wgmma_commit();
+      }
+      wgmma_wait<0>();  // dK is done with this stage's Q
+      fence_registers(dk);
+      fence_registers(ds_frag);
+      named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
     } else {
       if (reducer_warp) reducer.await_stage(iter);  // the previous step's dQ reduction has left dq_stage
       named_barrier_sync(kBwdConsumerBarrier, 256);  // both dS^T tiles complete, dq_stage free
@@ -815,32 +864,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       fence_registers(ds_frag);
       named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
       wgmma_wait<0>();
-    }
-    fence_registers(dq);
-    // By rows, a consumer's 64 x kHeadDim partial is a whole block of the tile layout.
-    store_dq_tile<Pieces::kCols0>(dq_stage_addr, reinterpret_cast<const float(&)[Pieces::kCols0 / 2]>(dq),
-                                  Pieces::col0(consumer), thread_in_group);
-    if constexpr (Pieces::kCols1 > 0) {
-      store_dq_tile<Pieces::kCols1>(dq_stage_addr,
-                                    reinterpret_cast<const float(&)[Pieces::kCols1 / 2]>(dq[Pieces::kCols0 / 2]),
-                                    Pieces::col1(consumer), thread_in_group);
-    }
-    fence_proxy_async_shared();
-    if constexpr (kSendApart) {
-      // This consumer's part of dq_stage complete. (A consumer writes the next step's dS^T into the
-      // other set, and the one after it only once both consumers have met at the next step, each of
-      // its dQ GEMMs done by then.)
-      named_barrier_sync(Cfg::kDqStagedBarrier0 + consumer, 128);
-      if (reducer_warp) {
-        const DqParts<Cfg> parts(consumer);
-        reducer.send_parts<Cfg::kHeadDim>(p, reinterpret_cast<const float*>(base + Cfg::kDqOffset), parts.offset,
-                                          parts.count, [&] { return dq_row(head, m0); });
-      }
-      wgmma_wait<0>();  // dK is done with this stage's Q
-      fence_registers(dk);
-      fence_registers(ds_frag);
-      named_barrier_arrive(kBwdStageBarrier0 + stage, kBwdStageBarrierThreads);  // the stage is free
-    } else {
+      stage_dq();
       // dq_stage complete; also, neither consumer rewrites its dS^T tile before both dQ GEMMs are done.
       named_barrier_sync(kBwdConsumerBarrier, 256);
       if (reducer_warp) {
@@ -850,7 +874,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     }
     step = next;
   }
-  if (reducer_warp) reducer.finish(iter);
+  // (With kDqOwner in deterministic mode, consumer 1 sent nothing.)
+  if (reducer_warp && !(kDqOwner && to_writer && consumer == 1)) reducer.finish(iter);
 
   // dK = scale * dS^T Q and dV, straight from the accumulators.
   store_dk_dv<T>(p, sh, rows.k_row0, dk, dv, rows.tensor_batch, kv_head, key0, 0, warp_in_group, lane);
