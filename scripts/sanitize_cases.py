@@ -152,6 +152,7 @@ RACE_CASES = [
     _case(1, 129, 150, 2, 1, 32, F16, "top_left"),
     _case(1, 129, 150, 2, 1, 40, BF16, "bottom_right"),
     _case(1, 150, 129, 2, 1, 72, F16, "top_left"),
+    _case(1, 300, 150, 2, 1, 96, BF16, "none"),  # width 96's alternating dQ owners, ten steps
     _case(1, 129, 150, 2, 1, 128, BF16, "none"),
     _case(1, 129, 150, 2, 1, 192, F16, "bottom_right"),
     _case(1, 129, 150, 2, 1, 256, BF16, "top_left"),
