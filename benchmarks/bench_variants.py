@@ -107,16 +107,22 @@ def timed_call(forward, mode, q, k, v, dout, leaves):
     return lambda: torch.autograd.grad(forward(q, k, v), leaves, dout)
 
 
+REFERENCE_ROWS = 2048  # query rows the reference checks: a (1, H, rows, N) float32 bias, 2 GiB at N = 16k
+
+
 def reference_error(forward, q, k, v, causal: bool, extra) -> float:
-    """max |forward - reference| in float32 on the first batch entry."""
+    """max |forward - reference| in float32 on the first batch entry's last REFERENCE_ROWS queries
+    (all of them below that; the last rows see every key, and causal alignment is bottom-right, so
+    the slice is the same problem with fewer queries)."""
     with torch.no_grad():
-        out = forward(q[:1], k[:1], v[:1]).float()
+        out = forward(q[:1], k[:1], v[:1]).float()[:, -REFERENCE_ROWS:]
+        q_rows = q[:1, -REFERENCE_ROWS:]
         sink = extra.get("learnable_sink")
         slopes = extra.get("alibi_slopes")
-        ref = attention_reference(q[:1].float(), k[:1].float(), v[:1].float(), None, causal, True,
+        ref = attention_reference(q_rows.float(), k[:1].float(), v[:1].float(), None, causal, True,
                                   sink=None if sink is None else sink.detach().float(),
                                   softcap=extra.get("softcap", 0.0),
-                                  attn_mask=None if slopes is None else alibi_bias(slopes, q.size(1), k.size(1)))
+                                  attn_mask=None if slopes is None else alibi_bias(slopes, q_rows.size(1), k.size(1)))
     return (out - ref).abs().max().item()
 
 
