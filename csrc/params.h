@@ -45,6 +45,15 @@ struct AttentionShape {
   // Score soft-capping (cuda/softcap.h), 0 without: scale / cap, with scale_log2 then cap * log2 e
   // (scale stays the caller's: the backward's dq and dk are scaled by it).
   float softcap_inner = 0.f;
+  // ALiBi (cuda/alibi.h), nullptr without: float32 slopes [1 or batch, heads_q] (batch stride
+  // alibi_batch_stride, 0 for one row), adding -slope * |i + alibi_offset - j| to query i's score
+  // for key j after the scale. alibi_unit turns a slope into the units of the kernels' raw scores
+  // (1 / scale, or 1 / cap under soft-capping): the kernels add slope * alibi_unit * distance to
+  // q.k before they scale it.
+  const float* alibi_slopes = nullptr;
+  int alibi_batch_stride = 0;
+  int alibi_offset = 0;
+  float alibi_unit = 0.f;
 };
 
 // The diagonal a mask's causal form is tested on (find_causal_prefix_rows, cuda/api.h) and run at: bottom-right

@@ -253,6 +253,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     };
     const bool dropout = kMasked && p.dropout.enabled;
     const bool softcapped = sh.softcap_inner != 0.f;  // cuda/softcap.h: before any mask
+    const float alibi = alibi_slope(sh, t.batch, t.head);  // cuda/alibi.h: after the cap, before any mask
     const DropoutRow rng = dropout ? DropoutRow(p.dropout, t.batch, sh.heads_q, t.head) : DropoutRow{};
     auto apply_dropout = [&](float(&scores)[kBlockN / 2], int block) {
       if constexpr (kMasked) {
@@ -286,6 +287,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
         }
         if (softcapped) softcap_scores(s0, sh.softcap_inner);
+        if (alibi != 0.f) alibi_scores<kBlockN>(s0, block * kBlockN, row0, lane, alibi, sh.alibi_offset);
         softmax.update(s0, apply_masks(s0, block, block_needs, block_key_end), correction);
         apply_dropout(s0, block);
         release_next_consumer();
@@ -339,8 +341,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         bool moved;
         if constexpr (kTail) {
           if (softcapped) softcap_scores(s_tail, sh.softcap_inner);
+          if (alibi != 0.f) alibi_scores<kTailN>(s_tail, block * kBlockN, row0, lane, alibi, sh.alibi_offset);
         } else {
           if (softcapped) softcap_scores(s, sh.softcap_inner);
+          if (alibi != 0.f) alibi_scores<kBlockN>(s, block * kBlockN, row0, lane, alibi, sh.alibi_offset);
         }
         if constexpr (kTail) {  // unmasked launches only: the length mask
           mask_scores<kTailN>(s_tail, block * kBlockN, row0, lane, sh, row_key_end);
