@@ -61,6 +61,102 @@ def test_alibi_matches_reference(device, causal, seqlen_q, seqlen_k, per_batch, 
         assert_oracle(name, g.cpu().double(), torch.nan_to_num(r), torch.nan_to_num(b.cpu().double()), GRAD_FACTOR)
 
 
+def _geometric_slopes(heads, device):
+    """ALiBi's own slopes, 2^(-8 h / heads) for h = 1..heads."""
+    return torch.exp2(-8.0 * torch.arange(1, heads + 1, device=device, dtype=torch.float32) / heads)
+
+
+@requires_cuda
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (150, 0)), (False, (90, 40))],
+                         ids=["full", "causal", "causal_window", "window"])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(300, 300), (200, 517), (517, 200)])
+def test_alibi_gpu_kernels_match_reference(kernel_path, head_dim, causal, window, seqlen_q, seqlen_k):
+    """The sm90 kernels' own term (head dims they serve, several query and key blocks, tail blocks,
+    GQA, (batch, heads) slopes, ALiBi's geometric slopes so distant keys still count) and, with the
+    planner's force_sm80, the sm80 kernels' additive mask: out and every gradient by the oracle, LSE
+    against the reference's."""
+    torch.manual_seed(head_dim + seqlen_q + 3 * seqlen_k)
+    device, dtype = "cuda", torch.bfloat16
+    batch, heads_q, heads_kv = 2, 4, 2
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device=device, requires_grad=True)
+    k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, dtype=dtype, device=device, requires_grad=True)
+            for _ in range(2))
+    slopes = _geometric_slopes(heads_q, device) * torch.tensor([[1.0], [0.5]], device=device)  # (batch, heads)
+    out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=causal, window_size=window, alibi_slopes=slopes,
+                                            return_attn_probs=True)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    group = heads_q // heads_kv
+    bias = _bias(slopes, seqlen_q, seqlen_k, heads_q, causal, window)
+    scale = head_dim ** -0.5
+    ref_leaves = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    ref = attention_reference(ref_leaves[0], ref_leaves[1].repeat_interleave(group, 2),
+                              ref_leaves[2].repeat_interleave(group, 2), scale, False, False, attn_mask=bias)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, dout.double().cpu())
+    base_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    base = attention_reference(base_leaves[0], base_leaves[1].repeat_interleave(group, 2),
+                               base_leaves[2].repeat_interleave(group, 2), scale, False, False,
+                               upcast=False, attn_mask=bias.to(device, dtype))
+    base_grads = torch.autograd.grad(base, base_leaves, dout)
+    empty = ~torch.isfinite(bias).any(-1, keepdim=True).expand(batch, heads_q, seqlen_q, 1)  # rows without keys
+    ref, base = torch.nan_to_num(ref), torch.nan_to_num(base)
+    assert_oracle("out", out.detach().cpu().double(), ref, base.detach().cpu().double(), OUT_FACTOR)
+    for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads):
+        assert_oracle(name, g.cpu().double(), torch.nan_to_num(r), torch.nan_to_num(b.cpu().double()), GRAD_FACTOR)
+    want_lse = _reference_lse(q, k, bias, group)
+    seen = ~empty[..., 0]
+    torch.testing.assert_close(lse.cpu().double()[seen], want_lse[seen], rtol=1e-2, atol=2e-2)
+
+
+@requires_cuda
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("extra", ["sink", "dropout", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi_gpu_with_sinks_dropout_deterministic(head_dim, extra, causal):
+    """ALiBi's term beside attention sinks (their gradient too), dropout (the masked kernels; the
+    reference applies the returned keep-mask) and deterministic mode (bitwise equal gradients twice)."""
+    torch.manual_seed(head_dim + len(extra))
+    device, dtype = "cuda", torch.bfloat16
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = 2, 260, 390, 4, 2
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device=device, requires_grad=True)
+    k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, dtype=dtype, device=device, requires_grad=True)
+            for _ in range(2))
+    slopes = _geometric_slopes(heads_q, device)
+    sink = torch.randn(heads_q, device=device, requires_grad=True) if extra == "sink" else None
+    dropout_p = 0.1 if extra == "dropout" else 0.0
+    leaves = (q, k, v) + ((sink,) if sink is not None else ())
+
+    def run():
+        out, _, keep = flashattn.flash_attn_func(q, k, v, dropout_p=dropout_p, causal=causal, alibi_slopes=slopes,
+                                                 deterministic=extra == "deterministic", learnable_sink=sink,
+                                                 return_attn_probs=True)
+        return out, keep
+
+    out, keep = run()
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, dout)
+    bias = _bias(slopes, seqlen_q, seqlen_k, heads_q, causal)
+
+    def reference(upcast, dev, dt):
+        ls = [t.detach().to(dev, torch.float64 if upcast else t.dtype).requires_grad_() for t in leaves]
+        r = attention_reference(ls[0], ls[1], ls[2], head_dim ** -0.5, False, False, upcast=upcast,
+                                attn_mask=bias.to(dev, dt), dropout_p=dropout_p,
+                                dropout_mask=None if keep is None else keep.to(dev),
+                                sink=ls[3] if sink is not None else None)
+        return torch.nan_to_num(r), [torch.nan_to_num(g) for g in torch.autograd.grad(r, ls, dout.to(dev, r.dtype))]
+
+    ref, ref_grads = reference(True, "cpu", torch.float64)
+    base, base_grads = reference(False, device, dtype)
+    assert_oracle("out", out.detach().cpu().double(), ref, base.detach().cpu().double(), OUT_FACTOR)
+    for name, g, r, b in zip(("dq", "dk", "dv", "dsink"), grads, ref_grads, base_grads):
+        assert_oracle(name, g.cpu().double(), r, b.cpu().double(), GRAD_FACTOR)
+    if extra == "deterministic":
+        again = torch.autograd.grad(run()[0], leaves, dout)
+        for g, h in zip(grads, again):
+            assert torch.equal(g, h)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_alibi_packed_forms_equal_the_plain_call(device):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -182,14 +278,15 @@ def test_alibi_lse_matches_reference(device, causal, seqlen_q, seqlen_k, per_bat
     torch.testing.assert_close(lse.cpu()[~seen], plain.cpu()[~seen], rtol=0, atol=0)  # as without ALiBi
 
 
-def test_causal_alibi_takes_a_term_per_key(monkeypatch):
-    """Causal ALiBi without a window reaches the kernels as a per-key mask (zero query stride, B * H * Lk
-    floats); with a window it stays a mask per score."""
+def test_alibi_reaches_the_op_as_slopes(monkeypatch):
+    """flash_attn_func hands ALiBi to the op as its slopes (the sm90 kernels add the term; no mask is
+    built in Python), in the op's (heads,) or (batch, heads) form; the varlen functions' padded path
+    still takes causal ALiBi as a per-key mask (zero query stride, B * H * Lk floats)."""
     seen = []
     attention = flashattn.ops.attention
 
     def spy(q, k, v, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, *args, **kwargs):
-        seen.append((is_causal, attn_mask))
+        seen.append((is_causal, attn_mask, kwargs.get("alibi_slopes")))
         return attention(q, k, v, scale, is_causal, causal_bottom_right, deterministic, attn_mask, *args, **kwargs)
 
     monkeypatch.setattr(flashattn.ops, "attention", spy)
@@ -197,15 +294,63 @@ def test_causal_alibi_takes_a_term_per_key(monkeypatch):
     q = torch.randn(batch, seqlen_q, heads, 16)
     k, v = (torch.randn(batch, seqlen_k, heads, 16) for _ in range(2))
     slopes = torch.rand(heads) * 0.5
-    flashattn.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes)
-    is_causal, mask = seen[-1]
-    assert is_causal and mask.shape == (batch, heads, seqlen_q, seqlen_k) and mask.stride(2) == 0
-    assert mask.untyped_storage().nbytes() == batch * heads * seqlen_k * 4
-    flashattn.flash_attn_func(q, k, v, causal=True, window_size=(8, 0), alibi_slopes=slopes)
-    assert seen[-1][1].stride(2) != 0
+    for causal, window in ((True, (-1, -1)), (True, (8, 0)), (False, (-1, -1))):
+        flashattn.flash_attn_func(q, k, v, causal=causal, window_size=window, alibi_slopes=slopes)
+        is_causal, mask, passed = seen[-1]
+        assert is_causal == causal and mask is None and torch.equal(passed, slopes)
+    per_batch = torch.rand(batch, heads) * 0.5
+    flashattn.flash_attn_func(q, k, v, alibi_slopes=per_batch)
+    assert torch.equal(seen[-1][2], per_batch)
     cu = torch.tensor([0, 10, 30], dtype=torch.int32)
     flashattn.flash_attn_varlen_func(q[0], k[0, :30], v[0, :30], cu, cu, 20, 20, causal=True, alibi_slopes=slopes)
     assert seen[-1][1].stride(2) == 0 and seen[-1][1].untyped_storage().nbytes() == 2 * heads * 20 * 4
+
+
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (5, 0)), (False, (4, 9))])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(37, 37), (20, 45), (45, 20)])
+def test_op_alibi_equals_its_bias_as_a_mask(causal, window, seqlen_q, seqlen_k):
+    """flashattn.fwd / bwd with alibi_slopes against the same op with ALiBi's bias as an additive mask
+    (the window folded into it), in float64 on the CPU: out, lse and every gradient. (The CUDA kernels'
+    term is checked against the reference by the tests above.)"""
+    torch.manual_seed(11)
+    device, dtype = "cpu", torch.float64
+    batch, heads_q, heads_kv, head_dim = 2, 4, 2, 64
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device=device, requires_grad=True)
+    k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, dtype=dtype, device=device, requires_grad=True)
+            for _ in range(2))
+    slopes = torch.rand(batch, heads_q, device=device) * 0.5
+    scale = head_dim ** -0.5
+    out, lse = flashattn.ops.attention(q, k, v, scale, causal, True, window_left=window[0], window_right=window[1],
+                                       alibi_slopes=slopes)
+    # In float32, as the op builds it (the product of a float32 slope and a distance, rounded once).
+    bias = _bias(slopes, seqlen_q, seqlen_k, heads_q, causal, window).float()
+    want_out, want_lse = flashattn.ops.attention(q, k, v, scale, False, True, attn_mask=bias.expand(
+        batch, heads_q, seqlen_q, seqlen_k))
+    tol = dict(rtol=1e-9, atol=1e-9)
+    seen = torch.isfinite(want_lse)
+    torch.testing.assert_close(out, want_out, **tol)
+    torch.testing.assert_close(lse[seen], want_lse[seen], **tol)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    want = torch.autograd.grad(want_out, (q, k, v), dout)
+    for got, exp in zip(grads, want):
+        torch.testing.assert_close(got, exp, **tol)
+
+
+def test_op_alibi_argument_errors():
+    q = torch.randn(2, 8, 4, 16)
+    k = v = torch.randn(2, 8, 2, 16)
+    op = torch.ops.flashattn.fwd
+    with pytest.raises(RuntimeError, match="alibi_slopes must have shape"):
+        op(q, k, v, 0.25, False, True, alibi_slopes=torch.ones(3))
+    with pytest.raises(RuntimeError, match="alibi_slopes must be float32"):
+        op(q, k, v, 0.25, False, True, alibi_slopes=torch.ones(4, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="alibi_slopes must be contiguous"):
+        op(q, k, v, 0.25, False, True, alibi_slopes=torch.ones(4, 2).t())
+    with pytest.raises(RuntimeError, match="alibi_slopes with softcap is not supported"):
+        op(q, k, v, 0.25, False, True, softcap=5.0, alibi_slopes=torch.ones(4))
+    with pytest.raises(RuntimeError, match="alibi_slopes with an attn_mask is not supported"):
+        op(q, k, v, 0.25, False, True, attn_mask=torch.ones(2, 4, 8, 8, dtype=torch.bool), alibi_slopes=torch.ones(4))
 
 
 @pytest.mark.parametrize("device", DEVICES)

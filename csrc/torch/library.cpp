@@ -40,6 +40,7 @@
 #include "cpu/attention_cpu_bwd_plain.h"
 #include "cpu/attention_cpu_fwd_plain.h"
 #include "cpu/attention_cpu_softmax_rows.h"
+#include "torch/alibi.h"
 #include "torch/checks.h"
 #include "torch/decode_ops.h"
 #include "torch/sink.h"
@@ -60,11 +61,17 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
                                            const std::optional<at::Tensor>& rng_state,
                                            bool /*deterministic: the backward's, see autograd.cpp*/,
                                            const std::optional<at::Tensor>& sink, double softcap,
-                                           int64_t window_left, int64_t window_right) {
+                                           int64_t window_left, int64_t window_right,
+                                           const std::optional<at::Tensor>& alibi_slopes) {
   CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
   check_sink("flashattn.fwd", sink, q, s.heads_q);
   check_softcap("flashattn.fwd", softcap, attn_mask);
+  check_alibi("flashattn.fwd", alibi_slopes, q, s, softcap, attn_mask);
   is_causal = apply_window("flashattn.fwd", s, is_causal, window_left, window_right, attn_mask);
+  if (alibi_slopes.has_value()) {  // as an additive mask, the window's left bound in it
+    const at::Tensor bias = alibi_mask(*alibi_slopes, s);
+    return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, bias, dropout_p, rng_state, sink, softcap, -1);
+  }
   return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, attn_mask, dropout_p, rng_state, sink, softcap,
                   s.window_span);
 }
@@ -79,15 +86,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dout, c
                                                        const std::optional<at::Tensor>& rng_state,
                                                        const std::optional<at::Tensor>& sink,
                                                        const std::optional<at::Tensor>& dsink, double softcap,
-                                                       int64_t window_left, int64_t window_right) {
+                                                       int64_t window_left, int64_t window_right,
+                                                       const std::optional<at::Tensor>& alibi_slopes) {
   CheckedShape s =
       check_bwd_args(dout, q, k, v, out, lse, causal_bottom_right, attn_mask, dmask, dropout_p, rng_state);
   check_sink("flashattn.bwd", sink, q, s.heads_q);
   check_dsink("flashattn.bwd", dsink, sink, q, s.heads_q);
   check_softcap("flashattn.bwd", softcap, attn_mask);
+  check_alibi("flashattn.bwd", alibi_slopes, q, s, softcap, attn_mask);
   is_causal = apply_window("flashattn.bwd", s, is_causal, window_left, window_right, attn_mask);
   if (dmask.has_value()) dmask->zero_();  // elements whose key takes no part keep a zero gradient
   if (dsink.has_value()) dsink->copy_(sink_gradient_of_rows(*sink, dout, out, lse));
+  if (alibi_slopes.has_value()) {  // as an additive mask, the window's left bound in it (no dmask: no attn_mask)
+    const at::Tensor bias = alibi_mask(*alibi_slopes, s);
+    return cpu::bwd(dout, q, k, v, out, lse, scale, is_causal, s.causal_offset, bias, dmask, dropout_p, rng_state,
+                    softcap, -1);
+  }
   return cpu::bwd(dout, q, k, v, out, lse, scale, is_causal, s.causal_offset, attn_mask, dmask, dropout_p, rng_state,
                   softcap, s.window_span);
 }
@@ -307,15 +321,18 @@ bool compiled_with_cuda() {
 TORCH_LIBRARY(flashattn, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right,"
         " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False,"
-        " Tensor? sink=None, float softcap=0.0, int window_left=-1, int window_right=-1) -> (Tensor out, Tensor lse)");
+        " Tensor? sink=None, float softcap=0.0, int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None)"
+        " -> (Tensor out, Tensor lse)");
   // fwd with q, k, v in (B, H, L, E), SDPA's layout; out and lse as fwd returns them.
   m.def("fwd_heads_first(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right,"
         " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False,"
-        " Tensor? sink=None, float softcap=0.0, int window_left=-1, int window_right=-1) -> (Tensor out, Tensor lse)");
+        " Tensor? sink=None, float softcap=0.0, int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None)"
+        " -> (Tensor out, Tensor lse)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, bool is_causal,"
         " bool causal_bottom_right, bool deterministic=False, Tensor? attn_mask=None, Tensor(a!)? dmask=None,"
         " float dropout_p=0.0, Tensor? rng_state=None, Tensor? sink=None, Tensor(b!)? dsink=None,"
-        " float softcap=0.0, int window_left=-1, int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
+        " float softcap=0.0, int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None)"
+        " -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("dropout_keep_mask(Tensor rng_state, int batch, int heads, int seqlen_q, int seqlen_k, float dropout_p)"
         " -> Tensor");
   // Variable-length batches (varlen_ops.cpp): q (total_q, Hq, D), k/v (total_k, Hk, D), int32 offsets;
