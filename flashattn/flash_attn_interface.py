@@ -58,9 +58,10 @@ _FA2_ARGS_DOC = """
             FlashAttention-2, whose causal form adds ``slope * j`` instead, which gives the same output and
             another LSE; the LSE returned here is the one of the bias above). The Hopper (sm90) kernels
             add it to each score themselves, beside a window, sinks or dropout; the CPU and the
-            sm80 kernels run it as a float32 ``(batch or 1, nheads, seqlen_q, seqlen_k)`` additive mask
-            (memory quadratic in the lengths). The slopes get no gradient. Not with softcap
-            (NotImplementedError).
+            sm80 kernels run it as a float32 additive mask: with ``causal`` and no window or sinks a
+            term per key (memory ``batch * nheads * seqlen_k``), otherwise ``(batch or 1, nheads,
+            seqlen_q, seqlen_k)`` (quadratic in the lengths). The slopes get no gradient. Not with
+            softcap (NotImplementedError).
         deterministic: make the backward bitwise reproducible. By default the CUDA backward adds
             each key block's share of dq with atomics in whatever order the blocks run, so dq's last
             bits can differ from run to run (dk and dv do not). With ``True`` the blocks add in a

@@ -35,8 +35,10 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     are skipped. Not with an ``attn_mask``. ``alibi_slopes``, a contiguous float32 ``(Hq,)`` or
     ``(B, Hq)`` tensor on q's device, adds ALiBi's bias ``-slope * |i + Lk - Lq - j|`` to ``scale * q.k``
     (FlashAttention-2's, whatever the causal alignment), and lse includes it. The sm90 kernels add it
-    themselves; the CPU and the sm80 kernels run it as a float32 ``[B or 1, Hq, Lq, Lk]`` additive mask.
-    Not with ``softcap`` or an ``attn_mask``; the slopes get no gradient.
+    themselves; the CPU and the sm80 kernels run it as a float32 additive mask (csrc/torch/alibi.h: a
+    term per key under causal masking on ALiBi's diagonal or left of it, without a window's left bound
+    or a sink; else ``[B or 1, Hq, Lq, Lk]``). Not with ``softcap`` or an ``attn_mask``; the slopes
+    get no gradient.
 
 ``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None, softcap=0.0, window_left=-1, window_right=-1, alibi_slopes=None) -> (dq, dk, dv)``
     Gradients of fwd's out; dq like q, dk/dv like k (summed over each group of query heads). With

@@ -306,12 +306,16 @@ def test_alibi_reaches_the_op_as_slopes(monkeypatch):
     assert seen[-1][1].stride(2) == 0 and seen[-1][1].untyped_storage().nbytes() == 2 * heads * 20 * 4
 
 
-@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (5, 0)), (False, (4, 9))])
+@pytest.mark.parametrize("causal,window,bottom_right", [(False, (-1, -1), True), (True, (-1, -1), True),
+                                                        (True, (-1, -1), False), (True, (5, 0), True),
+                                                        (False, (4, 9), True), (True, (-1, -1), "sink")])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(37, 37), (20, 45), (45, 20)])
-def test_op_alibi_equals_its_bias_as_a_mask(causal, window, seqlen_q, seqlen_k):
+def test_op_alibi_equals_its_bias_as_a_mask(causal, window, bottom_right, seqlen_q, seqlen_k):
     """flashattn.fwd / bwd with alibi_slopes against the same op with ALiBi's bias as an additive mask
-    (the window folded into it), in float64 on the CPU: out, lse and every gradient. (The CUDA kernels'
-    term is checked against the reference by the tests above.)"""
+    (the window folded into it), in float64 on the CPU: out, lse and every gradient. Causal masking on
+    ALiBi's diagonal or left of it (bottom-right, or top-left with Lq <= Lk) takes the op's per-key form
+    (alibi.h), the rest the whole bias; a sink always the whole bias. (The CUDA kernels' term is
+    checked against the reference by the tests above.)"""
     torch.manual_seed(11)
     device, dtype = "cpu", torch.float64
     batch, heads_q, heads_kv, head_dim = 2, 4, 2, 64
@@ -319,20 +323,35 @@ def test_op_alibi_equals_its_bias_as_a_mask(causal, window, seqlen_q, seqlen_k):
     k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, dtype=dtype, device=device, requires_grad=True)
             for _ in range(2))
     slopes = torch.rand(batch, heads_q, device=device) * 0.5
+    sink = torch.randn(heads_q, dtype=dtype, requires_grad=True) if bottom_right == "sink" else None
+    bottom_right = bottom_right is not False
     scale = head_dim ** -0.5
-    out, lse = flashattn.ops.attention(q, k, v, scale, causal, True, window_left=window[0], window_right=window[1],
-                                       alibi_slopes=slopes)
-    # In float32, as the op builds it (the product of a float32 slope and a distance, rounded once).
-    bias = _bias(slopes, seqlen_q, seqlen_k, heads_q, causal, window).float()
-    want_out, want_lse = flashattn.ops.attention(q, k, v, scale, False, True, attn_mask=bias.expand(
-        batch, heads_q, seqlen_q, seqlen_k))
-    tol = dict(rtol=1e-9, atol=1e-9)
+    out, lse = flashattn.ops.attention(q, k, v, scale, causal, bottom_right, window_left=window[0],
+                                       window_right=window[1], sink=sink, alibi_slopes=slopes)
+    per_key = causal and window == (-1, -1) and sink is None and (bottom_right or seqlen_q <= seqlen_k)
+    # The whole bias in float32, as the op builds it (a float32 slope times a distance, rounded once): the
+    # same mask, so the same result up to float64 rounding. The per-key form's float32 terms,
+    # slope * (j - Lk // 2), round differently (2^-24 of up to 0.5 * 23 each), so that form is held to the
+    # exact (float64) bias within a tolerance of that size.
+    bias = _bias(slopes, seqlen_q, seqlen_k, heads_q, False, window)
+    if not per_key:
+        bias = bias.float()
+    if causal and not bottom_right:  # the causal mask on the top-left diagonal, ALiBi's distances as always
+        bias = bias.masked_fill(torch.arange(seqlen_k) > torch.arange(seqlen_q)[:, None], float("-inf"))
+    elif causal:
+        bias = bias.masked_fill(torch.arange(seqlen_k) > torch.arange(seqlen_q)[:, None] + seqlen_k - seqlen_q,
+                                float("-inf"))
+    want_out, want_lse = flashattn.ops.attention(q, k, v, scale, False, True, sink=sink,
+                                                 attn_mask=bias.expand(batch, heads_q, seqlen_q, seqlen_k))
+    tol = dict(rtol=1e-5, atol=1e-5) if per_key else dict(rtol=1e-9, atol=1e-9)
     seen = torch.isfinite(want_lse)
     torch.testing.assert_close(out, want_out, **tol)
     torch.testing.assert_close(lse[seen], want_lse[seen], **tol)
+    assert torch.equal(torch.isfinite(lse), seen)
     dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    want = torch.autograd.grad(want_out, (q, k, v), dout)
+    leaves = (q, k, v) + ((sink,) if sink is not None else ())
+    grads = torch.autograd.grad(out, leaves, dout)
+    want = torch.autograd.grad(want_out, leaves, dout)
     for got, exp in zip(grads, want):
         torch.testing.assert_close(got, exp, **tol)
 

@@ -34,18 +34,28 @@ AttentionShape with_alibi(AttentionShape shape, const at::Tensor& slopes, int64_
   return shape;
 }
 
-at::Tensor alibi_mask(const at::Tensor& slopes, const CheckedShape& s) {
+AlibiMask alibi_mask(const at::Tensor& slopes, const CheckedShape& s, bool is_causal, bool has_sink) {
   const auto positions = slopes.options().dtype(at::kLong);
-  const at::Tensor query_pos = at::arange(s.seqlen_q, positions).unsqueeze(1);  // [Lq, 1]
-  const at::Tensor keys = at::arange(s.seqlen_k, positions).unsqueeze(0);       // [1, Lk]
-  const at::Tensor distance = (query_pos + (s.seqlen_k - s.seqlen_q) - keys).abs().to(at::kFloat);
-  const at::Tensor per_head = slopes.dim() == 1 ? slopes.view({1, s.heads_q, 1, 1}) : slopes.view({s.batch, s.heads_q, 1, 1});
+  const at::Tensor per_head = slopes.view({slopes.dim() == 1 ? 1 : s.batch, s.heads_q, 1, 1});  // [1 or B, Hq, 1, 1]
+  const at::Tensor query_pos = at::arange(s.seqlen_q, positions).add_(s.seqlen_k - s.seqlen_q).unsqueeze(1);  // [Lq, 1]
+  const at::Tensor keys = at::arange(s.seqlen_k, positions).unsqueeze(0);  // [1, Lk]
+  AlibiMask result;
+  if (is_causal && s.causal_offset <= s.seqlen_k - s.seqlen_q && s.window_span < 0 && !has_sink) {
+    const int64_t center = s.seqlen_k / 2;
+    const at::Tensor terms = per_head * (keys - center).to(at::kFloat);  // [1 or B, Hq, 1, Lk]
+    result.mask = terms.expand({s.batch, s.heads_q, 1, s.seqlen_k}).contiguous().expand(
+        {s.batch, s.heads_q, s.seqlen_q, s.seqlen_k});
+    result.lse_shift = (per_head * (query_pos - center).to(at::kFloat)).squeeze(-1);  // [1 or B, Hq, Lq]
+    return result;
+  }
+  const at::Tensor distance = (query_pos - keys).abs().to(at::kFloat);  // [Lq, Lk]
   at::Tensor bias = -per_head * distance;  // [1 or B, Hq, Lq, Lk]
   if (s.window_span >= 0) {
-    const at::Tensor left_of_window = keys < query_pos + (s.causal_offset - s.window_span);
+    const at::Tensor left_of_window = keys < query_pos + (s.causal_offset - (s.seqlen_k - s.seqlen_q) - s.window_span);
     bias.masked_fill_(left_of_window, -std::numeric_limits<float>::infinity());
   }
-  return bias.expand({s.batch, s.heads_q, s.seqlen_q, s.seqlen_k});
+  result.mask = bias.expand({s.batch, s.heads_q, s.seqlen_q, s.seqlen_k});
+  return result;
 }
 
 }  // namespace flashattn

@@ -25,10 +25,20 @@ bool alibi_in_kernels(bool sm90_path, double scale);
 // i + alibi_offset (seqlen_k - seqlen_q, less a key range's first key).
 AttentionShape with_alibi(AttentionShape shape, const at::Tensor& slopes, int64_t alibi_offset);
 
-// ALiBi as a float32 additive mask, [B, Hq, Lq, Lk] (broadcast over the batch for (heads_q,) slopes):
-// -slope * |i + Lk - Lq - j|, and -inf for the keys left of a sliding window's left bound
-// (s.window_span, which the caller then drops: the kernels take no window beside a mask). The causal
-// mask and the window's right bound stay the kernels' own.
-at::Tensor alibi_mask(const at::Tensor& slopes, const CheckedShape& s);
+// ALiBi as a float32 additive mask for kernels without its term. With causal masking whose diagonal
+// is at or left of ALiBi's (every visible key j <= i + Lk - Lq), no window's left bound and no sink,
+// the mask is a term per key: the bias -slope * (p - j), p = i + Lk - Lq, is slope * (j - c) less
+// slope * (p - c) for c = Lk / 2, and the second part, the same for a whole row, only moves the row's
+// LSE (the softmax does not see it; a sink's logit, which does not carry it, would). The mask is then
+// [B, Hq, 1, Lk] viewed as [B, Hq, Lq, Lk] with a zero query stride (a batch dim of its own, so the
+// kernels never classify its tiles) and lse_shift = slope * (p - c), [1 or B, Hq, Lq]: the kernels'
+// LSE exceeds the op's by it. Otherwise the whole bias, [B, Hq, Lq, Lk] (broadcast over the batch
+// for (heads_q,) slopes), with -inf left of a sliding window's left bound (s.window_span, which the
+// caller then drops: the kernels take no window beside a mask); lse_shift undefined.
+struct AlibiMask {
+  at::Tensor mask;
+  at::Tensor lse_shift;
+};
+AlibiMask alibi_mask(const at::Tensor& slopes, const CheckedShape& s, bool is_causal, bool has_sink);
 
 }  // namespace flashattn

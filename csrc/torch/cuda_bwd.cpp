@@ -40,6 +40,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   // chose, for the same shapes: the plans pick sm90 on the same conditions).
   std::optional<at::Tensor> attn_mask = attn_mask_in;
   bool alibi_in_kernel = false;
+  at::Tensor lse_shift;  // the mask's per-key form: its kernels' LSE less the op's
   if (alibi_slopes.has_value()) {
     BwdCall probe;
     probe.shape = make_shape(s, q, scale, is_causal);
@@ -51,8 +52,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     alibi_in_kernel =
         alibi_in_kernels(plan_bwd(probe, device_info(q), plan_options()).path == GpuPath::kSm90, scale);
     if (!alibi_in_kernel) {
-      attn_mask = alibi_mask(*alibi_slopes, s);
-      s.window_span = -1;  // its left bound is in the mask
+      AlibiMask as_mask = alibi_mask(*alibi_slopes, s, is_causal, sink.has_value());
+      attn_mask = std::move(as_mask.mask);
+      lse_shift = std::move(as_mask.lse_shift);
+      s.window_span = -1;  // a left bound is in the mask
     }
   }
 
@@ -66,7 +69,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     if (dsink.has_value()) dsink->zero_();  // every row's out is 0 (or there is no row)
     return {dq, dk, dv};
   }
-  const at::Tensor lse = lse_in.to(at::kFloat).contiguous();  // no-op for the forward's own lse
+  // A no-op for the forward's own lse; with ALiBi's per-key mask, the LSE of the kernels' scores.
+  const at::Tensor lse = lse_shift.defined() ? (lse_in.to(at::kFloat) + lse_shift).contiguous()
+                                             : lse_in.to(at::kFloat).contiguous();
 
   // An additive mask can saturate a row's LSE (cuda/saturated_rows.h): the preprocess then writes the
   // dout the main kernel reads, rows rebalanced, into this workspace (rows padded to 8 elements, so

@@ -158,12 +158,15 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
   // ALiBi: the sm90 kernels add its term; the sm80 kernels read it as an additive mask.
   std::optional<at::Tensor> attn_mask = attn_mask_in;
   KernelAlibi alibi;
+  at::Tensor lse_shift;  // the mask's per-key form: its kernels' LSE less the op's
   if (alibi_slopes.has_value()) {
     if (alibi_in_kernels(fwd_on_sm90(q, k, v, s, scale, is_causal, softcap, dropout.enabled), scale)) {
       alibi = {&*alibi_slopes, s.seqlen_k - s.seqlen_q};
     } else {
-      attn_mask = alibi_mask(*alibi_slopes, s);
-      s.window_span = -1;  // its left bound is in the mask
+      AlibiMask as_mask = alibi_mask(*alibi_slopes, s, is_causal, sink_in.has_value());
+      attn_mask = std::move(as_mask.mask);
+      lse_shift = std::move(as_mask.lse_shift);
+      s.window_span = -1;  // a left bound is in the mask
     }
   }
 
@@ -183,6 +186,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
     fwd_pass(q, k, v, s, scale, is_causal, softcap, attn_mask, dropout, alibi,
              sink.has_value() ? sink->data_ptr<float>() : nullptr, out, lse);
   }
+  if (lse_shift.defined()) lse.sub_(lse_shift);
   return {out, lse};
 }
 

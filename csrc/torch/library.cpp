@@ -68,9 +68,12 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
   check_softcap("flashattn.fwd", softcap, attn_mask);
   check_alibi("flashattn.fwd", alibi_slopes, q, s, softcap, attn_mask);
   is_causal = apply_window("flashattn.fwd", s, is_causal, window_left, window_right, attn_mask);
-  if (alibi_slopes.has_value()) {  // as an additive mask, the window's left bound in it
-    const at::Tensor bias = alibi_mask(*alibi_slopes, s);
-    return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, bias, dropout_p, rng_state, sink, softcap, -1);
+  if (alibi_slopes.has_value()) {  // as an additive mask (alibi.h), a window's left bound in it
+    const AlibiMask alibi = alibi_mask(*alibi_slopes, s, is_causal, sink.has_value());
+    auto [out, lse] = cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, alibi.mask, dropout_p, rng_state, sink,
+                               softcap, -1);
+    if (alibi.lse_shift.defined()) lse.sub_(alibi.lse_shift);
+    return {out, lse};
   }
   return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, attn_mask, dropout_p, rng_state, sink, softcap,
                   s.window_span);
@@ -97,10 +100,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dout, c
   is_causal = apply_window("flashattn.bwd", s, is_causal, window_left, window_right, attn_mask);
   if (dmask.has_value()) dmask->zero_();  // elements whose key takes no part keep a zero gradient
   if (dsink.has_value()) dsink->copy_(sink_gradient_of_rows(*sink, dout, out, lse));
-  if (alibi_slopes.has_value()) {  // as an additive mask, the window's left bound in it (no dmask: no attn_mask)
-    const at::Tensor bias = alibi_mask(*alibi_slopes, s);
-    return cpu::bwd(dout, q, k, v, out, lse, scale, is_causal, s.causal_offset, bias, dmask, dropout_p, rng_state,
-                    softcap, -1);
+  if (alibi_slopes.has_value()) {  // as the forward's additive mask (alibi.h); no dmask: no attn_mask
+    const AlibiMask alibi = alibi_mask(*alibi_slopes, s, is_causal, sink.has_value());
+    const at::Tensor mask_lse = alibi.lse_shift.defined() ? lse + alibi.lse_shift : lse;
+    return cpu::bwd(dout, q, k, v, out, mask_lse, scale, is_causal, s.causal_offset, alibi.mask, dmask, dropout_p,
+                    rng_state, softcap, -1);
   }
   return cpu::bwd(dout, q, k, v, out, lse, scale, is_causal, s.causal_offset, attn_mask, dmask, dropout_p, rng_state,
                   softcap, s.window_span);
