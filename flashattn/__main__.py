@@ -161,7 +161,7 @@ support matrix
                   16-byte-aligned strides; sm80 otherwise (FLASHATTN_FORCE_SM80=1, or flashattn.plan's
                   force_sm80 option, forces sm80)
   head dims       any of 1..256 (CUDA: padded inside the kernels to the next compiled tile width);
-                  q, k and v must share the head dim
+                  q and k share the head dim; v's may differ (see value dim)
   heads           grouped-query / multi-query attention: heads_q a multiple of heads_kv
   causal masks    top-left (j <= i; scaled_dot_product_attention, torch's convention) and bottom-right
                   (j <= i + Lk - Lq; flash_attn_* API), any Lq and Lk; rows that see no key output 0
