@@ -49,7 +49,8 @@ struct AttentionShape {
   // alibi_batch_stride, 0 for one row), adding -slope * |i + alibi_offset - j| to query i's score
   // for key j after the scale. alibi_unit turns a slope into the units of the kernels' raw scores
   // (1 / scale, or 1 / cap under soft-capping): the kernels add slope * alibi_unit * distance to
-  // q.k before they scale it.
+  // q.k before they scale it. (A variable-length batch's kernels take each sequence's own len_k - len_q
+  // as alibi_offset, cuda/varlen.h, and its index as the batch.)
   const float* alibi_slopes = nullptr;
   int alibi_batch_stride = 0;
   int alibi_offset = 0;

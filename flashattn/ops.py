@@ -55,11 +55,11 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     tensor) is overwritten with the sink's gradient, ``-sum over h's rows of exp(sink[h] - lse) *
     rowsum(dout * out)``. ``softcap``, the window and ``alibi_slopes`` must be the forward's.
 
-``torch.ops.flashattn.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None, softcap=0.0, window_left=-1, window_right=-1) -> (out, lse)``
-``torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, sink=None, dsink=None, softcap=0.0, window_left=-1, window_right=-1) -> (dq, dk, dv)``
+``torch.ops.flashattn.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None, softcap=0.0, window_left=-1, window_right=-1, alibi_slopes=None) -> (out, lse)``
+``torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, sink=None, dsink=None, softcap=0.0, window_left=-1, window_right=-1, alibi_slopes=None) -> (dq, dk, dv)``
     A variable-length batch (:mod:`flashattn.varlen`): q ``(total_q, Hq, D)``, k/v ``(total_k, Hk, D)``,
     int32 offsets ``(batch + 1,)`` and optional used lengths ``(batch,)`` on q's device; out like q,
-    lse ``(Hq, total_q)``; ``sink`` / ``dsink``, ``softcap`` and the window as in fwd / bwd (each sequence on its own diagonal). On CUDA, sm_90 GPUs at head dims 33..256 only. varlen_fwd has autograd (csrc/torch/varlen_autograd.cpp).
+    lse ``(Hq, total_q)``; ``sink`` / ``dsink``, ``softcap``, the window and ``alibi_slopes`` (``(Hq,)`` or ``(batch, Hq)``) as in fwd / bwd (each sequence on its own diagonal; ALiBi's term added by the sm90 kernels, an additive mask per sequence on the CPU). On CUDA, sm_90 GPUs at head dims 33..256 only. varlen_fwd has autograd (csrc/torch/varlen_autograd.cpp).
     The offsets must start at 0, never decrease and end at the packed row count, seqused within each
     sequence, and no sequence longer than ``max_seqlen_q`` / ``max_seqlen_k`` where given (-1: any):
     checked where the op reads them, at once on the CPU, on CUDA by the kernel that builds the
@@ -221,10 +221,10 @@ def _check_softcap_meta(op, softcap, attn_mask=None):
                  lambda: f"{op}: softcap with a floating (additive) attn_mask is not supported; pass a boolean mask")
 
 
-def _check_alibi_meta(op, q, alibi_slopes, softcap, attn_mask):
+def _check_alibi_meta(op, q, batch, heads_q, alibi_slopes, softcap, attn_mask=None):
+    # batch: q's, or a variable-length batch's sequences.
     if alibi_slopes is None:
         return
-    batch, heads_q = q.size(0), q.size(2)
     torch._check(tuple(alibi_slopes.shape) in ((heads_q,), (batch, heads_q)),
                  lambda: f"{op}: alibi_slopes must have shape (heads_q,) = ({heads_q},) or (batch, heads_q) = "
                          f"({batch}, {heads_q}), got {list(alibi_slopes.shape)}")
@@ -263,7 +263,7 @@ def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dr
     _check_dropout_meta("flashattn.fwd", q, dropout_p, rng_state)
     _check_sink_meta("flashattn.fwd", q, q.size(2), sink)
     _check_softcap_meta("flashattn.fwd", softcap, attn_mask)
-    _check_alibi_meta("flashattn.fwd", q, alibi_slopes, softcap, attn_mask)
+    _check_alibi_meta("flashattn.fwd", q, q.size(0), q.size(2), alibi_slopes, softcap, attn_mask)
     _check_window_meta("flashattn.fwd", window_left, window_right, attn_mask)
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
@@ -294,7 +294,7 @@ def _bwd_fake(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, de
     _check_dropout_meta("flashattn.bwd", q, dropout_p, rng_state)
     _check_sink_meta("flashattn.bwd", q, q.size(2), sink, dsink)
     _check_softcap_meta("flashattn.bwd", softcap, attn_mask)
-    _check_alibi_meta("flashattn.bwd", q, alibi_slopes, softcap, attn_mask)
+    _check_alibi_meta("flashattn.bwd", q, q.size(0), q.size(2), alibi_slopes, softcap, attn_mask)
     _check_window_meta("flashattn.bwd", window_left, window_right, attn_mask)
     if dmask is not None:
         torch._check(
@@ -354,21 +354,23 @@ def _check_varlen_meta(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, sequs
 @torch.library.register_fake("flashattn::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right,
                      deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None, softcap=0.0, window_left=-1,
-                     window_right=-1):
+                     window_right=-1, alibi_slopes=None):
     _check_varlen_meta("flashattn.varlen_fwd", q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     _check_sink_meta("flashattn.varlen_fwd", q, q.size(1), sink)
     _check_softcap_meta("flashattn.varlen_fwd", softcap)
+    _check_alibi_meta("flashattn.varlen_fwd", q, cu_seqlens_q.numel() - 1, q.size(1), alibi_slopes, softcap)
     return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=_lse_dtype(q.dtype))
 
 
 @torch.library.register_fake("flashattn::varlen_bwd")
 def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal,
                      causal_bottom_right, deterministic=False, sink=None, dsink=None, softcap=0.0, window_left=-1,
-                     window_right=-1):
+                     window_right=-1, alibi_slopes=None):
     op = "flashattn.varlen_bwd"
     _check_varlen_meta(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     _check_sink_meta(op, q, q.size(1), sink, dsink)
     _check_softcap_meta(op, softcap)
+    _check_alibi_meta(op, q, cu_seqlens_q.numel() - 1, q.size(1), alibi_slopes, softcap)
     torch._check(dout.shape == q.shape, lambda: f"{op}: dout must have q's shape {tuple(q.shape)}, got {tuple(dout.shape)}")
     torch._check(out.shape == q.shape, lambda: f"{op}: out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
     torch._check(tuple(lse.shape) == (q.size(1), q.size(0)),

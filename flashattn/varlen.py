@@ -232,7 +232,7 @@ def _varlen_one_head_dim(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     total_q, nheads = q.size(0), q.size(1)
     dropout_p = float(dropout_p)
     slopes = check_alibi(alibi_slopes, batch, nheads, q.device, float(softcap))
-    if slopes is None and _in_kernels(q, k, v, dropout_p, None):
+    if _in_kernels(q, k, v, dropout_p, None):
         # The op checks the offsets where it reads them (on CUDA in the kernel that builds its schedule),
         # and an int max_seqlen with them; a tensor one is compared here, on its device.
         limits = []
@@ -243,9 +243,11 @@ def _varlen_one_head_dim(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
                 max_seqlen = -1
             limits.append(max_seqlen)
         scale = scale_or_default(softmax_scale, q.size(-1))
+        if slopes is not None:  # the op's (nheads,) or (batch, nheads) form, contiguous
+            slopes = (slopes[0] if slopes.size(0) == 1 else slopes).contiguous()
         out, softmax_lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale,
                                           bool(causal), True, bool(deterministic), *limits, sink, float(softcap),
-                                          *window)
+                                          *window, slopes)
         return (out, softmax_lse, None) if return_attn_probs else out
     lengths_q = _assert_offsets("cu_seqlens_q", "max_seqlen_q", cu_seqlens_q, max_seqlen_q, total_q)
     lengths_k = _assert_offsets("cu_seqlens_k", "max_seqlen_k", cu_seqlens_k, max_seqlen_k, k.size(0))
@@ -442,8 +444,10 @@ flash_attn_varlen_func.__doc__ = (
     sink's included) and no dropout, this runs on the decode op (keys split across thread blocks, pages
     read in place); otherwise over a padded copy of each sequence's pages.
 
-    ``alibi_slopes`` as in :func:`flashattn.flash_attn_func`, each sequence from its own diagonal: over the
-    padded copy of the batch (an additive mask), not in the variable-length kernels; not with a paged cache.
+    ``alibi_slopes`` as in :func:`flashattn.flash_attn_func`, each sequence from its own diagonal (query i
+    of a sequence at key position ``i + len_k - len_q``): in the variable-length kernels where they serve
+    the call (on sm_90 the kernels add the term; on the CPU an additive mask per sequence), else over the
+    padded copy of the batch as an additive mask; not with a paged cache.
     ``page_table`` (keyword only) is FlashAttention-3's name for ``block_table`` (pass one of the two).
     ``num_splits`` and ``scheduler_metadata`` (keyword only) set the decode op's key splits as in
     :func:`flashattn.flash_attn_with_kvcache`; other calls ignore them.

@@ -157,6 +157,109 @@ def test_alibi_gpu_with_sinks_dropout_deterministic(head_dim, extra, causal):
             assert torch.equal(g, h)
 
 
+def _varlen_reference(leaves, lengths_q, lengths_k, slopes, group, causal, window, upcast, device, dtype,
+                      sink=None):
+    """The packed output of each sequence's reference with its own ALiBi bias (float64 on the CPU when
+    upcast, else in the inputs' dtype on `device`), rows without keys 0."""
+    outs, sq, sk = [], 0, 0
+    for b, (lq, lk) in enumerate(zip(lengths_q, lengths_k)):
+        q, k, v = leaves[0][sq:sq + lq][None], leaves[1][sk:sk + lk][None], leaves[2][sk:sk + lk][None]
+        bias = _bias(slopes[b], lq, lk, q.size(2), causal, window).to(device, torch.float64 if upcast else dtype)
+        out = attention_reference(q, k.repeat_interleave(group, 2), v.repeat_interleave(group, 2), q.size(-1) ** -0.5,
+                                  False, False, upcast=upcast, attn_mask=bias, sink=sink)
+        outs.append(torch.nan_to_num(out[0]))
+        sq, sk = sq + lq, sk + lk
+    return torch.cat(outs)
+
+
+@requires_cuda
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (70, 0)), (False, (50, 30))],
+                         ids=["full", "causal", "causal_window", "window"])
+def test_alibi_gpu_varlen_kernels_match_reference(kernel_path, head_dim, causal, window):
+    """flash_attn_varlen_func with ALiBi: on sm90 the variable-length kernels' term, each sequence from its
+    own diagonal (Lq above, below and equal to Lk, a one-row sequence, GQA, (batch, heads) slopes), with
+    force_sm80 the padded batch's mask; out and every gradient by the oracle, the LSE against the
+    reference's."""
+    torch.manual_seed(head_dim + 17)
+    device, dtype = "cuda", torch.bfloat16
+    lengths_q, lengths_k = [130, 1, 257, 64], [200, 1, 100, 64]
+    heads_q, heads_kv, group = 4, 2, 2
+    q = torch.randn(sum(lengths_q), heads_q, head_dim, dtype=dtype, device=device, requires_grad=True)
+    k, v = (torch.randn(sum(lengths_k), heads_kv, head_dim, dtype=dtype, device=device, requires_grad=True)
+            for _ in range(2))
+    cu = lambda ls: torch.tensor([0] + torch.tensor(ls).cumsum(0).tolist(), dtype=torch.int32, device=device)  # noqa
+    slopes = _geometric_slopes(heads_q, device) * torch.tensor([[1.0], [0.5], [2.0], [0.25]], device=device)
+    out, lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu(lengths_q), cu(lengths_k), max(lengths_q),
+                                                   max(lengths_k), causal=causal, window_size=window,
+                                                   alibi_slopes=slopes, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_leaves = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    ref = _varlen_reference(ref_leaves, lengths_q, lengths_k, slopes.cpu(), group, causal, window, True, "cpu",
+                            dtype)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, dout.double().cpu())
+    base_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    base = _varlen_reference(base_leaves, lengths_q, lengths_k, slopes, group, causal, window, False, device, dtype)
+    base_grads = torch.autograd.grad(base, base_leaves, dout)
+    assert_oracle("out", out.detach().cpu().double(), ref.detach(), base.detach().cpu().double(), OUT_FACTOR)
+    for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads):
+        assert_oracle(name, g.cpu().double(), r, b.cpu().double(), GRAD_FACTOR)
+    sq, sk = 0, 0
+    for b, (lq, lk) in enumerate(zip(lengths_q, lengths_k)):
+        bias = _bias(slopes[b], lq, lk, heads_q, causal, window)
+        want = _reference_lse(q[sq:sq + lq][None], k[sk:sk + lk][None], bias, group)[0]  # (Hq, lq)
+        seen = torch.isfinite(want)
+        torch.testing.assert_close(lse[:, sq:sq + lq].cpu().double()[seen], want[seen], rtol=1e-2, atol=2e-2)
+        sq, sk = sq + lq, sk + lk
+
+
+@requires_cuda
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("extra", ["sink", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi_gpu_varlen_with_sinks_deterministic(head_dim, extra, causal):
+    """The variable-length kernels' ALiBi beside attention sinks (their gradient too) and in deterministic
+    mode (bitwise equal gradients twice), (heads,) slopes."""
+    torch.manual_seed(head_dim + len(extra) + causal)
+    device, dtype = "cuda", torch.bfloat16
+    lengths_q, lengths_k = [190, 3, 300], [260, 3, 129]
+    heads_q, heads_kv, group = 4, 2, 2
+    q = torch.randn(sum(lengths_q), heads_q, head_dim, dtype=dtype, device=device, requires_grad=True)
+    k, v = (torch.randn(sum(lengths_k), heads_kv, head_dim, dtype=dtype, device=device, requires_grad=True)
+            for _ in range(2))
+    cu = lambda ls: torch.tensor([0] + torch.tensor(ls).cumsum(0).tolist(), dtype=torch.int32, device=device)  # noqa
+    slopes = _geometric_slopes(heads_q, device)
+    sink = torch.randn(heads_q, device=device, requires_grad=True) if extra == "sink" else None
+    leaves = (q, k, v) + ((sink,) if sink is not None else ())
+
+    def run():
+        return flashattn.flash_attn_varlen_func(q, k, v, cu(lengths_q), cu(lengths_k), max(lengths_q),
+                                                max(lengths_k), causal=causal, alibi_slopes=slopes,
+                                                deterministic=extra == "deterministic", learnable_sink=sink)
+
+    out = run()
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, dout)
+    per_seq = slopes.expand(len(lengths_q), heads_q)
+
+    def reference(upcast, dev):
+        ls = [t.detach().to(dev, torch.float64 if upcast else t.dtype).requires_grad_() for t in leaves]
+        r = _varlen_reference(ls, lengths_q, lengths_k, per_seq.to(dev), group, causal, (-1, -1), upcast, dev, dtype,
+                              sink=ls[3] if sink is not None else None)
+        return r, torch.autograd.grad(r, ls, dout.to(dev, r.dtype))
+
+    ref, ref_grads = reference(True, "cpu")
+    base, base_grads = reference(False, device)
+    assert_oracle("out", out.detach().cpu().double(), ref.detach(), base.detach().cpu().double(), OUT_FACTOR)
+    for name, g, r, b in zip(("dq", "dk", "dv", "dsink"), grads, ref_grads, base_grads):
+        assert_oracle(name, g.cpu().double(), r, b.cpu().double(), GRAD_FACTOR)
+    if extra == "deterministic":
+        again = torch.autograd.grad(run(), leaves, dout)
+        for g, h in zip(grads, again):
+            assert torch.equal(g, h)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_alibi_packed_forms_equal_the_plain_call(device):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -280,8 +383,9 @@ def test_alibi_lse_matches_reference(device, causal, seqlen_q, seqlen_k, per_bat
 
 def test_alibi_reaches_the_op_as_slopes(monkeypatch):
     """flash_attn_func hands ALiBi to the op as its slopes (the sm90 kernels add the term; no mask is
-    built in Python), in the op's (heads,) or (batch, heads) form; the varlen functions' padded path
-    still takes causal ALiBi as a per-key mask (zero query stride, B * H * Lk floats)."""
+    built in Python), in the op's (heads,) or (batch, heads) form; the varlen functions hand them to the
+    variable-length op where it serves the call, and their padded path (here: dropout) takes causal ALiBi
+    as a per-key mask (zero query stride, B * H * Lk floats)."""
     seen = []
     attention = flashattn.ops.attention
 
@@ -302,7 +406,16 @@ def test_alibi_reaches_the_op_as_slopes(monkeypatch):
     flashattn.flash_attn_func(q, k, v, alibi_slopes=per_batch)
     assert torch.equal(seen[-1][2], per_batch)
     cu = torch.tensor([0, 10, 30], dtype=torch.int32)
+    varlen_seen = []
+    varlen_fwd = flashattn.ops.varlen_fwd
+    monkeypatch.setattr(flashattn.ops, "varlen_fwd",
+                        lambda *args: varlen_seen.append(args[-1]) or varlen_fwd(*args))
     flashattn.flash_attn_varlen_func(q[0], k[0, :30], v[0, :30], cu, cu, 20, 20, causal=True, alibi_slopes=slopes)
+    assert len(varlen_seen) == 1 and torch.equal(varlen_seen[0], slopes)
+    calls = len(seen)
+    flashattn.flash_attn_varlen_func(q[0], k[0, :30], v[0, :30], cu, cu, 20, 20, causal=True, dropout_p=0.1,
+                                     alibi_slopes=slopes)  # dropout: the padded batch
+    assert len(varlen_seen) == 1 and len(seen) == calls + 1
     assert seen[-1][1].stride(2) == 0 and seen[-1][1].untyped_storage().nbytes() == 2 * heads * 20 * 4
 
 

@@ -168,6 +168,31 @@ def test_opcheck_cpu_alibi(slopes_shape):
     )
 
 
+
+@pytest.mark.parametrize("slopes_shape", [(4,), (2, 4)])
+def test_opcheck_cpu_varlen_alibi(slopes_shape):
+    q = _rand(12, 4, 8, dtype=torch.float64, requires_grad=True)
+    k = _rand(15, 2, 8, dtype=torch.float64, requires_grad=True)
+    v = _rand(15, 2, 8, dtype=torch.float64, requires_grad=True)
+    cu_q = torch.tensor([0, 5, 12], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 15], dtype=torch.int32)
+    slopes = torch.rand(slopes_shape)
+    torch.library.opcheck(torch.ops.flashattn.varlen_fwd.default, (q, k, v, cu_q, cu_k, None, None, 0.35, True, True),
+                          {"alibi_slopes": slopes})
+    with torch.no_grad():
+        out, lse = torch.ops.flashattn.varlen_fwd(q, k, v, cu_q, cu_k, None, None, 0.35, False, True,
+                                                  alibi_slopes=slopes)
+    torch.library.opcheck(
+        torch.ops.flashattn.varlen_bwd.default,
+        (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, cu_q, cu_k, None, None, 0.35, False,
+         True),
+        {"alibi_slopes": slopes},
+    )
+    with pytest.raises(RuntimeError, match=r"alibi_slopes must have shape \(heads_q,\) = \(4,\) or \(batch, "
+                                           r"heads_q\) = \(2, 4\)"):
+        torch.ops.flashattn.varlen_fwd(q, k, v, cu_q, cu_k, None, None, 0.35, False, True,
+                                       alibi_slopes=torch.rand(12, 4))
+
 # fwd_heads_first: fwd with q, k, v in (B, H, L, E), the transposes made inside the op.
 @pytest.mark.parametrize("mask", [None, "float"])
 @pytest.mark.parametrize("causal, bottom_right", [(False, False), (True, True)])

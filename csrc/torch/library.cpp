@@ -152,6 +152,7 @@ py::dict options_dict(const PlanOptions& o) {
   d["sm90_staged_output"] = o.sm90_staged_output;
   d["sm90_bwd_wide_steps"] = o.sm90_bwd_wide_steps;
   d["smem_per_block_cap"] = o.smem_per_block_cap;
+  d["decode_stages"] = o.decode_stages;
   return d;
 }
 
@@ -176,6 +177,10 @@ PlanOptions options_of(const py::dict& d, PlanOptions o) {
       o.sm90_bwd_wide_steps = value.cast<bool>();
     } else if (key == "smem_per_block_cap") {
       o.smem_per_block_cap = value.cast<int>();
+    } else if (key == "decode_stages") {
+      o.decode_stages = value.cast<int>();
+      TORCH_CHECK(o.decode_stages == 0 || o.decode_stages == 2 || o.decode_stages == 3,
+                  "plan option: decode_stages must be 0 (the default), 2 or 3, got ", std::to_string(o.decode_stages));
     } else {
       TORCH_CHECK(false, "plan option: unknown name '", key, "'; the options are ", py::str(options_dict(o)).cast<std::string>());
     }
@@ -342,15 +347,17 @@ TORCH_LIBRARY(flashattn, m) {
   // Variable-length batches (varlen_ops.cpp): q (total_q, Hq, D), k/v (total_k, Hk, D), int32 offsets;
   // out like q, lse (Hq, total_q). The offsets' values are checked where the op reads them (on CUDA by
   // the device, a device-side assertion), max_seqlen_q / _k as the longest sequence allowed (-1: none).
+  // alibi_slopes: float32 (Hq,) or (batch, Hq), each sequence's bias from its own bottom-right diagonal.
   m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q,"
         " Tensor? seqused_k, float scale, bool is_causal, bool causal_bottom_right, bool deterministic=False,"
         " SymInt max_seqlen_q=-1, SymInt max_seqlen_k=-1, Tensor? sink=None, float softcap=0.0,"
-        " int window_left=-1, int window_right=-1)"
+        " int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None)"
         " -> (Tensor out, Tensor lse)");
   m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,"
         " Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, float scale, bool is_causal,"
         " bool causal_bottom_right, bool deterministic=False, Tensor? sink=None, Tensor(a!)? dsink=None,"
-        " float softcap=0.0, int window_left=-1, int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
+        " float softcap=0.0, int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None)"
+        " -> (Tensor dq, Tensor dk, Tensor dv)");
   // Decoding over a key/value cache (decode_ops.cpp, CUDA only): q (B, Lq, Hq, D); k_cache / v_cache
   // (B or pages, Lcache or page_size, Hk, D); seqlens_k (B,) int32 keys per sequence; block_table (B,
   // pages_per_seq) int32 for a paged cache; out like q, lse (B, Hq, Lq). num_splits 0: chosen from the shapes.
