@@ -117,10 +117,10 @@ __device__ __forceinline__ void load_key_rows(const DecodeParams& p, T* k_tile, 
   }
 }
 
-template <typename T, int kWidth>
+template <typename T, int kWidth, int kStages>
 __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams p) {
+  static_assert(kStages >= 2 && has_stages(kWidth, kStages), "a ring depth decode_config.h lists");
   constexpr int kStride = stride_for(kWidth);
-  constexpr int kStages = stages_for(kWidth);
   constexpr int kKSteps = kWidth / 16;   // k-steps of QK^T, n-tile pairs of PV
   constexpr int kOTiles = kWidth / 8;    // n8 tiles of O
   // Q's fragments take 4 registers a k-step; at the widest widths they are read from shared memory
