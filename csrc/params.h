@@ -274,6 +274,11 @@ struct DecodeParams {
   // Attention sinks (nullptr: none): [heads_q] float32 logits, natural log, whose exp joins each row's
   // softmax denominator once (in the merge of a single split, else in the combine kernel).
   const float* sink = nullptr;
+  // ALiBi (nullptr: none): float32 slopes [1 or batch, heads_q] (batch stride alibi_batch_stride, 0 for
+  // one row), adding -slope * |d - j| to the score of key j for the query at diagonal position d
+  // (seqlens_k[b] - the sequence's queries + its query index, the causal mask's), after the scale.
+  const float* alibi_slopes = nullptr;
+  int alibi_batch_stride = 0;
 };
 
 }  // namespace flashattn

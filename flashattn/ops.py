@@ -381,7 +381,7 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sequse
 @torch.library.register_fake("flashattn::decode_fwd")
 def _decode_fwd_fake(q, k_cache, v_cache, seqlens_k, block_table, cache_batch_idx, leftpad, scale, is_causal,
                      window_left=-1, window_right=-1, softcap=0.0, num_splits=0, cu_seqlens_q=None, max_seqlen_q=0,
-                     sink=None):
+                     sink=None, alibi_slopes=None):
     op = "flashattn.decode_fwd"
     q_dims = 4 if cu_seqlens_q is None else 3
     torch._check(q.dim() == q_dims and k_cache.dim() == 4 and v_cache.dim() == 4,
@@ -390,6 +390,13 @@ def _decode_fwd_fake(q, k_cache, v_cache, seqlens_k, block_table, cache_batch_id
     torch._check(k_cache.shape == v_cache.shape,
                  lambda: f"{op}: v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     torch._check(num_splits >= 0, lambda: f"{op}: num_splits must be >= 0, got {num_splits}")
+    if alibi_slopes is not None:
+        batch = q.size(0) if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
+        torch._check(alibi_slopes.dtype == torch.float32 and tuple(alibi_slopes.shape) in ((q.size(-2),), (batch, q.size(-2))),
+                     lambda: f"{op}: alibi_slopes must be a contiguous float32 (heads_q,) = ({q.size(-2)},) or (batch, "
+                             f"heads_q) = ({batch}, {q.size(-2)}) tensor, got {alibi_slopes.dtype} of shape "
+                             f"{tuple(alibi_slopes.shape)}")
+        torch._check(softcap == 0.0, lambda: f"{op}: alibi_slopes with softcap is not supported")
     if cu_seqlens_q is not None:
         total_q, heads_q, head_dim = q.shape
         return q.new_empty((total_q, heads_q, head_dim)), q.new_empty((heads_q, total_q), dtype=torch.float32)

@@ -156,8 +156,6 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     """flash_attn_varlen_func over a paged cache (see its docstring): the decode op where it serves the
     call (CUDA, at most 64 query rows per kv head, no gradient or dropout; a sink without a gradient is
     taken), else the variable-length path over a padded copy of each sequence's pages."""
-    if alibi_slopes is not None:
-        raise NotImplementedError("flashattn: alibi_slopes with block_table is not implemented")
     check_tensor("k", k_cache, 4, "(num_pages, page_size, nheads_k, headdim) with block_table")
     check_tensor("v", v_cache, 4, "(num_pages, page_size, nheads_k, headdim_v) with block_table")
     check_devices(q, k_cache, v_cache)
@@ -177,20 +175,22 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
             raise ValueError(f"flashattn: cu_seqlens_k must have batch + 1 = {batch + 1} entries, got {cu_seqlens_k.numel()}")
         seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
     max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    slopes = check_alibi(alibi_slopes, batch, q.size(1), q.device, float(softcap))
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, sink))
     if (isinstance(max_seqlen_q, int) and max_seqlen_q >= 1 and float(dropout_p) == 0.0 and seqused_q is None
             and not needs_grad and kvcache.decode_op_serves(q, k_cache, v_cache, max_seqlen_q)):
         out, softmax_lse = torch.ops.flashattn.decode_fwd(
             q, k_cache, v_cache, seqused_k, block_table, None, None, scale_or_default(softmax_scale, q.size(-1)),
             bool(causal), window[0], window[1], float(softcap), num_splits, cu_seqlens_q, max_seqlen_q,
-            None if sink is None else sink.detach().float().contiguous())
+            None if sink is None else sink.detach().float().contiguous(),
+            None if slopes is None else (slopes[0] if slopes.size(0) == 1 else slopes).contiguous())
         return (out, softmax_lse, None) if return_attn_probs else out
     capacity = block_table.size(1) * k_cache.size(1)
     k = kvcache.gather_pages(k_cache, block_table).flatten(0, 1)  # (batch * capacity, nheads_k, headdim)
     v = kvcache.gather_pages(v_cache, block_table).flatten(0, 1)
     cu_seqlens_rows = torch.arange(0, (batch + 1) * capacity, capacity, dtype=torch.int32, device=q.device)
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_rows, max_seqlen_q, capacity, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, None, seqused_q, seqused_k, sink, softcap, window)
+                   deterministic, return_attn_probs, None, seqused_q, seqused_k, sink, softcap, window, alibi_slopes)
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,

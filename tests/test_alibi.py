@@ -172,6 +172,92 @@ def _varlen_reference(leaves, lengths_q, lengths_k, slopes, group, causal, windo
     return torch.cat(outs)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi_paged_varlen_equals_contiguous(device, causal):
+    """flash_attn_varlen_func over a paged cache with ALiBi (on CUDA the decode op, a few queries per
+    sequence; on the CPU the gathered pages on the variable-length op) gives what the same call over the
+    contiguous rows gives, each sequence's bias from its own key count (seqused_k)."""
+    torch.manual_seed(21 + causal)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    heads_q, heads_kv, head_dim, page_size = 8, 2, 64, 16
+    lengths_q, lengths_k = [3, 1, 2], [40, 17, 64]
+    q = torch.randn(sum(lengths_q), heads_q, head_dim, dtype=dtype, device=device)
+    k, v = (torch.randn(sum(lengths_k), heads_kv, head_dim, dtype=dtype, device=device) for _ in range(2))
+    cu = lambda ls: torch.tensor([0] + torch.tensor(ls).cumsum(0).tolist(), dtype=torch.int32, device=device)  # noqa
+    slopes = torch.rand(3, heads_q, device=device) * 0.3
+    pages_per_seq = 4
+    k_pages = torch.zeros(3 * pages_per_seq + 1, page_size, heads_kv, head_dim, dtype=dtype, device=device)
+    v_pages = torch.zeros_like(k_pages)
+    order = torch.randperm(3 * pages_per_seq, device=device) + 1  # page 0 is never used
+    table = order.reshape(3, pages_per_seq).to(torch.int32)
+    start = 0
+    for b, n in enumerate(lengths_k):
+        for j in range(n):
+            k_pages[table[b, j // page_size], j % page_size] = k[start + j]
+            v_pages[table[b, j // page_size], j % page_size] = v[start + j]
+        start += n
+    used = torch.tensor(lengths_k, dtype=torch.int32, device=device)
+    out, lse, _ = flashattn.flash_attn_varlen_func(q, k_pages, v_pages, cu(lengths_q), None, max(lengths_q), 0,
+                                                   seqused_k=used, block_table=table, causal=causal,
+                                                   alibi_slopes=slopes, return_attn_probs=True)
+    want, want_lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu(lengths_q), cu(lengths_k), max(lengths_q),
+                                                         max(lengths_k), causal=causal, alibi_slopes=slopes,
+                                                         return_attn_probs=True)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out, want, **tol)
+    torch.testing.assert_close(lse, want_lse, **tol)
+
+
+@requires_cuda
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("num_splits", [1, 3, 0])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged16"])
+def test_alibi_gpu_decode_op_matches_reference(head_dim, num_splits, paged):
+    """flash_attn_with_kvcache with ALiBi on the decode op (its term from each query's diagonal position:
+    two queries, causal, a left-padded sequence, (batch, heads) slopes, GQA, key splits) against the
+    reference with the bias written out, out and LSE."""
+    torch.manual_seed(head_dim + num_splits)
+    device, dtype = "cuda", torch.bfloat16
+    batch, seqlen_q, heads_q, heads_kv, capacity = 3, 2, 8, 2, 300
+    group = heads_q // heads_kv
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device=device)
+    k_cache, v_cache = (torch.randn(batch, capacity, heads_kv, head_dim, dtype=dtype, device=device) for _ in range(2))
+    lengths = torch.tensor([300, 129, 40], dtype=torch.int32, device=device)
+    leftpad = torch.tensor([0, 5, 0], dtype=torch.int32, device=device)
+    slopes = _geometric_slopes(heads_q, device) * torch.tensor([[1.0], [0.5], [2.0]], device=device)
+    kwargs = dict(cache_seqlens=lengths, cache_leftpad=leftpad, causal=True, alibi_slopes=slopes,
+                  num_splits=num_splits, return_softmax_lse=True)
+    if paged:
+        page_size = 16
+        pages = capacity // page_size + 1
+        table = torch.arange(batch * pages, device=device, dtype=torch.int32).reshape(batch, pages)
+        k_pages = torch.zeros(batch * pages, page_size, heads_kv, head_dim, dtype=dtype, device=device)
+        v_pages = torch.zeros_like(k_pages)
+        k_pages.view(batch, pages * page_size, heads_kv, head_dim)[:, :capacity] = k_cache
+        v_pages.view(batch, pages * page_size, heads_kv, head_dim)[:, :capacity] = v_cache
+        kwargs.pop("cache_leftpad")  # FlashAttention-2 refuses cache_leftpad with a block_table
+        leftpad = torch.zeros_like(leftpad)
+        out, lse = flashattn.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=table, **kwargs)
+    else:
+        out, lse = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    keys = torch.arange(capacity)
+    for b in range(batch):
+        n = int(lengths[b])
+        position = n - seqlen_q + torch.arange(seqlen_q)  # each query's diagonal position
+        bias = -slopes[b].cpu().double()[:, None, None] * (position[:, None] - keys).abs()  # (Hq, Lq, capacity)
+        hidden = (keys > position[:, None]) | (keys >= n) | (keys < int(leftpad[b]))
+        bias = bias.masked_fill(hidden, float("-inf"))[None]
+        kb, vb = (t[b:b + 1].repeat_interleave(group, 2) for t in (k_cache, v_cache))
+        ref = attention_reference(q[b:b + 1].double().cpu(), kb.double().cpu(), vb.double().cpu(), head_dim ** -0.5,
+                                  False, False, attn_mask=bias)
+        base = attention_reference(q[b:b + 1], kb, vb, head_dim ** -0.5, False, False, upcast=False,
+                                   attn_mask=bias.to(device, dtype))
+        assert_oracle(f"out[{b}]", out[b:b + 1].cpu().double(), ref, base.cpu().double(), OUT_FACTOR)
+        want_lse = _reference_lse(q[b:b + 1], k_cache[b:b + 1], bias, group)[0]
+        torch.testing.assert_close(lse[b].cpu().double(), want_lse, rtol=1e-3, atol=1e-3)
+
+
 @requires_cuda
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (70, 0)), (False, (50, 30))],
@@ -276,7 +362,7 @@ def test_alibi_packed_forms_equal_the_plain_call(device):
 @pytest.mark.parametrize("causal", [False, True])
 def test_alibi_kvcache(device, causal):
     """Each sequence's queries at their own diagonal (cache_seqlens after the append), left padding never
-    attended, on the batched kernels (the decode op does not take ALiBi)."""
+    attended (on CUDA the decode op at this head dim, on the CPU the batched kernels)."""
     torch.manual_seed(3)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     batch, seqlen_q, heads_q, heads_kv, head_dim, capacity = 3, 2, 4, 2, 32, 40
@@ -342,11 +428,11 @@ def test_alibi_argument_errors():
         flashattn.flash_attn_func(q, k, v, alibi_slopes=torch.ones(4), softcap=10.0)
     cu = torch.tensor([0, 1, 2], dtype=torch.int32)
     pages = torch.randn(3, 4, 4, 8)
-    with pytest.raises(NotImplementedError, match="alibi_slopes with block_table"):
+    with pytest.raises(ValueError, match="alibi_slopes must be a float32"):
         flashattn.flash_attn_varlen_func(torch.randn(2, 4, 8), pages, pages, cu, None, 1, 8,
                                          seqused_k=torch.tensor([3, 4], dtype=torch.int32),
                                          block_table=torch.tensor([[0, 1], [2, 0]], dtype=torch.int32),
-                                         alibi_slopes=torch.ones(4))
+                                         alibi_slopes=torch.ones(3))
 
 
 def _reference_lse(q, k, bias, group):

@@ -51,7 +51,8 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
                                                    bool is_causal, int64_t window_left, int64_t window_right,
                                                    double softcap, int64_t num_splits,
                                                    const std::optional<at::Tensor>& cu_seqlens_q_arg,
-                                                   int64_t max_seqlen_q, const std::optional<at::Tensor>& sink) {
+                                                   int64_t max_seqlen_q, const std::optional<at::Tensor>& sink,
+                                                   const std::optional<at::Tensor>& alibi_slopes) {
   // Packed queries are run as a [1, total_q, H, D] view whose sequences the kernel finds in cu_seqlens_q.
   const bool packed = cu_seqlens_q_arg.has_value();
   if (packed) {
@@ -126,6 +127,17 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
     TORCH_CHECK(sink->device() == q.device(), op, ": sink must be on q's device ", q.device().str(), ", got ",
                 sink->device().str());
   }
+  if (alibi_slopes.has_value()) {
+    const at::Tensor& a = *alibi_slopes;
+    TORCH_CHECK(a.scalar_type() == at::kFloat && a.is_contiguous() &&
+                    ((a.dim() == 1 && a.size(0) == heads_q) || (a.dim() == 2 && a.size(0) == batch && a.size(1) == heads_q)),
+                op, ": alibi_slopes must be a contiguous float32 (heads_q,) = (", to_text(heads_q),
+                ",) or (batch, heads_q) = (", to_text(batch), ", ", to_text(heads_q), ") tensor, got ",
+                a.scalar_type(), " of shape ", to_text(a.sizes()));
+    TORCH_CHECK(a.device() == q.device(), op, ": alibi_slopes must be on q's device ", q.device().str(), ", got ",
+                a.device().str());
+    TORCH_CHECK(softcap == 0.0, op, ": alibi_slopes with softcap is not supported");
+  }
   const int64_t pages_per_seq = block_table.has_value() ? block_table->size(1) : 1;
   const int64_t capacity = pages_per_seq * k_cache.size(1);
   TORCH_CHECK(capacity < (int64_t{1} << 31) && k_cache.size(0) < (int64_t{1} << 31) && batch < (int64_t{1} << 24) &&
@@ -180,6 +192,10 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
   p.window_right = is_causal ? -1 : static_cast<int>(std::min<int64_t>(window_right, capacity));
   p.num_splits = splits;
   p.sink = sink.has_value() ? sink->data_ptr<float>() : nullptr;
+  if (alibi_slopes.has_value()) {
+    p.alibi_slopes = alibi_slopes->data_ptr<float>();
+    p.alibi_batch_stride = alibi_slopes->dim() == 2 ? static_cast<int>(heads_q) : 0;
+  }
   if (packed) {
     p.cu_seqlens_q = cu_seqlens_q_arg->data_ptr<int>();
     p.total_q = static_cast<int>(total_q);

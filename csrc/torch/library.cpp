@@ -363,10 +363,11 @@ TORCH_LIBRARY(flashattn, m) {
   // pages_per_seq) int32 for a paged cache; out like q, lse (B, Hq, Lq). num_splits 0: chosen from the shapes.
   // With cu_seqlens_q (B + 1,) int32: q (total_q, Hq, D) packed, at most max_seqlen_q queries a sequence,
   // out like q, lse (Hq, total_q). sink: (Hq,) float32 logits joining each row's denominator (lse includes it).
+  // alibi_slopes: float32 (Hq,) or (B, Hq), the bias from each query's diagonal position (the causal mask's).
   m.def("decode_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seqlens_k, Tensor? block_table,"
         " Tensor? cache_batch_idx, Tensor? leftpad, float scale, bool is_causal, int window_left=-1,"
         " int window_right=-1, float softcap=0.0, int num_splits=0, Tensor? cu_seqlens_q=None,"
-        " int max_seqlen_q=0, Tensor? sink=None) -> (Tensor out, Tensor lse)");
+        " int max_seqlen_q=0, Tensor? sink=None, Tensor? alibi_slopes=None) -> (Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(flashattn, CPU, m) {
