@@ -376,6 +376,7 @@ class DecodeCase:
     window_left: int = -1
     leftpad: bool = False
     capacity: int = 200  # keys a sequence can hold
+    alibi: bool = False  # (batch, heads_q) ALiBi slopes
 
 
 # Each names what it reaches in the decode kernel: row blocks past the group (MQA), splits larger than the
@@ -388,6 +389,8 @@ DECODE_CASES = [
     DecodeCase("d256-paged1-window", 3, 2, 4, 2, 256, BF16, True, page_size=1, window_left=20),
     DecodeCase("d192-leftpad-paged16", 3, 1, 6, 2, 192, F16, False, page_size=16, leftpad=True, num_splits=2),
     DecodeCase("d96-long", 1, 1, 8, 8, 96, BF16, False, num_splits=0, capacity=5000),
+    DecodeCase("gqa4-d128-alibi-paged16-causal-q2", 3, 2, 8, 2, 128, BF16, True, page_size=16, num_splits=3,
+               alibi=True),
 ]
 
 
@@ -401,6 +404,8 @@ def run_decode_item(index: int, case: DecodeCase, device) -> None:
     leftpad = torch.minimum(lengths, torch.tensor(5, dtype=torch.int32)) if case.leftpad else None
     kwargs = dict(causal=case.causal, window_size=(case.window_left, -1), num_splits=case.num_splits,
                   return_softmax_lse=True)
+    if case.alibi:
+        kwargs["alibi_slopes"] = torch.rand(case.batch, case.heads_q, generator=gen) * 0.3
     want_out, want_lse = flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths, cache_leftpad=leftpad,
                                                            **kwargs)
     block_table = None
@@ -415,6 +420,8 @@ def run_decode_item(index: int, case: DecodeCase, device) -> None:
         pool_v[order] = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, padded - case.capacity)).view(pool_v.shape)
         k, v = pool_k, pool_v
     to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    if case.alibi:
+        kwargs["alibi_slopes"] = kwargs["alibi_slopes"].to(device)
     out, lse = flashattn.flash_attn_with_kvcache(to(q), to(k), to(v), cache_seqlens=to(lengths),
                                                  cache_leftpad=to(leftpad), block_table=to(block_table), **kwargs)
     _check("out", out, want_out, 0.02)
