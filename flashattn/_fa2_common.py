@@ -10,7 +10,7 @@ import torch
 
 from . import ops
 
-__all__ = ["alibi_by_key", "alibi_key_terms", "alibi_mask", "check_alibi", "check_devices", "check_sink",
+__all__ = ["alibi_by_key", "alibi_key_terms", "alibi_mask", "check_alibi", "check_devices", "check_sink", "op_slopes",
            "check_tensor", "fa2_attention", "page_table_alias", "rows_aligned", "window_bounds", "window_keys"]
 
 
@@ -29,6 +29,14 @@ def check_alibi(alibi_slopes, batch: int, nheads: int, device: torch.device, sof
     if softcap != 0.0:
         raise NotImplementedError("flashattn: alibi_slopes with softcap is not implemented")
     return alibi_slopes.detach().reshape(-1, nheads)
+
+
+def op_slopes(slopes):
+    """check_alibi's (1 or batch, nheads) slopes in the ops' form: contiguous (nheads,) or (batch, nheads);
+    None stays None."""
+    if slopes is None:
+        return None
+    return (slopes[0] if slopes.size(0) == 1 else slopes).contiguous()
 
 
 def alibi_mask(slopes: torch.Tensor, query_pos: torch.Tensor, keys: torch.Tensor, window) -> torch.Tensor:

@@ -13,7 +13,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._fa2_common import check_alibi, check_devices, check_sink, check_tensor, fa2_attention, unpack, window_bounds
+from ._fa2_common import (check_alibi, check_devices, check_sink, check_tensor, fa2_attention, op_slopes, unpack,
+                          window_bounds)
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]
 
@@ -23,12 +24,9 @@ def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window, softcap, dete
     check_devices(q, k, v)
     check_sink(learnable_sink, q, 2)
     slopes = check_alibi(alibi_slopes, q.size(0), q.size(2), q.device, float(softcap))
-    if slopes is not None:
-        # The op's (heads,) or (batch, heads) form, contiguous.
-        slopes = (slopes[0] if slopes.size(0) == 1 else slopes).contiguous()
     out, softmax_lse, keep_mask = fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic,
                                                 return_attn_probs, sink=learnable_sink, softcap=softcap,
-                                                window=window, alibi_slopes=slopes)
+                                                window=window, alibi_slopes=op_slopes(slopes))
     if not return_attn_probs:
         return out
     return out, softmax_lse, keep_mask

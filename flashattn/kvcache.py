@@ -33,7 +33,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import ops
-from ._fa2_common import (alibi_mask, check_alibi, check_devices, check_tensor, fa2_attention, page_table_alias,
+from ._fa2_common import (alibi_mask, check_alibi, check_devices, check_tensor, fa2_attention, op_slopes, page_table_alias,
                           rows_aligned, scale_or_default, window_bounds, window_keys)
 
 __all__ = ["flash_attn_with_kvcache", "get_scheduler_metadata"]
@@ -401,7 +401,7 @@ def flash_attn_with_kvcache(
             q, k_cache, v_cache, seqlens_k, block_table, cache_batch_idx,
             cache_leftpad, scale_or_default(softmax_scale, q.size(-1)), bool(causal),
             window[0], window[1], float(softcap), num_splits,
-            alibi_slopes=None if slopes is None else (slopes[0] if slopes.size(0) == 1 else slopes).contiguous())
+            alibi_slopes=op_slopes(slopes))
         return (out, lse) if return_softmax_lse else out
 
     if block_table is not None:

@@ -390,13 +390,8 @@ def _decode_fwd_fake(q, k_cache, v_cache, seqlens_k, block_table, cache_batch_id
     torch._check(k_cache.shape == v_cache.shape,
                  lambda: f"{op}: v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     torch._check(num_splits >= 0, lambda: f"{op}: num_splits must be >= 0, got {num_splits}")
-    if alibi_slopes is not None:
-        batch = q.size(0) if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
-        torch._check(alibi_slopes.dtype == torch.float32 and tuple(alibi_slopes.shape) in ((q.size(-2),), (batch, q.size(-2))),
-                     lambda: f"{op}: alibi_slopes must be a contiguous float32 (heads_q,) = ({q.size(-2)},) or (batch, "
-                             f"heads_q) = ({batch}, {q.size(-2)}) tensor, got {alibi_slopes.dtype} of shape "
-                             f"{tuple(alibi_slopes.shape)}")
-        torch._check(softcap == 0.0, lambda: f"{op}: alibi_slopes with softcap is not supported")
+    _check_alibi_meta(op, q, q.size(0) if cu_seqlens_q is None else cu_seqlens_q.numel() - 1, q.size(-2), alibi_slopes,
+                      softcap)
     if cu_seqlens_q is not None:
         total_q, heads_q, head_dim = q.shape
         return q.new_empty((total_q, heads_q, head_dim)), q.new_empty((heads_q, total_q), dtype=torch.float32)

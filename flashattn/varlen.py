@@ -29,7 +29,7 @@ import torch
 
 from . import _C, kvcache, ops
 from ._fa2_common import (alibi_by_key, alibi_key_terms, alibi_mask, check_alibi, check_devices, check_max_seqlen,
-                          check_sink, check_tensor, fa2_attention, page_table_alias, rows_aligned, scale_or_default,
+                          check_sink, check_tensor, fa2_attention, op_slopes, page_table_alias, rows_aligned, scale_or_default,
                           unpack, window_bounds, window_keys)
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
@@ -183,7 +183,7 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
             q, k_cache, v_cache, seqused_k, block_table, None, None, scale_or_default(softmax_scale, q.size(-1)),
             bool(causal), window[0], window[1], float(softcap), num_splits, cu_seqlens_q, max_seqlen_q,
             None if sink is None else sink.detach().float().contiguous(),
-            None if slopes is None else (slopes[0] if slopes.size(0) == 1 else slopes).contiguous())
+            op_slopes(slopes))
         return (out, softmax_lse, None) if return_attn_probs else out
     capacity = block_table.size(1) * k_cache.size(1)
     k = kvcache.gather_pages(k_cache, block_table).flatten(0, 1)  # (batch * capacity, nheads_k, headdim)
@@ -243,11 +243,9 @@ def _varlen_one_head_dim(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
                 max_seqlen = -1
             limits.append(max_seqlen)
         scale = scale_or_default(softmax_scale, q.size(-1))
-        if slopes is not None:  # the op's (nheads,) or (batch, nheads) form, contiguous
-            slopes = (slopes[0] if slopes.size(0) == 1 else slopes).contiguous()
         out, softmax_lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale,
                                           bool(causal), True, bool(deterministic), *limits, sink, float(softcap),
-                                          *window, slopes)
+                                          *window, op_slopes(slopes))
         return (out, softmax_lse, None) if return_attn_probs else out
     lengths_q = _assert_offsets("cu_seqlens_q", "max_seqlen_q", cu_seqlens_q, max_seqlen_q, total_q)
     lengths_k = _assert_offsets("cu_seqlens_k", "max_seqlen_k", cu_seqlens_k, max_seqlen_k, k.size(0))

@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 
+#include "torch/alibi.h"
 #include "torch/checks.h"
 #include "torch/decode_ops.h"
 
@@ -127,17 +128,9 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
     TORCH_CHECK(sink->device() == q.device(), op, ": sink must be on q's device ", q.device().str(), ", got ",
                 sink->device().str());
   }
-  if (alibi_slopes.has_value()) {
-    const at::Tensor& a = *alibi_slopes;
-    TORCH_CHECK(a.scalar_type() == at::kFloat && a.is_contiguous() &&
-                    ((a.dim() == 1 && a.size(0) == heads_q) || (a.dim() == 2 && a.size(0) == batch && a.size(1) == heads_q)),
-                op, ": alibi_slopes must be a contiguous float32 (heads_q,) = (", to_text(heads_q),
-                ",) or (batch, heads_q) = (", to_text(batch), ", ", to_text(heads_q), ") tensor, got ",
-                a.scalar_type(), " of shape ", to_text(a.sizes()));
-    TORCH_CHECK(a.device() == q.device(), op, ": alibi_slopes must be on q's device ", q.device().str(), ", got ",
-                a.device().str());
-    TORCH_CHECK(softcap == 0.0, op, ": alibi_slopes with softcap is not supported");
-  }
+  // The batch ops' checks (alibi.h); the cache's keys stand in for seqlen_k, which they do not read.
+  check_alibi(op, alibi_slopes, q, CheckedShape{batch, seqlen_q, k_cache.size(1), heads_q, heads_kv, head_dim, 0},
+              softcap, std::nullopt);
   const int64_t pages_per_seq = block_table.has_value() ? block_table->size(1) : 1;
   const int64_t capacity = pages_per_seq * k_cache.size(1);
   TORCH_CHECK(capacity < (int64_t{1} << 31) && k_cache.size(0) < (int64_t{1} << 31) && batch < (int64_t{1} << 24) &&
