@@ -462,7 +462,7 @@ def test_decode_ring_depths_agree(plan_options, head_dim, stages):
     over a paged cache with a partial last block and causal rows; a width without the form keeps its own."""
     torch.manual_seed(head_dim + stages)
     device, dtype = "cuda", BF16
-    batch, heads_q, heads_kv, capacity = 3, 8, 2, 700
+    batch, heads_q, heads_kv, capacity = 3, 8, 2, 704
     q = torch.randn(batch, 3, heads_q, head_dim, dtype=dtype, device=device)
     k_rows, v_rows = (torch.randn(batch, capacity, heads_kv, head_dim, dtype=dtype, device=device) for _ in range(2))
     lengths = torch.tensor([700, 333, 17], dtype=torch.int32, device=device)
