@@ -45,6 +45,16 @@ struct AttentionShape {
   // Score soft-capping (cuda/softcap.h), 0 without: scale / cap, with scale_log2 then cap * log2 e
   // (scale stays the caller's: the backward's dq and dk are scaled by it).
   float softcap_inner = 0.f;
+  // ALiBi (cuda/alibi.h), nullptr without: float32 slopes [1 or batch, heads_q] (batch stride
+  // alibi_batch_stride, 0 for one row), adding -slope * |i + alibi_offset - j| to query i's score
+  // for key j after the scale. alibi_unit turns a slope into the units of the kernels' raw scores
+  // (1 / scale, or 1 / cap under soft-capping): the kernels add slope * alibi_unit * distance to
+  // q.k before they scale it. (A variable-length batch's kernels take each sequence's own len_k - len_q
+  // as alibi_offset, cuda/varlen.h, and its index as the batch.)
+  const float* alibi_slopes = nullptr;
+  int alibi_batch_stride = 0;
+  int alibi_offset = 0;
+  float alibi_unit = 0.f;
 };
 
 // The diagonal a mask's causal form is tested on (find_causal_prefix_rows, cuda/api.h) and run at: bottom-right
@@ -264,6 +274,11 @@ struct DecodeParams {
   // Attention sinks (nullptr: none): [heads_q] float32 logits, natural log, whose exp joins each row's
   // softmax denominator once (in the merge of a single split, else in the combine kernel).
   const float* sink = nullptr;
+  // ALiBi (nullptr: none): float32 slopes [1 or batch, heads_q] (batch stride alibi_batch_stride, 0 for
+  // one row), adding -slope * |d - j| to the score of key j for the query at diagonal position d
+  // (seqlens_k[b] - the sequence's queries + its query index, the causal mask's), after the scale.
+  const float* alibi_slopes = nullptr;
+  int alibi_batch_stride = 0;
 };
 
 }  // namespace flashattn

@@ -30,6 +30,8 @@ PlanOptions options_from_environment() {
   o.sm90_dynamic_tail = !env_bool("FLASHATTN_SM90_STATIC_SCHEDULE", false);
   o.sm90_staged_output = !env_bool("FLASHATTN_SM90_DIRECT_OUTPUT", false);
   o.sm90_bwd_wide_steps = env_bool("FLASHATTN_SM90_BWD_WIDE_STEPS", true);
+  const char* stages = std::getenv("FLASHATTN_DECODE_STAGES");
+  o.decode_stages = stages != nullptr && (stages[0] == '2' || stages[0] == '3') && stages[1] == '\0' ? stages[0] - '0' : 0;
   return o;
 }
 

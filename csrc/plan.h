@@ -29,6 +29,9 @@ struct PlanOptions {
   bool sm90_dynamic_tail = true;                // FLASHATTN_SM90_STATIC_SCHEDULE=1: static pairs only
   bool sm90_staged_output = true;               // FLASHATTN_SM90_DIRECT_OUTPUT=1: threads store O (initcheck)
   bool sm90_bwd_wide_steps = true;              // FLASHATTN_SM90_BWD_WIDE_STEPS=0: 64-query backward steps only
+  // FLASHATTN_DECODE_STAGES=2|3: the decode kernel's ring stages per warp where its width has such a form
+  // (0: decode_config.h's stages_for); shallower rings let several thread blocks share an SM.
+  int decode_stages = 0;
   // Tests: plan as if the GPU offered at most this many bytes of shared memory per block (0: its own).
   int smem_per_block_cap = 0;
 };

@@ -185,9 +185,10 @@ support matrix
                   page size; also in flash_attn_varlen_func with seqused_k)
   variants        attention sinks (learnable_sink, transformers' s_aux), softcap (not with a floating
                   mask) and sliding windows (window_size; not with a mask), forward and backward,
-                  every path; ALiBi (alibi_slopes, FlashAttention-2 API) through the masked kernels
-                  (causal: a term per key; else an S x S additive mask; not with softcap or a paged
-                  varlen cache)
+                  every path; ALiBi (alibi_slopes, FlashAttention-2 API): a term the sm90 kernels
+                  and the decode op add themselves (flash_attn_func, the varlen functions, KV cache),
+                  the CPU and sm80 paths an additive mask (causal: a term per key; else S x S);
+                  not with softcap
   value dim       a value head dim other than the query's (SDPA drop-in, FlashAttention-2 API, varlen,
                   KV cache, paged caches): zero-padded copies at the larger head dim (exact, its cost;
                   the KV cache takes the batched kernels over a copy of the caches)

@@ -10,7 +10,7 @@ import torch
 
 from . import ops
 
-__all__ = ["alibi_by_key", "alibi_key_terms", "alibi_mask", "check_alibi", "check_devices", "check_sink",
+__all__ = ["alibi_by_key", "alibi_key_terms", "alibi_mask", "check_alibi", "check_devices", "check_sink", "op_slopes",
            "check_tensor", "fa2_attention", "page_table_alias", "rows_aligned", "window_bounds", "window_keys"]
 
 
@@ -27,9 +27,16 @@ def check_alibi(alibi_slopes, batch: int, nheads: int, device: torch.device, sof
                          f"or batch, nheads) on {device}, got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)} on "
                          f"{alibi_slopes.device}")
     if softcap != 0.0:
-        raise NotImplementedError("flashattn: alibi_slopes with softcap is not implemented (ALiBi runs as an additive "
-                                  "mask, which softcap does not take)")
+        raise NotImplementedError("flashattn: alibi_slopes with softcap is not implemented")
     return alibi_slopes.detach().reshape(-1, nheads)
+
+
+def op_slopes(slopes):
+    """check_alibi's (1 or batch, nheads) slopes in the ops' form: contiguous (nheads,) or (batch, nheads);
+    None stays None."""
+    if slopes is None:
+        return None
+    return (slopes[0] if slopes.size(0) == 1 else slopes).contiguous()
 
 
 def alibi_mask(slopes: torch.Tensor, query_pos: torch.Tensor, keys: torch.Tensor, window) -> torch.Tensor:
@@ -192,19 +199,19 @@ def scale_or_default(softmax_scale, head_dim: int) -> float:
 
 
 def fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic, with_keep_mask, attn_mask=None,
-                  sink=None, softcap=0.0, window=(-1, -1)):
+                  sink=None, softcap=0.0, window=(-1, -1), alibi_slopes=None):
     """ops.attention with the FlashAttention-2 API's defaults (scale, bottom-right causal mask):
     (out, softmax_lse, keep_mask), keep_mask the dropout keep-mask (batch, nheads, seqlen_q, seqlen_k)
     bool, True = kept, when with_keep_mask and dropout_p > 0, else None. sink: the attention sinks
     (nheads,), or None; softcap: the score cap (0.0: none); window: the sliding window (left, right),
-    aligned as the causal mask (window_bounds)."""
+    aligned as the causal mask (window_bounds); alibi_slopes: float32 (nheads,) or (batch, nheads), or None."""
     softmax_scale = scale_or_default(softmax_scale, q.size(-1))
     dropout_p = float(dropout_p)
     # Drawn here rather than inside ops.attention so that the keep-mask can be shown for the same state.
     rng_state = ops.draw_rng_state(q.device) if dropout_p > 0.0 else None
     out, softmax_lse = ops.attention(q, k, v, float(softmax_scale), bool(causal), True, bool(deterministic),
                                      attn_mask, dropout_p, rng_state, sink=sink, softcap=float(softcap),
-                                     window_left=window[0], window_right=window[1])
+                                     window_left=window[0], window_right=window[1], alibi_slopes=alibi_slopes)
     keep_mask = None
     if with_keep_mask and rng_state is not None:
         keep_mask = ops.dropout_keep_mask(rng_state, q.size(0), q.size(2), q.size(1), k.size(1), dropout_p)

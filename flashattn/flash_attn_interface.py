@@ -13,8 +13,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._fa2_common import (alibi_by_key, alibi_key_terms, alibi_mask, check_alibi, check_devices, check_sink,
-                          check_tensor, fa2_attention, unpack, window_bounds)
+from ._fa2_common import (check_alibi, check_devices, check_sink, check_tensor, fa2_attention, op_slopes, unpack,
+                          window_bounds)
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]
 
@@ -24,28 +24,11 @@ def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window, softcap, dete
     check_devices(q, k, v)
     check_sink(learnable_sink, q, 2)
     slopes = check_alibi(alibi_slopes, q.size(0), q.size(2), q.device, float(softcap))
-    mask = lse_shift = None
-    if slopes is not None:
-        seqlen_q, seqlen_k = q.size(1), k.size(1)
-        query_pos = torch.arange(seqlen_q, device=q.device)[None] + (seqlen_k - seqlen_q)
-        if alibi_by_key(causal, window, learnable_sink):
-            # A term per key (alibi_key_terms), the causal mask the kernels' own.
-            terms, lse_shift = alibi_key_terms(slopes, query_pos, q.size(0), seqlen_k)
-            mask = terms.expand(q.size(0), q.size(2), seqlen_q, seqlen_k)
-        else:
-            # ALiBi as an additive mask per score (the window folded into it: the kernels take no window
-            # beside a mask).
-            window = (window[0], 0 if causal else window[1])
-            mask = alibi_mask(slopes, query_pos, torch.arange(seqlen_k, device=q.device), window)
-            mask = mask.expand(q.size(0), q.size(2), seqlen_q, seqlen_k)
-            window = (-1, -1)
     out, softmax_lse, keep_mask = fa2_attention(q, k, v, dropout_p, softmax_scale, causal, deterministic,
-                                                return_attn_probs, mask, sink=learnable_sink, softcap=softcap,
-                                                window=window)
+                                                return_attn_probs, sink=learnable_sink, softcap=softcap,
+                                                window=window, alibi_slopes=op_slopes(slopes))
     if not return_attn_probs:
         return out
-    if lse_shift is not None:
-        softmax_lse = softmax_lse - lse_shift
     return out, softmax_lse, keep_mask
 
 
@@ -71,12 +54,12 @@ _FA2_ARGS_DOC = """
         alibi_slopes: None, or ALiBi's float32 slopes, ``(nheads,)`` or ``(batch, nheads)``: query i's score
             for key j gets ``-slope[h] * |i + seqlen_k - seqlen_q - j|`` added after the scale (the bias of
             FlashAttention-2, whose causal form adds ``slope * j`` instead, which gives the same output and
-            another LSE; the LSE returned here is the one of the bias above). It runs through the masked
-            kernels: with ``causal`` and no window or sinks as a float32 term per key (memory
-            ``batch * nheads * seqlen_k``; the row's part of the bias, which the softmax does not see,
-            added back to the LSE), otherwise as a float32 ``(batch or 1, nheads, seqlen_q, seqlen_k)``
-            additive mask with a window folded into it. Exact either way, at the masked kernels' speed;
-            not with softcap (NotImplementedError).
+            another LSE; the LSE returned here is the one of the bias above). The Hopper (sm90) kernels
+            add it to each score themselves, beside a window, sinks or dropout; the CPU and the
+            sm80 kernels run it as a float32 additive mask: with ``causal`` and no window or sinks a
+            term per key (memory ``batch * nheads * seqlen_k``), otherwise ``(batch or 1, nheads,
+            seqlen_q, seqlen_k)`` (quadratic in the lengths). The slopes get no gradient. Not with
+            softcap (NotImplementedError).
         deterministic: make the backward bitwise reproducible. By default the CUDA backward adds
             each key block's share of dq with atomics in whatever order the blocks run, so dq's last
             bits can differ from run to run (dk and dv do not). With ``True`` the blocks add in a

@@ -33,7 +33,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import ops
-from ._fa2_common import (alibi_mask, check_alibi, check_devices, check_tensor, fa2_attention, page_table_alias,
+from ._fa2_common import (alibi_mask, check_alibi, check_devices, check_tensor, fa2_attention, op_slopes, page_table_alias,
                           rows_aligned, scale_or_default, window_bounds, window_keys)
 
 __all__ = ["flash_attn_with_kvcache", "get_scheduler_metadata"]
@@ -313,8 +313,8 @@ def flash_attn_with_kvcache(
     softcap and window_size as in :func:`flash_attn_func`, the window around each query's diagonal
     position ``cache_seqlens[b] - seqlen_q + i`` (after the append).
 
-    alibi_slopes as in :func:`flash_attn_func`, from the same diagonal positions: an additive mask over the
-    cache on the batched kernels (such calls do not take the decode op).
+    alibi_slopes as in :func:`flash_attn_func`, from the same diagonal positions: the decode op adds the
+    term itself; calls it does not serve run an additive mask over the cache on the batched kernels.
 
     Returns out ``(batch, seqlen_q, nheads, headdim_v)``, and with ``return_softmax_lse=True`` also the
     log-sum-exp ``(batch, nheads, seqlen_q)`` float32 (-inf for a row that sees no key).
@@ -359,7 +359,7 @@ def flash_attn_with_kvcache(
         if k is None:
             raise ValueError("flashattn: rotary_cos and rotary_sin apply to new k and v: pass them too")
     slopes = check_alibi(alibi_slopes, batch, nheads, q.device, float(softcap))
-    decode_op = slopes is None and decode_op_serves(q, k_cache, v_cache, seqlen_q)
+    decode_op = decode_op_serves(q, k_cache, v_cache, seqlen_q)
     if k is not None:
         if cache_seqlens is None:
             raise ValueError("flashattn: appending k and v needs cache_seqlens (where each sequence's cache ends)")
@@ -400,7 +400,8 @@ def flash_attn_with_kvcache(
         out, lse = torch.ops.flashattn.decode_fwd(
             q, k_cache, v_cache, seqlens_k, block_table, cache_batch_idx,
             cache_leftpad, scale_or_default(softmax_scale, q.size(-1)), bool(causal),
-            window[0], window[1], float(softcap), num_splits)
+            window[0], window[1], float(softcap), num_splits,
+            alibi_slopes=op_slopes(slopes))
         return (out, lse) if return_softmax_lse else out
 
     if block_table is not None:

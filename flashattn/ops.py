@@ -3,7 +3,7 @@
 Importing this module loads the compiled extension ``flashattn._C``, whose C++ code registers three ops
 in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/torch/library.cpp``):
 
-``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None, deterministic=False, sink=None, softcap=0.0, window_left=-1, window_right=-1) -> (out, lse)``
+``torch.ops.flashattn.fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None, deterministic=False, sink=None, softcap=0.0, window_left=-1, window_right=-1, alibi_slopes=None) -> (out, lse)``
     q ``[B, Lq, Hq, D]``, k and v ``[B, Lk, Hk, D]`` (any strides, contiguous last dim, Hq a multiple
     of Hk, 1 <= D <= 256). out ``[B, Lq, Hq, D]`` contiguous in q's dtype; lse ``[B, Hq, Lq]``, the
     natural-log log-sum-exp of each row's scaled (and masked) scores, float32 (float64 for float64
@@ -32,9 +32,15 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     ``window_left`` / ``window_right`` (a sliding window, FlashAttention-2's ``window_size``; -1 unbounded)
     limit query i to the keys ``i + offset - window_left .. i + offset + window_right``, offset the causal
     alignment's as above; ``is_causal`` makes the right bound 0. Key blocks outside every row's window
-    are skipped. Not with an ``attn_mask``.
+    are skipped. Not with an ``attn_mask``. ``alibi_slopes``, a contiguous float32 ``(Hq,)`` or
+    ``(B, Hq)`` tensor on q's device, adds ALiBi's bias ``-slope * |i + Lk - Lq - j|`` to ``scale * q.k``
+    (FlashAttention-2's, whatever the causal alignment), and lse includes it. The sm90 kernels add it
+    themselves; the CPU and the sm80 kernels run it as a float32 additive mask (csrc/torch/alibi.h: a
+    term per key under causal masking on ALiBi's diagonal or left of it, without a window's left bound
+    or a sink; else ``[B or 1, Hq, Lq, Lk]``). Not with ``softcap`` or an ``attn_mask``; the slopes
+    get no gradient.
 
-``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None, softcap=0.0, window_left=-1, window_right=-1) -> (dq, dk, dv)``
+``torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None, dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None, softcap=0.0, window_left=-1, window_right=-1, alibi_slopes=None) -> (dq, dk, dv)``
     Gradients of fwd's out; dq like q, dk/dv like k (summed over each group of query heads). With
     dropout, ``dropout_p`` and ``rng_state`` must be the forward's: the keep-mask is regenerated, never
     stored. With a
@@ -47,13 +53,13 @@ in the ``flashattn`` namespace (schemas and the CPU/CUDA kernels live in ``csrc/
     The CPU implementation is always deterministic; it accepts the flag and ignores it. ``fwd`` is
     bitwise reproducible on both. With the forward's ``sink``, ``dsink`` (a contiguous ``(Hq,)`` float32
     tensor) is overwritten with the sink's gradient, ``-sum over h's rows of exp(sink[h] - lse) *
-    rowsum(dout * out)``. ``softcap`` and the window must be the forward's.
+    rowsum(dout * out)``. ``softcap``, the window and ``alibi_slopes`` must be the forward's.
 
-``torch.ops.flashattn.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None, softcap=0.0, window_left=-1, window_right=-1) -> (out, lse)``
-``torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, sink=None, dsink=None, softcap=0.0, window_left=-1, window_right=-1) -> (dq, dk, dv)``
+``torch.ops.flashattn.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None, softcap=0.0, window_left=-1, window_right=-1, alibi_slopes=None) -> (out, lse)``
+``torch.ops.flashattn.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right, deterministic=False, sink=None, dsink=None, softcap=0.0, window_left=-1, window_right=-1, alibi_slopes=None) -> (dq, dk, dv)``
     A variable-length batch (:mod:`flashattn.varlen`): q ``(total_q, Hq, D)``, k/v ``(total_k, Hk, D)``,
     int32 offsets ``(batch + 1,)`` and optional used lengths ``(batch,)`` on q's device; out like q,
-    lse ``(Hq, total_q)``; ``sink`` / ``dsink``, ``softcap`` and the window as in fwd / bwd (each sequence on its own diagonal). On CUDA, sm_90 GPUs at head dims 33..256 only. varlen_fwd has autograd (csrc/torch/varlen_autograd.cpp).
+    lse ``(Hq, total_q)``; ``sink`` / ``dsink``, ``softcap``, the window and ``alibi_slopes`` (``(Hq,)`` or ``(batch, Hq)``) as in fwd / bwd (each sequence on its own diagonal; ALiBi's term added by the sm90 kernels, an additive mask per sequence on the CPU). On CUDA, sm_90 GPUs at head dims 33..256 only. varlen_fwd has autograd (csrc/torch/varlen_autograd.cpp).
     The offsets must start at 0, never decrease and end at the packed row count, seqused within each
     sequence, and no sequence longer than ``max_seqlen_q`` / ``max_seqlen_k`` where given (-1: any):
     checked where the op reads them, at once on the CPU, on CUDA by the kernel that builds the
@@ -215,6 +221,22 @@ def _check_softcap_meta(op, softcap, attn_mask=None):
                  lambda: f"{op}: softcap with a floating (additive) attn_mask is not supported; pass a boolean mask")
 
 
+def _check_alibi_meta(op, q, batch, heads_q, alibi_slopes, softcap, attn_mask=None):
+    # batch: q's, or a variable-length batch's sequences.
+    if alibi_slopes is None:
+        return
+    torch._check(tuple(alibi_slopes.shape) in ((heads_q,), (batch, heads_q)),
+                 lambda: f"{op}: alibi_slopes must have shape (heads_q,) = ({heads_q},) or (batch, heads_q) = "
+                         f"({batch}, {heads_q}), got {list(alibi_slopes.shape)}")
+    torch._check(alibi_slopes.dtype == torch.float32,
+                 lambda: f"{op}: alibi_slopes must be float32, got {alibi_slopes.dtype}")
+    torch._check(alibi_slopes.device == q.device,
+                 lambda: f"{op}: alibi_slopes must be on q's device {q.device}, got {alibi_slopes.device}")
+    torch._check(softcap == 0.0, lambda: f"{op}: alibi_slopes with softcap is not supported")
+    torch._check(attn_mask is None,
+                 lambda: f"{op}: alibi_slopes with an attn_mask is not supported; add ALiBi's bias to the mask instead")
+
+
 def _check_window_meta(op, window_left, window_right, attn_mask=None):
     # checks.cpp's resolve_window on metadata alone: a window with a mask is refused whatever the lengths.
     torch._check(attn_mask is None or (window_left < 0 and window_right <= 0),
@@ -235,12 +257,13 @@ def _check_dropout_meta(op, q, dropout_p, rng_state):
 
 @torch.library.register_fake("flashattn::fwd")
 def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0, rng_state=None,
-              deterministic=False, sink=None, softcap=0.0, window_left=-1, window_right=-1):
+              deterministic=False, sink=None, softcap=0.0, window_left=-1, window_right=-1, alibi_slopes=None):
     _check_qkv_meta(q, k, v)
     _check_mask_meta("flashattn.fwd", q, k, attn_mask)
     _check_dropout_meta("flashattn.fwd", q, dropout_p, rng_state)
     _check_sink_meta("flashattn.fwd", q, q.size(2), sink)
     _check_softcap_meta("flashattn.fwd", softcap, attn_mask)
+    _check_alibi_meta("flashattn.fwd", q, q.size(0), q.size(2), alibi_slopes, softcap, attn_mask)
     _check_window_meta("flashattn.fwd", window_left, window_right, attn_mask)
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
@@ -251,25 +274,27 @@ def _fwd_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dr
 @torch.library.register_fake("flashattn::fwd_heads_first")
 def _fwd_heads_first_fake(q, k, v, scale, is_causal, causal_bottom_right, attn_mask=None, dropout_p=0.0,
                           rng_state=None, deterministic=False, sink=None, softcap=0.0, window_left=-1,
-                          window_right=-1):
+                          window_right=-1, alibi_slopes=None):
     torch._check(
         q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
         lambda: f"flashattn.fwd_heads_first: q, k and v must be 4-D (B, H, L, E), got {q.dim()}, {k.dim()} and "
                 f"{v.dim()} dims",
     )
     return _fwd_fake(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, is_causal, causal_bottom_right,
-                     attn_mask, dropout_p, rng_state, deterministic, sink, softcap, window_left, window_right)
+                     attn_mask, dropout_p, rng_state, deterministic, sink, softcap, window_left, window_right,
+                     alibi_slopes)
 
 
 @torch.library.register_fake("flashattn::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, scale, is_causal, causal_bottom_right, deterministic=False, attn_mask=None,
               dmask=None, dropout_p=0.0, rng_state=None, sink=None, dsink=None, softcap=0.0, window_left=-1,
-              window_right=-1):
+              window_right=-1, alibi_slopes=None):
     _check_qkv_meta(q, k, v)
     _check_mask_meta("flashattn.bwd", q, k, attn_mask)
     _check_dropout_meta("flashattn.bwd", q, dropout_p, rng_state)
     _check_sink_meta("flashattn.bwd", q, q.size(2), sink, dsink)
     _check_softcap_meta("flashattn.bwd", softcap, attn_mask)
+    _check_alibi_meta("flashattn.bwd", q, q.size(0), q.size(2), alibi_slopes, softcap, attn_mask)
     _check_window_meta("flashattn.bwd", window_left, window_right, attn_mask)
     if dmask is not None:
         torch._check(
@@ -329,21 +354,23 @@ def _check_varlen_meta(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, sequs
 @torch.library.register_fake("flashattn::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal, causal_bottom_right,
                      deterministic=False, max_seqlen_q=-1, max_seqlen_k=-1, sink=None, softcap=0.0, window_left=-1,
-                     window_right=-1):
+                     window_right=-1, alibi_slopes=None):
     _check_varlen_meta("flashattn.varlen_fwd", q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     _check_sink_meta("flashattn.varlen_fwd", q, q.size(1), sink)
     _check_softcap_meta("flashattn.varlen_fwd", softcap)
+    _check_alibi_meta("flashattn.varlen_fwd", q, cu_seqlens_q.numel() - 1, q.size(1), alibi_slopes, softcap)
     return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=_lse_dtype(q.dtype))
 
 
 @torch.library.register_fake("flashattn::varlen_bwd")
 def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal,
                      causal_bottom_right, deterministic=False, sink=None, dsink=None, softcap=0.0, window_left=-1,
-                     window_right=-1):
+                     window_right=-1, alibi_slopes=None):
     op = "flashattn.varlen_bwd"
     _check_varlen_meta(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     _check_sink_meta(op, q, q.size(1), sink, dsink)
     _check_softcap_meta(op, softcap)
+    _check_alibi_meta(op, q, cu_seqlens_q.numel() - 1, q.size(1), alibi_slopes, softcap)
     torch._check(dout.shape == q.shape, lambda: f"{op}: dout must have q's shape {tuple(q.shape)}, got {tuple(dout.shape)}")
     torch._check(out.shape == q.shape, lambda: f"{op}: out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
     torch._check(tuple(lse.shape) == (q.size(1), q.size(0)),
@@ -354,7 +381,7 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sequse
 @torch.library.register_fake("flashattn::decode_fwd")
 def _decode_fwd_fake(q, k_cache, v_cache, seqlens_k, block_table, cache_batch_idx, leftpad, scale, is_causal,
                      window_left=-1, window_right=-1, softcap=0.0, num_splits=0, cu_seqlens_q=None, max_seqlen_q=0,
-                     sink=None):
+                     sink=None, alibi_slopes=None):
     op = "flashattn.decode_fwd"
     q_dims = 4 if cu_seqlens_q is None else 3
     torch._check(q.dim() == q_dims and k_cache.dim() == 4 and v_cache.dim() == 4,
@@ -363,6 +390,8 @@ def _decode_fwd_fake(q, k_cache, v_cache, seqlens_k, block_table, cache_batch_id
     torch._check(k_cache.shape == v_cache.shape,
                  lambda: f"{op}: v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     torch._check(num_splits >= 0, lambda: f"{op}: num_splits must be >= 0, got {num_splits}")
+    _check_alibi_meta(op, q, q.size(0) if cu_seqlens_q is None else cu_seqlens_q.numel() - 1, q.size(-2), alibi_slopes,
+                      softcap)
     if cu_seqlens_q is not None:
         total_q, heads_q, head_dim = q.shape
         return q.new_empty((total_q, heads_q, head_dim)), q.new_empty((heads_q, total_q), dtype=torch.float32)
@@ -404,9 +433,9 @@ def common_head_dim(q, k, v):
 
 def attention(q, k, v, scale: float, is_causal: bool, causal_bottom_right: bool, deterministic: bool = False,
               attn_mask=None, dropout_p: float = 0.0, rng_state=None, generator=None, sink=None, softcap: float = 0.0,
-              window_left: int = -1, window_right: int = -1):
+              window_left: int = -1, window_right: int = -1, alibi_slopes=None):
     """``fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state, deterministic,
-    sink, softcap, window_left, window_right) -> (out, lse)``, with autograd (a floating ``attn_mask`` or a ``sink`` that requires grad
+    sink, softcap, window_left, window_right, alibi_slopes) -> (out, lse)``, with autograd (a floating ``attn_mask`` or a ``sink`` that requires grad
     gets one).
 
     With ``deterministic=True`` the backward runs ``bwd(..., deterministic=True)`` (bitwise reproducible
@@ -426,5 +455,5 @@ def attention(q, k, v, scale: float, is_causal: bool, causal_bottom_right: bool,
         rng_state = draw_rng_state(q.device, generator)
     q, k, v, value_dim = common_head_dim(q, k, v)
     out, lse = fwd(q, k, v, scale, is_causal, causal_bottom_right, attn_mask, dropout_p, rng_state,
-                   bool(deterministic), sink, float(softcap), int(window_left), int(window_right))
+                   bool(deterministic), sink, float(softcap), int(window_left), int(window_right), alibi_slopes)
     return (out if out.size(-1) == value_dim else out[..., :value_dim].contiguous()), lse

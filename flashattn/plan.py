@@ -18,10 +18,13 @@ extension is first used:
 - ``sm90_bwd_wide_steps`` (``FLASHATTN_SM90_BWD_WIDE_STEPS=0``): the sm90 backward in 64-query steps
   everywhere (by default the unmasked kernel at tile width 64 takes 128 queries a step);
 - ``smem_per_block_cap`` (no environment variable; 0): plan as if the GPU offered at most this many
-  bytes of shared memory per block, so that a Hopper GPU shows what an A100 or a consumer GPU gets.
+  bytes of shared memory per block, so that a Hopper GPU shows what an A100 or a consumer GPU gets;
+- ``decode_stages`` (``FLASHATTN_DECODE_STAGES=2|3``; 0): the decode kernel's ring stages per warp at the
+  head-dim widths that have such a form (2 and 3 up to 128, 2 at 192; 0: the default depth, 4 up to 128),
+  so that several of its thread blocks share an SM.
 
 ``sm90_multicast`` and ``sm90_wide_key_blocks`` take ``"auto"`` (the planner's choice), ``"on"``/``True``
-or ``"off"``/``False``; ``smem_per_block_cap`` an int; the others are booleans. Options are process-wide and not synchronised: change
+or ``"off"``/``False``; ``smem_per_block_cap`` and ``decode_stages`` ints; the others are booleans. Options are process-wide and not synchronised: change
 them while no other thread launches attention.
 """
 from __future__ import annotations

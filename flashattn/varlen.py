@@ -29,7 +29,7 @@ import torch
 
 from . import _C, kvcache, ops
 from ._fa2_common import (alibi_by_key, alibi_key_terms, alibi_mask, check_alibi, check_devices, check_max_seqlen,
-                          check_sink, check_tensor, fa2_attention, page_table_alias, rows_aligned, scale_or_default,
+                          check_sink, check_tensor, fa2_attention, op_slopes, page_table_alias, rows_aligned, scale_or_default,
                           unpack, window_bounds, window_keys)
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
@@ -156,8 +156,6 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     """flash_attn_varlen_func over a paged cache (see its docstring): the decode op where it serves the
     call (CUDA, at most 64 query rows per kv head, no gradient or dropout; a sink without a gradient is
     taken), else the variable-length path over a padded copy of each sequence's pages."""
-    if alibi_slopes is not None:
-        raise NotImplementedError("flashattn: alibi_slopes with block_table is not implemented")
     check_tensor("k", k_cache, 4, "(num_pages, page_size, nheads_k, headdim) with block_table")
     check_tensor("v", v_cache, 4, "(num_pages, page_size, nheads_k, headdim_v) with block_table")
     check_devices(q, k_cache, v_cache)
@@ -177,20 +175,22 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
             raise ValueError(f"flashattn: cu_seqlens_k must have batch + 1 = {batch + 1} entries, got {cu_seqlens_k.numel()}")
         seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
     max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    slopes = check_alibi(alibi_slopes, batch, q.size(1), q.device, float(softcap))
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, sink))
     if (isinstance(max_seqlen_q, int) and max_seqlen_q >= 1 and float(dropout_p) == 0.0 and seqused_q is None
             and not needs_grad and kvcache.decode_op_serves(q, k_cache, v_cache, max_seqlen_q)):
         out, softmax_lse = torch.ops.flashattn.decode_fwd(
             q, k_cache, v_cache, seqused_k, block_table, None, None, scale_or_default(softmax_scale, q.size(-1)),
             bool(causal), window[0], window[1], float(softcap), num_splits, cu_seqlens_q, max_seqlen_q,
-            None if sink is None else sink.detach().float().contiguous())
+            None if sink is None else sink.detach().float().contiguous(),
+            op_slopes(slopes))
         return (out, softmax_lse, None) if return_attn_probs else out
     capacity = block_table.size(1) * k_cache.size(1)
     k = kvcache.gather_pages(k_cache, block_table).flatten(0, 1)  # (batch * capacity, nheads_k, headdim)
     v = kvcache.gather_pages(v_cache, block_table).flatten(0, 1)
     cu_seqlens_rows = torch.arange(0, (batch + 1) * capacity, capacity, dtype=torch.int32, device=q.device)
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_rows, max_seqlen_q, capacity, dropout_p, softmax_scale, causal,
-                   deterministic, return_attn_probs, None, seqused_q, seqused_k, sink, softcap, window)
+                   deterministic, return_attn_probs, None, seqused_q, seqused_k, sink, softcap, window, alibi_slopes)
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
@@ -232,7 +232,7 @@ def _varlen_one_head_dim(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     total_q, nheads = q.size(0), q.size(1)
     dropout_p = float(dropout_p)
     slopes = check_alibi(alibi_slopes, batch, nheads, q.device, float(softcap))
-    if slopes is None and _in_kernels(q, k, v, dropout_p, None):
+    if _in_kernels(q, k, v, dropout_p, None):
         # The op checks the offsets where it reads them (on CUDA in the kernel that builds its schedule),
         # and an int max_seqlen with them; a tensor one is compared here, on its device.
         limits = []
@@ -245,7 +245,7 @@ def _varlen_one_head_dim(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
         scale = scale_or_default(softmax_scale, q.size(-1))
         out, softmax_lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale,
                                           bool(causal), True, bool(deterministic), *limits, sink, float(softcap),
-                                          *window)
+                                          *window, op_slopes(slopes))
         return (out, softmax_lse, None) if return_attn_probs else out
     lengths_q = _assert_offsets("cu_seqlens_q", "max_seqlen_q", cu_seqlens_q, max_seqlen_q, total_q)
     lengths_k = _assert_offsets("cu_seqlens_k", "max_seqlen_k", cu_seqlens_k, max_seqlen_k, k.size(0))
@@ -442,8 +442,10 @@ flash_attn_varlen_func.__doc__ = (
     sink's included) and no dropout, this runs on the decode op (keys split across thread blocks, pages
     read in place); otherwise over a padded copy of each sequence's pages.
 
-    ``alibi_slopes`` as in :func:`flashattn.flash_attn_func`, each sequence from its own diagonal: over the
-    padded copy of the batch (an additive mask), not in the variable-length kernels; not with a paged cache.
+    ``alibi_slopes`` as in :func:`flashattn.flash_attn_func`, each sequence from its own diagonal (query i
+    of a sequence at key position ``i + len_k - len_q``): in the variable-length kernels where they serve
+    the call (on sm_90 the kernels add the term; on the CPU an additive mask per sequence), else over the
+    padded copy of the batch as an additive mask; not with a paged cache.
     ``page_table`` (keyword only) is FlashAttention-3's name for ``block_table`` (pass one of the two).
     ``num_splits`` and ``scheduler_metadata`` (keyword only) set the decode op's key splits as in
     :func:`flashattn.flash_attn_with_kvcache`; other calls ignore them.

@@ -37,10 +37,14 @@ def main():
     for dtype, element in ELEMENTS.items():
         for head_dim in SM90_HEAD_DIMS:
             for suffix in ("", "_masked"):
-                text = (f"{HEADER}#include \"sm90/fwd_launch.cuh\"\n\n"
-                        f"template cudaError_t flashattn::sm90::launch_fwd{suffix}<{element}, {head_dim}>(\n"
-                        f"    const flashattn::FwdParams&, const flashattn::sm90::FwdLaunchPlan&, cudaStream_t);\n")
-                (out_dir / f"fwd{suffix}_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
+                # The kernels' form with ALiBi's term is a compile-time switch, in files of its own too.
+                for alibi in (False, True):
+                    text = (f"{HEADER}#include \"sm90/fwd_launch.cuh\"\n\n"
+                            f"template cudaError_t flashattn::sm90::launch_fwd{suffix}<{element}, {head_dim}, "
+                            f"{str(alibi).lower()}>(\n"
+                            f"    const flashattn::FwdParams&, const flashattn::sm90::FwdLaunchPlan&, cudaStream_t);\n")
+                    form = "_alibi" if alibi else ""
+                    (out_dir / f"fwd{suffix}{form}_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
         for head_dim in SM90_BWD_HEAD_DIMS:
             for suffix in ("", "_masked") if head_dim in SM90_BWD_MASKED_HEAD_DIMS else ("",):
                 text = (f"{HEADER}#include \"sm90/bwd_launch.cuh\"\n\n"
@@ -48,10 +52,13 @@ def main():
                         f"    const flashattn::BwdParams&, cudaStream_t);\n")
                 (out_dir / f"bwd{suffix}_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
         for head_dim in SM90_VARLEN_FWD_HEAD_DIMS:
-            text = (f"{HEADER}#include \"sm90/fwd_launch.cuh\"\n\n"
-                    f"template cudaError_t flashattn::sm90::launch_fwd_varlen<{element}, {head_dim}>(\n"
-                    f"    const flashattn::FwdParams&, int, cudaStream_t);\n")
-            (out_dir / f"fwd_varlen_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
+            for alibi in (False, True):
+                text = (f"{HEADER}#include \"sm90/fwd_launch.cuh\"\n\n"
+                        f"template cudaError_t flashattn::sm90::launch_fwd_varlen<{element}, {head_dim}, "
+                        f"{str(alibi).lower()}>(\n"
+                        f"    const flashattn::FwdParams&, int, cudaStream_t);\n")
+                form = "_alibi" if alibi else ""
+                (out_dir / f"fwd_varlen{form}_{dtype}_hdim{head_dim}_sm90.cu").write_text(text)
         for head_dim in SM90_VARLEN_BWD_HEAD_DIMS:
             text = (f"{HEADER}#include \"sm90/bwd_launch.cuh\"\n\n"
                     f"template cudaError_t flashattn::sm90::launch_bwd_varlen<{element}, {head_dim}>(\n"

@@ -73,18 +73,20 @@ class Case:
     sink: bool = False  # attention sinks (one logit per query head) in fwd, and their gradient in bwd
     softcap: float = 0.0  # scores capped to softcap * tanh(score / softcap) (0: none)
     window: Tuple[int, int] = (-1, -1)  # a sliding window (window_left, window_right; -1 unbounded)
+    alibi: str = "none"  # ALiBi's slopes: "none", "heads" ((Hq,) slopes) or "batch" ((B, Hq) slopes)
 
 
 def _case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout="contiguous", mask="none",
-          dropout_p=0.0, sink=False, softcap=0.0, window=(-1, -1)):
+          dropout_p=0.0, sink=False, softcap=0.0, window=(-1, -1), alibi="none"):
     dtype_name = "fp16" if dtype == F16 else "bf16"
     name = (f"b{batch}-q{seqlen_q}-k{seqlen_k}-h{heads_q}/{heads_kv}-d{head_dim}-{dtype_name}-{causal}"
             + ("" if layout == "contiguous" else f"-{layout}") + ("" if mask == "none" else f"-{mask}mask")
             + ("" if dropout_p == 0.0 else f"-dropout{dropout_p}") + ("-sink" if sink else "")
             + ("" if softcap == 0.0 else f"-softcap{softcap:g}")
-            + ("" if window == (-1, -1) else f"-window{window[0]}/{window[1]}"))
+            + ("" if window == (-1, -1) else f"-window{window[0]}/{window[1]}")
+            + ("" if alibi == "none" else f"-alibi_{alibi}"))
     return Case(name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, layout, mask, dropout_p,
-                sink, softcap, window)
+                sink, softcap, window, alibi)
 
 
 # memcheck, initcheck, synccheck: seqlen 1, 17, 97, 1025, Lq != Lk both ways, every compiled head-dim
@@ -143,6 +145,10 @@ FULL_CASES = [
     _case(1, 700, 500, 4, 2, 64, BF16, "bottom_right", window=(90, 0)),
     _case(1, 300, 600, 2, 1, 128, F16, "none", window=(60, 130)),
     _case(1, 500, 500, 2, 2, 256, BF16, "none", dropout_p=0.2, window=(100, 40)),
+    # ALiBi's term in the sm90 kernels (the slopes read per batch and head), with a window, dropout, sinks
+    _case(2, 300, 517, 4, 2, 128, BF16, "bottom_right", alibi="batch"),
+    _case(1, 517, 300, 2, 1, 64, F16, "none", dropout_p=0.2, window=(100, 40), alibi="heads"),
+    _case(2, 200, 300, 2, 1, 256, BF16, "none", sink=True, alibi="batch"),
 ]
 
 # racecheck (the slowest tool): one short case per head-dim tile, long enough to cross the query and
@@ -171,6 +177,7 @@ RACE_CASES = [
     _case(1, 150, 129, 2, 1, 128, F16, "bottom_right", sink=True),
     _case(1, 129, 150, 2, 1, 64, BF16, "none", dropout_p=0.2, softcap=2.0),
     _case(1, 600, 600, 2, 1, 128, BF16, "bottom_right", window=(150, 0)),
+    _case(2, 129, 300, 2, 1, 96, BF16, "bottom_right", alibi="batch"),
 ]
 
 # The sm90 forward's K/V multicast (clusters of two CTAs): the cases of the lists above that run it
@@ -245,6 +252,16 @@ def _sink(case: Case, device):
     return torch.linspace(-1.0, 2.0, case.heads_q).to(device)
 
 
+def _alibi(case: Case, device):
+    """The case's ALiBi slopes, float32 (Hq,) or (B, Hq), or None."""
+    if case.alibi == "none":
+        return None
+    slopes = torch.exp2(-8.0 * torch.arange(1, case.heads_q + 1) / case.heads_q)
+    if case.alibi == "batch":
+        slopes = slopes * torch.linspace(1.0, 0.5, case.batch)[:, None]
+    return slopes.contiguous().to(device)
+
+
 def _dsink(sink):
     return None if sink is None else torch.empty_like(sink)
 
@@ -279,12 +296,12 @@ class Expected:
             q, k, v, dout, mask = _inputs(case, index, "cpu")
             scale, is_causal, bottom_right = _args(case)
             p, rng = _dropout(case, index, "cpu")
-            sink = _sink(case, "cpu")
+            sink, alibi = _sink(case, "cpu"), _alibi(case, "cpu")
             out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng, False, sink,
-                                               case.softcap, *case.window)
+                                               case.softcap, *case.window, alibi_slopes=alibi)
             dmask, dsink = _dmask(mask), _dsink(sink)
             grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right, False, mask, dmask,
-                                            p, rng, sink, dsink, case.softcap, *case.window)
+                                            p, rng, sink, dsink, case.softcap, *case.window, alibi_slopes=alibi)
             self._cache[index] = (out, lse, grads + tuple(t for t in (dmask, dsink) if t is not None))
         return self._cache[index]
 
@@ -320,18 +337,18 @@ def run_item(phase: str, index: int, case: Case, expected: Expected, device) -> 
     q, k, v, dout, mask = _inputs(case, index, device)
     p, rng = _dropout(case, index, device)
     out_cpu, lse_cpu, grads_cpu = expected(index, case)
-    sink = _sink(case, device)
+    sink, alibi = _sink(case, device), _alibi(case, device)
     flashattn.plan.set_options(force_sm80=phase.endswith("-sm80"))
     try:
         if phase.startswith("fwd"):
             out, lse = torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, mask, p, rng, False, sink,
-                                               case.softcap, *case.window)
+                                               case.softcap, *case.window, alibi_slopes=alibi)
         else:
             out, lse = out_cpu.to(device), lse_cpu.to(device)
             dmask, dsink = _dmask(mask), _dsink(sink)
             grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, is_causal, bottom_right,
                                             phase == "bwd-deterministic", mask, dmask, p, rng, sink, dsink,
-                                            case.softcap, *case.window)
+                                            case.softcap, *case.window, alibi_slopes=alibi)
             grads = grads + tuple(t for t in (dmask, dsink) if t is not None)
     finally:
         flashattn.plan.set_options(force_sm80=False)
@@ -359,6 +376,7 @@ class DecodeCase:
     window_left: int = -1
     leftpad: bool = False
     capacity: int = 200  # keys a sequence can hold
+    alibi: bool = False  # (batch, heads_q) ALiBi slopes
 
 
 # Each names what it reaches in the decode kernel: row blocks past the group (MQA), splits larger than the
@@ -371,6 +389,8 @@ DECODE_CASES = [
     DecodeCase("d256-paged1-window", 3, 2, 4, 2, 256, BF16, True, page_size=1, window_left=20),
     DecodeCase("d192-leftpad-paged16", 3, 1, 6, 2, 192, F16, False, page_size=16, leftpad=True, num_splits=2),
     DecodeCase("d96-long", 1, 1, 8, 8, 96, BF16, False, num_splits=0, capacity=5000),
+    DecodeCase("gqa4-d128-alibi-paged16-causal-q2", 3, 2, 8, 2, 128, BF16, True, page_size=16, num_splits=3,
+               alibi=True),
 ]
 
 
@@ -384,6 +404,8 @@ def run_decode_item(index: int, case: DecodeCase, device) -> None:
     leftpad = torch.minimum(lengths, torch.tensor(5, dtype=torch.int32)) if case.leftpad else None
     kwargs = dict(causal=case.causal, window_size=(case.window_left, -1), num_splits=case.num_splits,
                   return_softmax_lse=True)
+    if case.alibi:
+        kwargs["alibi_slopes"] = torch.rand(case.batch, case.heads_q, generator=gen) * 0.3
     want_out, want_lse = flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths, cache_leftpad=leftpad,
                                                            **kwargs)
     block_table = None
@@ -398,6 +420,8 @@ def run_decode_item(index: int, case: DecodeCase, device) -> None:
         pool_v[order] = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, padded - case.capacity)).view(pool_v.shape)
         k, v = pool_k, pool_v
     to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    if case.alibi:
+        kwargs["alibi_slopes"] = kwargs["alibi_slopes"].to(device)
     out, lse = flashattn.flash_attn_with_kvcache(to(q), to(k), to(v), cache_seqlens=to(lengths),
                                                  cache_leftpad=to(leftpad), block_table=to(block_table), **kwargs)
     _check("out", out, want_out, 0.02)

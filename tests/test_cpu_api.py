@@ -148,6 +148,51 @@ def test_opcheck_cpu(dtype, causal, bottom_right):
     )
 
 
+@pytest.mark.parametrize("slopes_shape", [(4,), (2, 4)])
+def test_opcheck_cpu_alibi(slopes_shape):
+    q = _rand(2, 5, 4, 8, dtype=torch.float64, requires_grad=True)
+    k = _rand(2, 7, 2, 8, dtype=torch.float64, requires_grad=True)
+    v = _rand(2, 7, 2, 8, dtype=torch.float64, requires_grad=True)
+    slopes = torch.rand(slopes_shape)
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, (q, k, v, 0.35, True, True),
+                          {"window_left": 3, "alibi_slopes": slopes})
+    torch.library.opcheck(torch.ops.flashattn.fwd_heads_first.default,
+                          (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.35, False, True),
+                          {"alibi_slopes": slopes})
+    with torch.no_grad():
+        out, lse = torch.ops.flashattn.fwd(q, k, v, 0.35, True, True, alibi_slopes=slopes)
+    torch.library.opcheck(
+        torch.ops.flashattn.bwd.default,
+        (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, 0.35, True, True),
+        {"alibi_slopes": slopes},
+    )
+
+
+
+@pytest.mark.parametrize("slopes_shape", [(4,), (2, 4)])
+def test_opcheck_cpu_varlen_alibi(slopes_shape):
+    q = _rand(12, 4, 8, dtype=torch.float64, requires_grad=True)
+    k = _rand(15, 2, 8, dtype=torch.float64, requires_grad=True)
+    v = _rand(15, 2, 8, dtype=torch.float64, requires_grad=True)
+    cu_q = torch.tensor([0, 5, 12], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 15], dtype=torch.int32)
+    slopes = torch.rand(slopes_shape)
+    torch.library.opcheck(torch.ops.flashattn.varlen_fwd.default, (q, k, v, cu_q, cu_k, None, None, 0.35, True, True),
+                          {"alibi_slopes": slopes})
+    with torch.no_grad():
+        out, lse = torch.ops.flashattn.varlen_fwd(q, k, v, cu_q, cu_k, None, None, 0.35, False, True,
+                                                  alibi_slopes=slopes)
+    torch.library.opcheck(
+        torch.ops.flashattn.varlen_bwd.default,
+        (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, cu_q, cu_k, None, None, 0.35, False,
+         True),
+        {"alibi_slopes": slopes},
+    )
+    with pytest.raises(RuntimeError, match=r"alibi_slopes must have shape \(heads_q,\) = \(4,\) or \(batch, "
+                                           r"heads_q\) = \(2, 4\)"):
+        torch.ops.flashattn.varlen_fwd(q, k, v, cu_q, cu_k, None, None, 0.35, False, True,
+                                       alibi_slopes=torch.rand(12, 4))
+
 # fwd_heads_first: fwd with q, k, v in (B, H, L, E), the transposes made inside the op.
 @pytest.mark.parametrize("mask", [None, "float"])
 @pytest.mark.parametrize("causal, bottom_right", [(False, False), (True, True)])
@@ -587,12 +632,12 @@ class _BwdCalls(TorchDispatchMode):
 def test_bwd_schema_has_the_optional_arguments_last():
     schema = torch.ops.flashattn.bwd.default._schema
     names = [a.name for a in schema.arguments]
-    assert names[-11:] == ["causal_bottom_right", "deterministic", "attn_mask", "dmask", "dropout_p", "rng_state",
-                           "sink", "dsink", "softcap", "window_left", "window_right"]
-    assert [schema.arguments[i].default_value for i in range(-10, 0)] == [False, None, None, 0.0, None, None, None, 0.0,
-                                                                          -1, -1]
-    assert schema.arguments[-8].alias_info.is_write  # dmask is written in place
-    assert schema.arguments[-4].alias_info.is_write  # and dsink
+    assert names[-12:] == ["causal_bottom_right", "deterministic", "attn_mask", "dmask", "dropout_p", "rng_state",
+                           "sink", "dsink", "softcap", "window_left", "window_right", "alibi_slopes"]
+    assert [schema.arguments[i].default_value for i in range(-11, 0)] == [False, None, None, 0.0, None, None, None, 0.0,
+                                                                          -1, -1, None]
+    assert schema.arguments[-9].alias_info.is_write  # dmask is written in place
+    assert schema.arguments[-5].alias_info.is_write  # and dsink
 
 
 @pytest.mark.parametrize("causal, bottom_right", [(False, False), (True, False), (True, True)])

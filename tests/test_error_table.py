@@ -135,8 +135,10 @@ def kvcache(**replace):
     return flashattn.flash_attn_with_kvcache(**args)
 
 
-def fwd(q, k, v, scale=0.35, is_causal=False, bottom_right=False, attn_mask=None, dropout_p=0.0, rng_state=None):
-    return torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, attn_mask, dropout_p, rng_state)
+def fwd(q, k, v, scale=0.35, is_causal=False, bottom_right=False, attn_mask=None, dropout_p=0.0, rng_state=None,
+        **keywords):
+    return torch.ops.flashattn.fwd(q, k, v, scale, is_causal, bottom_right, attn_mask, dropout_p, rng_state,
+                                   **keywords)
 
 
 def bwd(**replace):
@@ -300,6 +302,11 @@ CALLS: Dict[str, Callable] = {
     "fwd-dropout-negative": lambda mp: fwd(*_bshd(), dropout_p=-0.1, rng_state=torch.tensor([1, 2])),
     "fwd-rng-state-dtype": lambda mp: fwd(*_bshd(), dropout_p=0.1, rng_state=torch.tensor([1, 2], dtype=torch.int32)),
     "fwd-rng-state-shape": lambda mp: fwd(*_bshd(), dropout_p=0.1, rng_state=torch.tensor([1, 2, 3])),
+    "fwd-alibi-shape": lambda mp: fwd(*_bshd(), alibi_slopes=_randn(3)),
+    "fwd-alibi-dtype": lambda mp: fwd(*_bshd(), alibi_slopes=_randn(4, dtype=torch.float64)),
+    "fwd-alibi-softcap": lambda mp: fwd(*_bshd(), softcap=30.0, alibi_slopes=_randn(4)),
+    "fwd-alibi-mask": lambda mp: fwd(*_bshd(), attn_mask=torch.ones(2, 4, 5, 7, dtype=torch.bool),
+                                     alibi_slopes=_randn(4)),
     # torch.ops.flashattn.bwd
     "bwd-dout-shape": lambda mp: bwd(dout=lambda a: a["dout"][:, :, :2]),
     "bwd-out-shape": lambda mp: bwd(out=lambda a: a["out"][:, :3]),

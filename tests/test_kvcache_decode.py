@@ -453,6 +453,32 @@ def test_long_cache_split_kv(num_splits, length, page_size):
     _assert_matches(out, lse, q, expected)
 
 
+@requires_cuda
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("stages", [2, 3])
+def test_decode_ring_depths_agree(plan_options, head_dim, stages):
+    """The decode kernel's shallower ring forms (the planner's decode_stages) give the default form's result
+    bit for bit with the same splits (each warp adds its key blocks in the same order whatever the depth),
+    over a paged cache with a partial last block and causal rows; a width without the form keeps its own."""
+    torch.manual_seed(head_dim + stages)
+    device, dtype = "cuda", BF16
+    batch, heads_q, heads_kv, capacity = 3, 8, 2, 704
+    q = torch.randn(batch, 3, heads_q, head_dim, dtype=dtype, device=device)
+    k_rows, v_rows = (torch.randn(batch, capacity, heads_kv, head_dim, dtype=dtype, device=device) for _ in range(2))
+    lengths = torch.tensor([700, 333, 17], dtype=torch.int32, device=device)
+    k_pages, v_pages, table = _paginate(k_rows, v_rows, lengths, 16)
+
+    def run():
+        return flashattn.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=lengths, block_table=table,
+                                                 causal=True, num_splits=3, return_softmax_lse=True)
+
+    want = run()
+    plan_options(decode_stages=stages)
+    got = run()
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
 # ---- 5. CUDA graphs ----
 
 

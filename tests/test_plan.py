@@ -372,3 +372,11 @@ def test_unknown_option_raises():
         plan.set_options(q_in_registers=True)
     with pytest.raises(RuntimeError, match="expected 'auto', 'on', 'off'"):
         plan.set_options(sm90_multicast="sometimes")
+    with pytest.raises(RuntimeError, match="decode_stages must be 0 \\(the default\\), 2 or 3, got 4"):
+        plan.set_options(decode_stages=4)
+
+
+def test_decode_stages_option_round_trip():
+    with plan.options(decode_stages=2) as inside:
+        assert inside["decode_stages"] == 2 and plan.current_options()["decode_stages"] == 2
+    assert plan.current_options()["decode_stages"] == 0

@@ -42,6 +42,7 @@ struct SeqSpan {
     sh.seqlen_q = len_q;
     sh.seqlen_k = len_k;
     sh.causal_offset = causal_offset;
+    sh.alibi_offset = len_k - len_q;  // ALiBi's diagonal is the sequence's own bottom-right one
     return sh;
   }
 };

@@ -33,12 +33,17 @@ constexpr int stages_for(int width) { return width <= 128 ? 4 : (width <= 192 ? 
 // Elements between shared tile rows: 8 of padding spreads ldmatrix's eight row reads over the banks.
 constexpr int stride_for(int width) { return width + 8; }
 
-// Dynamic shared memory of one thread block: the K/V rings and the Q tile, or (after the key loop) the
-// warps' partial outputs for the merge, whichever is larger.
+// The ring depths a width also has a form for (the planner's decode_stages option), besides stages_for's.
+constexpr bool has_stages(int width, int stages) {
+  return stages == stages_for(width) || (stages == 2 && width <= 192) || (stages == 3 && width <= 128);
+}
+
+// Dynamic shared memory of one thread block with `stages` ring stages a warp: the K/V rings and the Q
+// tile, or (after the key loop) the warps' partial outputs for the merge, whichever is larger.
 template <typename T>
-constexpr int smem_bytes(int width) {
+constexpr int smem_bytes(int width, int stages) {
   const int tile = kBlockKeys * stride_for(width) * static_cast<int>(sizeof(T));
-  const int rings = kWarps * stages_for(width) * 2 * tile;
+  const int rings = kWarps * stages * 2 * tile;
   const int q_tile = kRows * stride_for(width) * static_cast<int>(sizeof(T));
   const int merge = kWarps * kRows * (width + 2) * static_cast<int>(sizeof(float));
   return (rings + q_tile > merge) ? rings + q_tile : merge;

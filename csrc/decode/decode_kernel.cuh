@@ -117,10 +117,10 @@ __device__ __forceinline__ void load_key_rows(const DecodeParams& p, T* k_tile, 
   }
 }
 
-template <typename T, int kWidth>
+template <typename T, int kWidth, int kStages>
 __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams p) {
+  static_assert(kStages >= 2 && has_stages(kWidth, kStages), "a ring depth decode_config.h lists");
   constexpr int kStride = stride_for(kWidth);
-  constexpr int kStages = stages_for(kWidth);
   constexpr int kKSteps = kWidth / 16;   // k-steps of QK^T, n-tile pairs of PV
   constexpr int kOTiles = kWidth / 8;    // n8 tiles of O
   // Q's fragments take 4 registers a k-step; at the widest widths they are read from shared memory
@@ -187,6 +187,19 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   row_keys(p, kr, row0 + g, rows, group, qr.count, first[0], last[0]);
   row_keys(p, kr, row0 + g + 8, rows, group, qr.count, first[1], last[1]);
 
+  // ALiBi: each of the two rows' slope in base-2 units, negated (0 without), and diagonal position.
+  float alibi_slope[2] = {0.f, 0.f}, alibi_diagonal[2] = {0.f, 0.f};
+  if (p.alibi_slopes != nullptr) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row0 + g + 8 * h;
+      if (r >= rows) continue;
+      const float slope = p.alibi_slopes[static_cast<int64_t>(b) * p.alibi_batch_stride + kv_head * group + r % group];
+      alibi_slope[h] = -slope * (1.f / kLn2);
+      alibi_diagonal[h] = static_cast<float>(kr.length - qr.count + r / group);
+    }
+  }
+
   float o[kOTiles][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
@@ -251,6 +264,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
         float x = s[n][e];
         if (p.softcap_inner != 0.f) x = tanh_approx(x * p.softcap_inner);
         x *= p.scale_log2;
+        if (p.alibi_slopes != nullptr) x = fmaf(alibi_slope[h], fabsf(alibi_diagonal[h] - static_cast<float>(key)), x);
         x = (key >= first[h] && key <= last[h]) ? x : -INFINITY;
         s[n][e] = x;
         row_max[h] = fmaxf(row_max[h], x);

@@ -10,6 +10,7 @@
 #include "decode/api.h"
 #include "decode/decode_config.h"
 #include "decode/decode_kernel.cuh"
+#include "plan.h"
 
 namespace flashattn {
 namespace decode {
@@ -21,22 +22,40 @@ constexpr int kWidthCount = sizeof(kWidths) / sizeof(kWidths[0]);
 
 using DecodeKernel = void (*)(DecodeParams);
 
+// Ring stages per warp at `width`: the planner's decode_stages option where the width has that form,
+// else stages_for's.
+int stages_at(int width) {
+  const int option = plan_options().decode_stages;
+  return option != 0 && has_stages(width, option) ? option : stages_for(width);
+}
+
+template <typename T, int kWidth>
+DecodeKernel kernel_of_depth(int stages) {
+  if constexpr (has_stages(kWidth, 2)) {
+    if (stages == 2) return decode_kernel<T, kWidth, 2>;
+  }
+  if constexpr (has_stages(kWidth, 3)) {
+    if (stages == 3) return decode_kernel<T, kWidth, 3>;
+  }
+  return decode_kernel<T, kWidth, stages_for(kWidth)>;
+}
+
 template <typename T>
-DecodeKernel kernel_of_width(int width) {
+DecodeKernel kernel_of_width(int width, int stages) {
   switch (width) {
-    case 64: return decode_kernel<T, 64>;
-    case 96: return decode_kernel<T, 96>;
-    case 128: return decode_kernel<T, 128>;
-    case 192: return decode_kernel<T, 192>;
-    case 256: return decode_kernel<T, 256>;
+    case 64: return kernel_of_depth<T, 64>(stages);
+    case 96: return kernel_of_depth<T, 96>(stages);
+    case 128: return kernel_of_depth<T, 128>(stages);
+    case 192: return kernel_of_depth<T, 192>(stages);
+    case 256: return kernel_of_depth<T, 256>(stages);
     default: return nullptr;
   }
 }
 
-int smem_for(int head_dim, ElementType type) {
+int smem_for(int head_dim, ElementType type, int stages) {
   const int width = width_for(head_dim);
   if (width == 0) return 0;
-  return type == ElementType::kBFloat16 ? smem_bytes<__nv_bfloat16>(width) : smem_bytes<__half>(width);
+  return type == ElementType::kBFloat16 ? smem_bytes<__nv_bfloat16>(width, stages) : smem_bytes<__half>(width, stages);
 }
 
 // One instantiation on one device: its dynamic shared memory opted into once, and how many of its
@@ -49,17 +68,21 @@ struct Instance {
 
 // The instantiation serving (head_dim, type) on the current device, ready to launch.
 cudaError_t instance_for(int head_dim, ElementType type, Instance& out) {
-  static std::array<std::atomic<int>, kMaxDevices * 2 * kWidthCount> asked{};  // blocks per SM; 0: not yet
+  // Blocks per SM (0: not asked yet) per device, element type, width and ring depth (2, 3 or 4).
+  static std::array<std::atomic<int>, kMaxDevices * 2 * kWidthCount * 3> asked{};
   const int width = width_for(head_dim);
-  out.kernel = type == ElementType::kBFloat16 ? kernel_of_width<__nv_bfloat16>(width) : kernel_of_width<__half>(width);
-  out.smem = smem_for(head_dim, type);
+  if (width == 0) return cudaErrorInvalidValue;
+  const int stages = stages_at(width);
+  out.kernel = type == ElementType::kBFloat16 ? kernel_of_width<__nv_bfloat16>(width, stages)
+                                              : kernel_of_width<__half>(width, stages);
+  out.smem = smem_for(head_dim, type, stages);
   if (out.kernel == nullptr) return cudaErrorInvalidValue;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   int w = 0;
   while (kWidths[w] != width) ++w;
-  const int slot = (device * 2 + (type == ElementType::kBFloat16)) * kWidthCount + w;
+  const int slot = ((device * 2 + (type == ElementType::kBFloat16)) * kWidthCount + w) * 3 + (stages - 2);
   if (device < kMaxDevices) {
     out.blocks_per_sm = asked[slot].load(std::memory_order_acquire);
     if (out.blocks_per_sm > 0) return cudaSuccess;
@@ -100,7 +123,7 @@ cudaError_t launch_combine(const DecodeParams& p, int64_t rows, cudaStream_t str
 
 bool supported(int head_dim, ElementType type, int smem_per_block) {
   if (head_dim < 8 || head_dim % 8 != 0 || width_for(head_dim) == 0) return false;
-  return smem_per_block == 0 || smem_for(head_dim, type) <= smem_per_block;
+  return smem_per_block == 0 || smem_for(head_dim, type, stages_for(width_for(head_dim))) <= smem_per_block;
 }
 
 int rows_per_block() { return kRows; }

@@ -50,6 +50,7 @@
 #include "cuda/varlen.h"
 #include "cuda/varlen_schedule.h"
 #include "cuda/mask_view.h"
+#include "cuda/alibi.h"
 #include "cuda/softcap.h"
 #include "sm90/bwd_config.h"
 #include "sm90/bwd_dq_writer.h"
@@ -691,6 +692,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     fence_registers(s);
     const bool softcapped = sh.softcap_inner != 0.f;  // cuda/softcap.h
     if (softcapped) softcap_scores(s, sh.softcap_inner);
+    const float alibi = alibi_slope(sh, batch, head);  // cuda/alibi.h
+    if (alibi != 0.f) {
+      // Element i: key key0 + accumulator_row(i), query m0 + accumulator_col(i).
+      const float base = static_cast<float>(m0 + accumulator_col(0, lane) + sh.alibi_offset - key0 -
+                                            accumulator_row(0, warp_in_group, lane));
+#pragma unroll
+      for (int i = 0; i < kScores; ++i) {
+        const int shift = (accumulator_col(i, lane) - accumulator_col(0, lane)) -
+                         (accumulator_row(i, warp_in_group, lane) - accumulator_row(0, warp_in_group, lane));
+        s[i] = add_alibi(s[i], alibi, base + static_cast<float>(shift));
+      }
+    }
     // P^T; keys this query may not see get 0 (only blocks on the causal diagonal or past the end).
     const MaskView<T> mask = kMasked ? walk.mask(step) : MaskView<T>();
     // (Under a sliding window, also blocks with keys left of the last query's window.)

@@ -32,6 +32,7 @@
 #include "common/dropout.h"
 #include "cuda/element_ops.h"
 #include "cuda/mask_view.h"
+#include "cuda/alibi.h"
 #include "cuda/softcap.h"
 #include "sm90/bwd_config.h"
 #include "sm90/bwd_kernel.cuh"
@@ -201,6 +202,18 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, const Attention
     fence_registers(s);
     const bool softcapped = sh.softcap_inner != 0.f;  // cuda/softcap.h
     if (softcapped) softcap_scores(s, sh.softcap_inner);
+    const float alibi = alibi_slope(sh, batch, head);  // cuda/alibi.h
+    if (alibi != 0.f) {
+      // Element i: query m0 + accumulator_row(i), key key0 + accumulator_col(i).
+      const float base = static_cast<float>(m0 + accumulator_row(0, warp_in_group, lane) + sh.alibi_offset - key0 -
+                                            accumulator_col(0, lane));
+#pragma unroll
+      for (int i = 0; i < kKeys / 2; ++i) {
+        const int shift = (accumulator_row(i, warp_in_group, lane) - accumulator_row(0, warp_in_group, lane)) -
+                         (accumulator_col(i, lane) - accumulator_col(0, lane));
+        s[i] = add_alibi(s[i], alibi, base + static_cast<float>(shift));
+      }
+    }
     if (mask_needed) {
       // With the attention mask: exp2(S scale + mask - LSE), all in base-2 units; its loads issued
       // together (MaskView::load_terms).

@@ -32,6 +32,38 @@ __global__ void __launch_bounds__(kMulticastThreads, 1) pair_cluster_probe_kerne
 
 bool finite_positive(float x) { return x > 0.f && std::isfinite(x); }
 
+// run_fwd's launch, in the kernels' form with ALiBi's term (kAlibi) or without.
+template <bool kAlibi>
+cudaError_t run_fwd_form(const FwdParams& launch, const FwdLaunchPlan& plan, bool bf16, bool masked,
+                         cudaStream_t stream) {
+#define FLASHATTN_LAUNCH(D)                                                           \
+  if (plan.width == D) {                                                              \
+    if (masked) {                                                                     \
+      return bf16 ? launch_fwd_masked<__nv_bfloat16, D, kAlibi>(launch, plan, stream) \
+                  : launch_fwd_masked<__half, D, kAlibi>(launch, plan, stream);       \
+    }                                                                                 \
+    return bf16 ? launch_fwd<__nv_bfloat16, D, kAlibi>(launch, plan, stream)          \
+                : launch_fwd<__half, D, kAlibi>(launch, plan, stream);                \
+  }
+  FLASHATTN_SM90_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
+#undef FLASHATTN_LAUNCH
+  return cudaErrorInvalidValue;
+}
+
+// run_fwd_varlen's launch, in the kernel's form with ALiBi's term (kAlibi) or without.
+template <bool kAlibi>
+cudaError_t run_fwd_varlen_form(const FwdParams& p, int grid, bool bf16, cudaStream_t stream) {
+  const int width = fwd_tile_width(p.shape.head_dim);
+#define FLASHATTN_LAUNCH(D)                                                    \
+  if (width == D) {                                                            \
+    return bf16 ? launch_fwd_varlen<__nv_bfloat16, D, kAlibi>(p, grid, stream) \
+                : launch_fwd_varlen<__half, D, kAlibi>(p, grid, stream);       \
+  }
+  FLASHATTN_SM90_VARLEN_FWD_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
+#undef FLASHATTN_LAUNCH
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 bool compiled() {
@@ -87,17 +119,8 @@ cudaError_t run_fwd(const FwdParams& p, const FwdLaunchPlan& plan, cudaStream_t 
   if (plan.rows != FwdRows::kMasked) launch.mask = MaskParams{};  // the unmasked kernels read none
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
   const bool masked = plan.rows == FwdRows::kMasked;
-#define FLASHATTN_LAUNCH(D)                                                                                   \
-  if (plan.width == D) {                                                                                      \
-    if (masked) {                                                                                             \
-      return bf16 ? launch_fwd_masked<__nv_bfloat16, D>(launch, plan, stream)                                 \
-                  : launch_fwd_masked<__half, D>(launch, plan, stream);                                       \
-    }                                                                                                         \
-    return bf16 ? launch_fwd<__nv_bfloat16, D>(launch, plan, stream) : launch_fwd<__half, D>(launch, plan, stream); \
-  }
-  FLASHATTN_SM90_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
-#undef FLASHATTN_LAUNCH
-  return cudaErrorInvalidValue;
+  if (p.shape.alibi_slopes != nullptr) return run_fwd_form<true>(launch, plan, bf16, masked, stream);
+  return run_fwd_form<false>(launch, plan, bf16, masked, stream);
 }
 
 int bwd_tile_width(int head_dim) {
@@ -148,15 +171,9 @@ bool varlen_supported(const AttentionShape& s, bool tensors_tma) {
 }
 
 cudaError_t run_fwd_varlen(const FwdParams& p, int grid, cudaStream_t stream) {
-  const int width = fwd_tile_width(p.shape.head_dim);
   const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
-#define FLASHATTN_LAUNCH(D)                                                                        \
-  if (width == D) {                                                                                \
-    return bf16 ? launch_fwd_varlen<__nv_bfloat16, D>(p, grid, stream) : launch_fwd_varlen<__half, D>(p, grid, stream); \
-  }
-  FLASHATTN_SM90_VARLEN_FWD_FOR_EACH_HEAD_DIM(FLASHATTN_LAUNCH)
-#undef FLASHATTN_LAUNCH
-  return cudaErrorInvalidValue;
+  if (p.shape.alibi_slopes != nullptr) return run_fwd_varlen_form<true>(p, grid, bf16, stream);
+  return run_fwd_varlen_form<false>(p, grid, bf16, stream);
 }
 
 cudaError_t run_bwd_varlen(const BwdParams& p, cudaStream_t stream) {

@@ -62,7 +62,10 @@
 namespace flashattn {
 namespace sm90 {
 
-template <typename T, typename Cfg, bool kMasked, bool kKeyEnds, bool kMulticast, bool kVarlen = false>
+// kAlibi: the form that adds ALiBi's term (sh.alibi_slopes set); a compile-time switch, so the kernels
+// without it keep the registers and schedule they have without the term's code.
+template <typename T, typename Cfg, bool kMasked, bool kKeyEnds, bool kMulticast, bool kVarlen = false,
+          bool kAlibi = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdTensorMaps maps,
                                                                const FwdParams p, const FwdSchedule sched,
                                                                bool staged_output) {
@@ -253,6 +256,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     };
     const bool dropout = kMasked && p.dropout.enabled;
     const bool softcapped = sh.softcap_inner != 0.f;  // cuda/softcap.h: before any mask
+    const float alibi = kAlibi ? alibi_slope(sh, t.batch, t.head) : 0.f;  // cuda/alibi.h: after the cap, before masks
     const DropoutRow rng = dropout ? DropoutRow(p.dropout, t.batch, sh.heads_q, t.head) : DropoutRow{};
     auto apply_dropout = [&](float(&scores)[kBlockN / 2], int block) {
       if constexpr (kMasked) {
@@ -286,6 +290,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           if (next >= t.num_n_blocks) mbar_arrive(&bars.q_empty[q_stage]);
         }
         if (softcapped) softcap_scores(s0, sh.softcap_inner);
+        if constexpr (kAlibi) alibi_scores<kBlockN>(s0, block * kBlockN, row0, lane, alibi, sh.alibi_offset);
         softmax.update(s0, apply_masks(s0, block, block_needs, block_key_end), correction);
         apply_dropout(s0, block);
         release_next_consumer();
@@ -339,8 +344,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         bool moved;
         if constexpr (kTail) {
           if (softcapped) softcap_scores(s_tail, sh.softcap_inner);
+          if constexpr (kAlibi) alibi_scores<kTailN>(s_tail, block * kBlockN, row0, lane, alibi, sh.alibi_offset);
         } else {
           if (softcapped) softcap_scores(s, sh.softcap_inner);
+          if constexpr (kAlibi) alibi_scores<kBlockN>(s, block * kBlockN, row0, lane, alibi, sh.alibi_offset);
         }
         if constexpr (kTail) {  // unmasked launches only: the length mask
           mask_scores<kTailN>(s_tail, block * kBlockN, row0, lane, sh, row_key_end);

@@ -36,13 +36,15 @@ inline cudaLaunchConfig_t pair_cluster_config(int grid, int threads, int smem_by
   return config;
 }
 
-// One launch of fwd_kernel<T, Cfg, kMasked, kKeyEnds, kMulticast> over p (whose shape is the plan's).
-template <typename T, typename Cfg, bool kMasked, bool kKeyEnds, bool kMulticast>
+// One launch of fwd_kernel<T, Cfg, kMasked, kKeyEnds, kMulticast, false, kAlibi> over p (whose shape is
+// the plan's).
+template <typename T, typename Cfg, bool kMasked, bool kKeyEnds, bool kMulticast, bool kAlibi>
 cudaError_t launch_fwd_kernel(const FwdParams& p, const FwdLaunchPlan& plan, cudaStream_t stream) {
   static_assert(!kMulticast || (!kMasked && !kKeyEnds), "multicast runs rows that walk every key block");
   static_assert(!Cfg::kNarrowTail || (!kMasked && !kKeyEnds && !Cfg::kPrefetchScores),
                 "a narrow tail: every row walks every key block");
   const AttentionShape& sh = p.shape;
+  if ((sh.alibi_slopes != nullptr) != kAlibi) return cudaErrorInvalidValue;  // the form must match the call
   FwdTensorMaps maps;
   // With multicast each CTA loads half of each key block.
   constexpr int kKVBoxRows = Cfg::kBlockN / kFwdClusterCtas<kMulticast>;
@@ -56,7 +58,7 @@ cudaError_t launch_fwd_kernel(const FwdParams& p, const FwdLaunchPlan& plan, cud
       make_tensor_map(&maps.out, p.out, sh, sh.seqlen_q, sh.heads_q, p.out_strides, 64) == cudaSuccess;
   const int64_t num_tiles = static_cast<int64_t>((sh.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * sh.heads_q * sh.batch;
   if (num_tiles > 0x7fffffff || plan.grid < 1) return cudaErrorInvalidConfiguration;
-  constexpr auto kernel = fwd_kernel<T, Cfg, kMasked, kKeyEnds, kMulticast>;
+  constexpr auto kernel = fwd_kernel<T, Cfg, kMasked, kKeyEnds, kMulticast, false, kAlibi>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   if (plan.dynamic_heads > 0) {
@@ -77,12 +79,14 @@ cudaError_t launch_fwd_kernel(const FwdParams& p, const FwdLaunchPlan& plan, cud
 
 // The variable-length forward at tile width kHeadDim (VarlenFwdConfig): builds the tile list of
 // p.varlen (its buffers sized by fwd_varlen_list_capacity) and launches `grid` persistent CTAs over it.
-// p.shape is the batch's: batch = sequences, seqlen_q / seqlen_k = the packed row counts.
-template <typename T, int kHeadDim>
+// p.shape is the batch's: batch = sequences, seqlen_q / seqlen_k = the packed row counts. kAlibi: the
+// kernel form with ALiBi's term, for calls with sh.alibi_slopes (and only those).
+template <typename T, int kHeadDim, bool kAlibi>
 cudaError_t launch_fwd_varlen(const FwdParams& p, int grid, cudaStream_t stream) {
   using Cfg = typename VarlenFwdConfig<kHeadDim>::type;
   const AttentionShape& sh = p.shape;
   if (!p.varlen.enabled() || p.tile_counter == nullptr || grid < 1) return cudaErrorInvalidValue;
+  if ((sh.alibi_slopes != nullptr) != kAlibi) return cudaErrorInvalidValue;
   VarlenListSpec spec;
   spec.work = VarlenWork::kForward;
   spec.batch = sh.batch;
@@ -103,7 +107,7 @@ cudaError_t launch_fwd_varlen(const FwdParams& p, int grid, cudaStream_t stream)
   if (err == cudaSuccess) err = make_tensor_map(&maps.k, p.k, packed, sh.seqlen_k, sh.heads_kv, p.k_strides, Cfg::kBlockN);
   if (err == cudaSuccess) err = make_tensor_map(&maps.v, p.v, packed, sh.seqlen_k, sh.heads_kv, p.v_strides, Cfg::kBlockN);
   if (err != cudaSuccess) return err;
-  constexpr auto kernel = fwd_kernel<T, Cfg, false, false, false, true>;
+  constexpr auto kernel = fwd_kernel<T, Cfg, false, false, false, true, kAlibi>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);
@@ -117,68 +121,76 @@ cudaError_t launch_fwd_varlen(const FwdParams& p, int grid, cudaStream_t stream)
 // the key-length form's rows, every row with K/V multicast.
 constexpr unsigned kAllRows = 1, kKeyEndRows = 2, kMulticastRows = 4;
 
-// A launch without an attention mask in configuration Cfg, one of the kernels kBuilt names.
-template <typename T, typename Cfg, unsigned kBuilt>
+// A launch without an attention mask in configuration Cfg, one of the kernels kBuilt names (in its
+// form with ALiBi's term where kAlibi).
+template <typename T, typename Cfg, unsigned kBuilt, bool kAlibi>
 cudaError_t launch_fwd_unmasked(const FwdParams& p, const FwdLaunchPlan& plan, cudaStream_t stream) {
   if (plan.rows == FwdRows::kKeyEnds) {
     if constexpr ((kBuilt & kKeyEndRows) != 0) {
-      if (!plan.multicast) return launch_fwd_kernel<T, Cfg, false, true, false>(p, plan, stream);
+      if (!plan.multicast) return launch_fwd_kernel<T, Cfg, false, true, false, kAlibi>(p, plan, stream);
     }
     return cudaErrorInvalidValue;
   }
   if (plan.multicast) {
-    if constexpr ((kBuilt & kMulticastRows) != 0) return launch_fwd_kernel<T, Cfg, false, false, true>(p, plan, stream);
+    if constexpr ((kBuilt & kMulticastRows) != 0) {
+      return launch_fwd_kernel<T, Cfg, false, false, true, kAlibi>(p, plan, stream);
+    }
     return cudaErrorInvalidValue;
   }
-  if constexpr ((kBuilt & kAllRows) != 0) return launch_fwd_kernel<T, Cfg, false, false, false>(p, plan, stream);
+  if constexpr ((kBuilt & kAllRows) != 0) {
+    return launch_fwd_kernel<T, Cfg, false, false, false, kAlibi>(p, plan, stream);
+  }
   return cudaErrorInvalidValue;
 }
 
 // The unmasked launches at tile width kHeadDim: the configurations and kernels compiled there
-// (fwd_plan.cu chooses among them). Instantiated per (T, kHeadDim) in csrc/instantiations/.
-template <typename T, int kHeadDim>
+// (fwd_plan.cu chooses among them), each in its form with ALiBi's term where kAlibi. Instantiated per
+// (T, kHeadDim, kAlibi) in csrc/instantiations/.
+template <typename T, int kHeadDim, bool kAlibi>
 cudaError_t launch_fwd(const FwdParams& p, const FwdLaunchPlan& plan, cudaStream_t stream) {
   if (plan.width != kHeadDim || plan.rows == FwdRows::kMasked) return cudaErrorInvalidValue;
   using Default = typename DefaultFwdConfig<kHeadDim>::type;
   if constexpr (kHeadDim == 64) {
     switch (plan.tiles) {
       case FwdTiles::kLongRows:
-        return launch_fwd_unmasked<T, typename LongRowFwdConfig<64>::type, kAllRows | kKeyEndRows>(p, plan, stream);
+        return launch_fwd_unmasked<T, typename LongRowFwdConfig<64>::type, kAllRows | kKeyEndRows, kAlibi>(p, plan,
+                                                                                                       stream);
       case FwdTiles::kPrefetchScores:
-        return launch_fwd_unmasked<T, typename PrefetchScoresFwdConfig<64>::type, kAllRows>(p, plan, stream);
+        return launch_fwd_unmasked<T, typename PrefetchScoresFwdConfig<64>::type, kAllRows, kAlibi>(p, plan, stream);
       case FwdTiles::kDefault:  // the key-length form's rows, which can end before a second key block
-        return launch_fwd_unmasked<T, Default, kKeyEndRows>(p, plan, stream);
+        return launch_fwd_unmasked<T, Default, kKeyEndRows, kAlibi>(p, plan, stream);
       default:
         return cudaErrorInvalidValue;
     }
   } else if constexpr (kHeadDim == 128) {
     switch (plan.tiles) {
       case FwdTiles::kDefault:
-        return launch_fwd_unmasked<T, Default, kAllRows | kKeyEndRows | kMulticastRows>(p, plan, stream);
+        return launch_fwd_unmasked<T, Default, kAllRows | kKeyEndRows | kMulticastRows, kAlibi>(p, plan, stream);
       case FwdTiles::kWideKeys:
-        return launch_fwd_unmasked<T, typename WideKeyFwdConfig<128>::type, kAllRows | kMulticastRows>(p, plan, stream);
+        return launch_fwd_unmasked<T, typename WideKeyFwdConfig<128>::type, kAllRows | kMulticastRows, kAlibi>(p, plan,
+                                                                                                          stream);
       case FwdTiles::kWideKeysTail64:
-        return launch_fwd_unmasked<T, typename WideKeyTailFwdConfig<128, 64>::type, kAllRows | kMulticastRows>(
+        return launch_fwd_unmasked<T, typename WideKeyTailFwdConfig<128, 64>::type, kAllRows | kMulticastRows, kAlibi>(
             p, plan, stream);
       case FwdTiles::kWideKeysTail128:
-        return launch_fwd_unmasked<T, typename WideKeyTailFwdConfig<128, 128>::type, kAllRows | kMulticastRows>(
+        return launch_fwd_unmasked<T, typename WideKeyTailFwdConfig<128, 128>::type, kAllRows | kMulticastRows, kAlibi>(
             p, plan, stream);
       default:
         return cudaErrorInvalidValue;
     }
   } else {
     if (plan.tiles != FwdTiles::kDefault) return cudaErrorInvalidValue;
-    return launch_fwd_unmasked<T, Default, kAllRows | kKeyEndRows>(p, plan, stream);
+    return launch_fwd_unmasked<T, Default, kAllRows | kKeyEndRows, kAlibi>(p, plan, stream);
   }
 }
 
 // The masked launch at tile width kHeadDim (masks and dropout).
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kAlibi>
 cudaError_t launch_fwd_masked(const FwdParams& p, const FwdLaunchPlan& plan, cudaStream_t stream) {
   if (plan.width != kHeadDim || plan.rows != FwdRows::kMasked || plan.tiles != FwdTiles::kMasked || plan.multicast) {
     return cudaErrorInvalidValue;
   }
-  return launch_fwd_kernel<T, typename MaskedFwdConfig<kHeadDim>::type, true, false, false>(p, plan, stream);
+  return launch_fwd_kernel<T, typename MaskedFwdConfig<kHeadDim>::type, true, false, false, kAlibi>(p, plan, stream);
 }
 
 }  // namespace sm90

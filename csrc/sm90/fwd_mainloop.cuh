@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/mask.h"
+#include "cuda/alibi.h"
 #include "cuda/mask_view.h"
 #include "params.h"
 #include "sm90/fwd_config.h"
@@ -77,6 +78,19 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], int n0, int
     const int key = n0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
     const int query = row0 + ((i % 4) / 2) * 8;
     s[i] = key_visible(query, key, key_end, sh.is_causal, sh.causal_offset, sh.window_span) ? s[i] : -INFINITY;
+  }
+}
+
+// ALiBi's term (cuda/alibi.h) on a block's scores, keys from n0, this thread's rows from row0 (the
+// layout of mask_scores): element i is key n0 + 8 (i / 4) + 2 (lane % 4) + i % 2 of query
+// row0 + 8 ((i % 4) / 2), so its distance is a per-thread base plus a constant per element.
+template <int kBlockN>
+__device__ __forceinline__ void alibi_scores(float (&s)[kBlockN / 2], int n0, int row0, int lane, float slope,
+                                             int alibi_offset) {
+  const float base = static_cast<float>(row0 + alibi_offset - n0 - 2 * (lane % 4));
+#pragma unroll
+  for (int i = 0; i < kBlockN / 2; ++i) {
+    s[i] = add_alibi(s[i], slope, base + static_cast<float>(8 * ((i % 4) / 2) - 8 * (i / 4) - i % 2));
   }
 }
 

@@ -29,12 +29,13 @@ using torch::autograd::variable_list;
 using FwdSignature = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                         double, bool, bool, const std::optional<at::Tensor>&,
                                                         double, const std::optional<at::Tensor>&, bool,
-                                                        const std::optional<at::Tensor>&, double, int64_t, int64_t);
+                                                        const std::optional<at::Tensor>&, double, int64_t, int64_t,
+                                                        const std::optional<at::Tensor>&);
 using BwdSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, double, bool, bool, bool, const std::optional<at::Tensor>&,
     const std::optional<at::Tensor>&, double, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, double, int64_t, int64_t);
+    const std::optional<at::Tensor>&, double, int64_t, int64_t, const std::optional<at::Tensor>&);
 
 std::optional<at::Tensor> present(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
@@ -64,11 +65,12 @@ std::tuple<at::Tensor, at::Tensor> fwd_heads_first(const at::Tensor& q, const at
                                                    double scale, bool is_causal, bool causal_bottom_right,
                                                    const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                                    const std::optional<at::Tensor>& rng_state, bool deterministic,
-                                                   const std::optional<at::Tensor>& sink, double softcap, int64_t window_left, int64_t window_right) {
+                                                   const std::optional<at::Tensor>& sink, double softcap, int64_t window_left, int64_t window_right,
+                                                   const std::optional<at::Tensor>& alibi_slopes) {
   check_heads_first(q, k, v);
   return fwd_op().call(kernel_layout(q), kernel_layout(k), kernel_layout(v), scale, is_causal, causal_bottom_right,
                        attn_mask, dropout_p, rng_state, deterministic, sink, softcap, window_left,
-                       window_right);
+                       window_right, alibi_slopes);
 }
 
 // heads_first: q, k, v (and the gradients returned for them) in (B, H, L, E), else (B, L, H, E).
@@ -78,15 +80,17 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
                                double scale, bool is_causal, bool causal_bottom_right,
                                const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                const std::optional<at::Tensor>& rng_state, bool deterministic,
-                               const std::optional<at::Tensor>& sink, double softcap, int64_t window_left, int64_t window_right, bool heads_first) {
+                               const std::optional<at::Tensor>& sink, double softcap, int64_t window_left, int64_t window_right,
+                               const std::optional<at::Tensor>& alibi_slopes, bool heads_first) {
     at::Tensor out, lse;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       std::tie(out, lse) = heads_first ? fwd_heads_first(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
                                                          dropout_p, rng_state, deterministic, sink, softcap, window_left,
-                                                         window_right)
+                                                         window_right, alibi_slopes)
                                        : fwd_op().call(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-                                                       dropout_p, rng_state, deterministic, sink, softcap, window_left, window_right);
+                                                       dropout_p, rng_state, deterministic, sink, softcap, window_left, window_right,
+                                                       alibi_slopes);
     }
     ctx->saved_data["softcap"] = softcap;
     ctx->saved_data["window_left"] = window_left;
@@ -94,7 +98,7 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
     // The inputs as given (the backward makes the kernels' views again); rng_state is saved, not its
     // values: the backward regenerates the forward's keep-mask from it.
     ctx->save_for_backward({q, k, v, out, lse, attn_mask.value_or(at::Tensor()), rng_state.value_or(at::Tensor()),
-                            sink.value_or(at::Tensor())});
+                            sink.value_or(at::Tensor()), alibi_slopes.value_or(at::Tensor())});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["causal_bottom_right"] = causal_bottom_right;
@@ -114,7 +118,7 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
     const at::Tensor k = heads_first ? kernel_layout(saved[1]) : saved[1];
     const at::Tensor v = heads_first ? kernel_layout(saved[2]) : saved[2];
     const at::Tensor &out = saved[3], &lse = saved[4];
-    const at::Tensor &attn_mask = saved[5], &rng_state = saved[6], &sink = saved[7];
+    const at::Tensor &attn_mask = saved[5], &rng_state = saved[6], &sink = saved[7], &alibi_slopes = saved[8];
     at::Tensor grad_out = grads[0];  // grads[1], lse's, is not differentiable
     if (grad_out.size(-1) > 1 && grad_out.stride(-1) != 1) {
       // The kernels take any strides but need a contiguous last dim (e.g. an expanded grad of sum()).
@@ -140,17 +144,18 @@ class FwdFunction : public torch::autograd::Function<FwdFunction> {
                                 present(attn_mask), present(dmask), ctx->saved_data["dropout_p"].toDouble(),
                                 present(rng_state), present(sink), present(dsink),
                                 ctx->saved_data["softcap"].toDouble(), ctx->saved_data["window_left"].toInt(),
-                                ctx->saved_data["window_right"].toInt());
+                                ctx->saved_data["window_right"].toInt(), present(alibi_slopes));
     if (heads_first) {  // back to the inputs' (B, H, L, E)
       dq = dq.transpose(1, 2);
       dk = dk.transpose(1, 2);
       dv = dv.transpose(1, 2);
     }
     // One gradient per forward argument: q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
-    // dropout_p, rng_state, deterministic, sink, softcap, window_left, window_right, heads_first.
+    // dropout_p, rng_state, deterministic, sink, softcap, window_left, window_right, alibi_slopes (no
+    // gradient, as in FlashAttention-2), heads_first.
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), dmask, at::Tensor(), at::Tensor(), at::Tensor(),
             dsink.defined() ? dsink.to(sink.scalar_type()) : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+            at::Tensor(), at::Tensor()};
   }
 };
 
@@ -158,10 +163,11 @@ std::tuple<at::Tensor, at::Tensor> fwd_autograd(const at::Tensor& q, const at::T
                                                 double scale, bool is_causal, bool causal_bottom_right,
                                                 const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                                 const std::optional<at::Tensor>& rng_state, bool deterministic,
-                                                const std::optional<at::Tensor>& sink, double softcap, int64_t window_left, int64_t window_right) {
+                                                const std::optional<at::Tensor>& sink, double softcap, int64_t window_left, int64_t window_right,
+                                                   const std::optional<at::Tensor>& alibi_slopes) {
   const variable_list outputs = FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
                                                    dropout_p, rng_state, deterministic, sink, softcap, window_left,
-                                                   window_right, false);
+                                                   window_right, alibi_slopes, false);
   return {outputs[0], outputs[1]};
 }
 
@@ -172,10 +178,11 @@ std::tuple<at::Tensor, at::Tensor> fwd_heads_first_autograd(const at::Tensor& q,
                                                             double dropout_p,
                                                             const std::optional<at::Tensor>& rng_state,
                                                             bool deterministic,
-                                                            const std::optional<at::Tensor>& sink, double softcap, int64_t window_left, int64_t window_right) {
+                                                            const std::optional<at::Tensor>& sink, double softcap, int64_t window_left, int64_t window_right,
+                                                   const std::optional<at::Tensor>& alibi_slopes) {
   const variable_list outputs = FwdFunction::apply(q, k, v, scale, is_causal, causal_bottom_right, attn_mask,
                                                    dropout_p, rng_state, deterministic, sink, softcap, window_left,
-                                                   window_right, true);
+                                                   window_right, alibi_slopes, true);
   return {outputs[0], outputs[1]};
 }
 

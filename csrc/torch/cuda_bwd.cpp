@@ -8,6 +8,7 @@
 #include "plan.h"
 #include "sm80/api.h"
 #include "sm90/api.h"
+#include "torch/alibi.h"
 #include "torch/cuda_ops.h"
 #include "torch/mask_plan.h"
 #include "torch/sink.h"
@@ -18,21 +19,45 @@ namespace cuda_ops {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse_in,
                                                    double scale, bool is_causal, bool causal_bottom_right,
-                                                   bool deterministic, const std::optional<at::Tensor>& attn_mask,
+                                                   bool deterministic, const std::optional<at::Tensor>& attn_mask_in,
                                                    const std::optional<at::Tensor>& dmask, double dropout_p,
                                                    const std::optional<at::Tensor>& rng_state,
                                                    const std::optional<at::Tensor>& sink,
                                                    const std::optional<at::Tensor>& dsink, double softcap,
-                                                   int64_t window_left, int64_t window_right) {
+                                                   int64_t window_left, int64_t window_right,
+                                                   const std::optional<at::Tensor>& alibi_slopes) {
   const char* op = "flashattn.bwd";
   CheckedShape s =
-      check_bwd_args(dout, q, k, v, out, lse_in, causal_bottom_right, attn_mask, dmask, dropout_p, rng_state);
+      check_bwd_args(dout, q, k, v, out, lse_in, causal_bottom_right, attn_mask_in, dmask, dropout_p, rng_state);
   check_sink(op, sink, q, s.heads_q);
   check_dsink(op, dsink, sink, q, s.heads_q);
-  check_softcap(op, softcap, attn_mask);
-  is_causal = apply_window(op, s, is_causal, window_left, window_right, attn_mask);
+  check_softcap(op, softcap, attn_mask_in);
+  check_alibi(op, alibi_slopes, q, s, softcap, attn_mask_in);
+  is_causal = apply_window(op, s, is_causal, window_left, window_right, attn_mask_in);
   const c10::cuda::CUDAGuard device_guard(q.device());
   check_cuda_device(op, q);
+  // ALiBi: the sm90 kernels add its term; the sm80 kernels read it as an additive mask (as the forward
+  // chose, for the same shapes: the plans pick sm90 on the same conditions).
+  std::optional<at::Tensor> attn_mask = attn_mask_in;
+  bool alibi_in_kernel = false;
+  at::Tensor lse_shift;  // the mask's per-key form: its kernels' LSE less the op's
+  if (alibi_slopes.has_value()) {
+    BwdCall probe;
+    probe.shape = make_shape(s, q, scale, is_causal);
+    probe.shape.rows_aligned_16 = rows_aligned_16(q) && rows_aligned_16(k) && rows_aligned_16(v) &&
+                                  rows_aligned_16(out) && rows_aligned_16(dout);
+    probe.dropout = dropout_p > 0.0;
+    probe.deterministic = deterministic;
+    probe.tensors_tma = tma_describable(q) && tma_describable(k) && tma_describable(v) && tma_describable(dout);
+    alibi_in_kernel =
+        alibi_in_kernels(plan_bwd(probe, device_info(q), plan_options()).path == GpuPath::kSm90, scale);
+    if (!alibi_in_kernel) {
+      AlibiMask as_mask = alibi_mask(*alibi_slopes, s, is_causal, sink.has_value());
+      attn_mask = std::move(as_mask.mask);
+      lse_shift = std::move(as_mask.lse_shift);
+      s.window_span = -1;  // a left bound is in the mask
+    }
+  }
 
   at::Tensor dq = at::empty({s.batch, s.seqlen_q, s.heads_q, s.head_dim}, q.options());
   at::Tensor dk = at::empty({s.batch, s.seqlen_k, s.heads_kv, s.head_dim}, k.options());
@@ -44,7 +69,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     if (dsink.has_value()) dsink->zero_();  // every row's out is 0 (or there is no row)
     return {dq, dk, dv};
   }
-  const at::Tensor lse = lse_in.to(at::kFloat).contiguous();  // no-op for the forward's own lse
+  // A no-op for the forward's own lse; with ALiBi's per-key mask, the LSE of the kernels' scores.
+  const at::Tensor lse = lse_shift.defined() ? (lse_in.to(at::kFloat) + lse_shift).contiguous()
+                                             : lse_in.to(at::kFloat).contiguous();
 
   // An additive mask can saturate a row's LSE (cuda/saturated_rows.h): the preprocess then writes the
   // dout the main kernel reads, rows rebalanced, into this workspace (rows padded to 8 elements, so
@@ -61,6 +88,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
 
   BwdParams p;
   p.shape = with_softcap(make_shape(s, q, scale, is_causal), softcap);
+  if (alibi_in_kernel) p.shape = with_alibi(p.shape, *alibi_slopes, s.seqlen_k - s.seqlen_q);
   p.shape.rows_aligned_16 = rows_aligned_16(q) && rows_aligned_16(k) && rows_aligned_16(v) &&
                             rows_aligned_16(out) && rows_aligned_16(dout) && rows_aligned_16(dout_read);
   p.dropout = make_dropout(dropout_p, rng_state);
@@ -76,6 +104,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
   check_smem_fit(plan.smem, op, p.shape.head_dim);
   p.sm80_tiles = plan.sm80_tiles;
   p.sm90_block_m = plan.sm90_block_m;
+  TORCH_CHECK(!alibi_in_kernel || plan.path == GpuPath::kSm90,
+              "flashattn.bwd: internal error: ALiBi's term planned for kernels without it");
 
   // Zeroed by the backward's first kernel (the preprocess), not by a fill of its own.
   const int64_t stats_stride = bwd_stats_stride(s.seqlen_q);

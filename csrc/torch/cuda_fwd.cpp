@@ -9,6 +9,7 @@
 #include "plan.h"
 #include "sm80/api.h"
 #include "sm90/api.h"
+#include "torch/alibi.h"
 #include "torch/cuda_ops.h"
 #include "torch/mask_plan.h"
 #include "torch/sink.h"
@@ -23,15 +24,34 @@ namespace {
 // the error at the level of shorter rows.
 constexpr int64_t kKeysPerPass = int64_t{1} << 20;
 
+// ALiBi for the kernels to add (alibi.h), or none: the slopes and query i's key position less i.
+struct KernelAlibi {
+  const at::Tensor* slopes = nullptr;
+  int64_t offset = 0;
+};
+
+// Whether the plan runs a forward of this shape on the sm90 kernels.
+bool fwd_on_sm90(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s, double scale,
+                 bool is_causal, double softcap, bool dropout) {
+  FwdCall call;
+  call.shape = with_softcap(make_shape(s, q, scale, is_causal), softcap);
+  call.shape.rows_aligned_16 = rows_aligned_16(q) && rows_aligned_16(k) && rows_aligned_16(v);
+  call.dropout = dropout;
+  call.qkv_tma = tma_describable(q) && tma_describable(k) && tma_describable(v);
+  return plan_fwd(call, device_info(q), plan_options()).path == GpuPath::kSm90;
+}
+
 // One forward pass of q over k and v (some key range of the caller's) into out and lse; sink: [Hq] float32
 // on the device, or nullptr.
 void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s, double scale,
               bool is_causal, double softcap, const std::optional<at::Tensor>& attn_mask,
-              const DropoutParams& dropout, const float* sink, at::Tensor& out, at::Tensor& lse) {
+              const DropoutParams& dropout, const KernelAlibi& alibi, const float* sink, at::Tensor& out,
+              at::Tensor& lse) {
   FwdParams p;
   p.dropout = dropout;
   p.sink = sink;
   p.shape = with_softcap(make_shape(s, q, scale, is_causal), softcap);
+  if (alibi.slopes != nullptr) p.shape = with_alibi(p.shape, *alibi.slopes, alibi.offset);
   p.shape.rows_aligned_16 = rows_aligned_16(q) && rows_aligned_16(k) && rows_aligned_16(v);
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -52,6 +72,8 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   const FwdPlan plan = plan_fwd(call, device_info(q), plan_options());
   check_smem_fit(plan.smem, "flashattn.fwd", p.shape.head_dim);
   p.sm80_tiles = plan.sm80_tiles;
+  TORCH_CHECK(alibi.slopes == nullptr || plan.path == GpuPath::kSm90,
+              "flashattn.fwd: internal error: ALiBi's term planned for kernels without it");
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   MaskPlan mask;
@@ -81,8 +103,8 @@ void fwd_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 // merged pair once, at the end.
 void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CheckedShape& s,
                        double scale, bool is_causal, double softcap, const std::optional<at::Tensor>& attn_mask,
-                       const DropoutParams& dropout, const std::optional<at::Tensor>& sink, at::Tensor& out,
-                       at::Tensor& lse) {
+                       const DropoutParams& dropout, const KernelAlibi& alibi,
+                       const std::optional<at::Tensor>& sink, at::Tensor& out, at::Tensor& lse) {
   at::Tensor out_sum = at::zeros(out.sizes(), out.options().dtype(at::kFloat));  // [B, Lq, Hq, D]
   at::Tensor lse_sum = at::full(lse.sizes(), -std::numeric_limits<float>::infinity(), lse.options());
   at::Tensor range_out = at::empty_like(out);
@@ -96,8 +118,10 @@ void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     if (attn_mask.has_value()) range_mask = attn_mask->narrow(3, k0, keys);
     DropoutParams range_dropout = dropout;
     range_dropout.key_base = static_cast<uint32_t>(k0);  // a multiple of 32 (kKeysPerPass), as key_base must be
+    KernelAlibi range_alibi = alibi;
+    range_alibi.offset = alibi.offset - k0;  // key k0 + j is key j of the range
     fwd_pass(q, k.narrow(1, k0, keys), v.narrow(1, k0, keys), range, scale, is_causal, softcap, range_mask,
-             range_dropout, nullptr, range_out, range_lse);
+             range_dropout, range_alibi, nullptr, range_out, range_lse);
     // A row that saw no key so far and none in this range stays -inf with weight 0 (not NaN);
     // a NaN anywhere stays NaN.
     const at::Tensor merged = at::logaddexp(lse_sum, range_lse);
@@ -117,18 +141,34 @@ void fwd_in_key_ranges(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                        bool is_causal, bool causal_bottom_right,
-                                       const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                                       const std::optional<at::Tensor>& attn_mask_in, double dropout_p,
                                        const std::optional<at::Tensor>& rng_state, bool /*deterministic*/,
                                        const std::optional<at::Tensor>& sink_in, double softcap,
-                                       int64_t window_left, int64_t window_right) {
+                                       int64_t window_left, int64_t window_right,
+                                       const std::optional<at::Tensor>& alibi_slopes) {
   const char* op = "flashattn.fwd";
-  CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
+  CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask_in, dropout_p, rng_state);
   check_sink(op, sink_in, q, s.heads_q);
-  check_softcap(op, softcap, attn_mask);
-  is_causal = apply_window(op, s, is_causal, window_left, window_right, attn_mask);
+  check_softcap(op, softcap, attn_mask_in);
+  check_alibi(op, alibi_slopes, q, s, softcap, attn_mask_in);
+  is_causal = apply_window(op, s, is_causal, window_left, window_right, attn_mask_in);
   const DropoutParams dropout = make_dropout(dropout_p, rng_state);
   const c10::cuda::CUDAGuard device_guard(q.device());
   check_cuda_device(op, q);
+  // ALiBi: the sm90 kernels add its term; the sm80 kernels read it as an additive mask.
+  std::optional<at::Tensor> attn_mask = attn_mask_in;
+  KernelAlibi alibi;
+  at::Tensor lse_shift;  // the mask's per-key form: its kernels' LSE less the op's
+  if (alibi_slopes.has_value()) {
+    if (alibi_in_kernels(fwd_on_sm90(q, k, v, s, scale, is_causal, softcap, dropout.enabled), scale)) {
+      alibi = {&*alibi_slopes, s.seqlen_k - s.seqlen_q};
+    } else {
+      AlibiMask as_mask = alibi_mask(*alibi_slopes, s, is_causal, sink_in.has_value());
+      attn_mask = std::move(as_mask.mask);
+      lse_shift = std::move(as_mask.lse_shift);
+      s.window_span = -1;  // a left bound is in the mask
+    }
+  }
 
   at::Tensor out = at::empty({s.batch, s.seqlen_q, s.heads_q, s.head_dim}, q.options());
   at::Tensor lse = at::empty({s.batch, s.heads_q, s.seqlen_q}, q.options().dtype(at::kFloat));
@@ -141,11 +181,12 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
     lse.fill_(-std::numeric_limits<float>::infinity());
     if (sink.has_value()) join_sink(out, lse, *sink);
   } else if (s.seqlen_k > kKeysPerPass) {
-    fwd_in_key_ranges(q, k, v, s, scale, is_causal, softcap, attn_mask, dropout, sink, out, lse);
+    fwd_in_key_ranges(q, k, v, s, scale, is_causal, softcap, attn_mask, dropout, alibi, sink, out, lse);
   } else {
-    fwd_pass(q, k, v, s, scale, is_causal, softcap, attn_mask, dropout,
+    fwd_pass(q, k, v, s, scale, is_causal, softcap, attn_mask, dropout, alibi,
              sink.has_value() ? sink->data_ptr<float>() : nullptr, out, lse);
   }
+  if (lse_shift.defined()) lse.sub_(lse_shift);
   return {out, lse};
 }
 

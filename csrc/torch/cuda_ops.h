@@ -21,7 +21,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                                        const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                        const std::optional<at::Tensor>& rng_state, bool deterministic,
                                        const std::optional<at::Tensor>& sink, double softcap, int64_t window_left,
-                                       int64_t window_right);
+                                       int64_t window_right, const std::optional<at::Tensor>& alibi_slopes);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
@@ -31,7 +31,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    const std::optional<at::Tensor>& rng_state,
                                                    const std::optional<at::Tensor>& sink,
                                                    const std::optional<at::Tensor>& dsink, double softcap,
-                                                   int64_t window_left, int64_t window_right);
+                                                   int64_t window_left, int64_t window_right,
+                                                   const std::optional<at::Tensor>& alibi_slopes);
 
 at::Tensor dropout_keep_mask(const at::Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
                              int64_t seqlen_k, double dropout_p);

@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 
+#include "torch/alibi.h"
 #include "torch/checks.h"
 #include "torch/decode_ops.h"
 
@@ -51,7 +52,8 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
                                                    bool is_causal, int64_t window_left, int64_t window_right,
                                                    double softcap, int64_t num_splits,
                                                    const std::optional<at::Tensor>& cu_seqlens_q_arg,
-                                                   int64_t max_seqlen_q, const std::optional<at::Tensor>& sink) {
+                                                   int64_t max_seqlen_q, const std::optional<at::Tensor>& sink,
+                                                   const std::optional<at::Tensor>& alibi_slopes) {
   // Packed queries are run as a [1, total_q, H, D] view whose sequences the kernel finds in cu_seqlens_q.
   const bool packed = cu_seqlens_q_arg.has_value();
   if (packed) {
@@ -126,6 +128,9 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
     TORCH_CHECK(sink->device() == q.device(), op, ": sink must be on q's device ", q.device().str(), ", got ",
                 sink->device().str());
   }
+  // The batch ops' checks (alibi.h); the cache's keys stand in for seqlen_k, which they do not read.
+  check_alibi(op, alibi_slopes, q, CheckedShape{batch, seqlen_q, k_cache.size(1), heads_q, heads_kv, head_dim, 0},
+              softcap, std::nullopt);
   const int64_t pages_per_seq = block_table.has_value() ? block_table->size(1) : 1;
   const int64_t capacity = pages_per_seq * k_cache.size(1);
   TORCH_CHECK(capacity < (int64_t{1} << 31) && k_cache.size(0) < (int64_t{1} << 31) && batch < (int64_t{1} << 24) &&
@@ -180,6 +185,10 @@ std::tuple<at::Tensor, at::Tensor> decode_fwd_cuda(const at::Tensor& q_arg, cons
   p.window_right = is_causal ? -1 : static_cast<int>(std::min<int64_t>(window_right, capacity));
   p.num_splits = splits;
   p.sink = sink.has_value() ? sink->data_ptr<float>() : nullptr;
+  if (alibi_slopes.has_value()) {
+    p.alibi_slopes = alibi_slopes->data_ptr<float>();
+    p.alibi_batch_stride = alibi_slopes->dim() == 2 ? static_cast<int>(heads_q) : 0;
+  }
   if (packed) {
     p.cu_seqlens_q = cu_seqlens_q_arg->data_ptr<int>();
     p.total_q = static_cast<int>(total_q);

@@ -40,6 +40,7 @@
 #include "cpu/attention_cpu_bwd_plain.h"
 #include "cpu/attention_cpu_fwd_plain.h"
 #include "cpu/attention_cpu_softmax_rows.h"
+#include "torch/alibi.h"
 #include "torch/checks.h"
 #include "torch/decode_ops.h"
 #include "torch/sink.h"
@@ -60,11 +61,20 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
                                            const std::optional<at::Tensor>& rng_state,
                                            bool /*deterministic: the backward's, see autograd.cpp*/,
                                            const std::optional<at::Tensor>& sink, double softcap,
-                                           int64_t window_left, int64_t window_right) {
+                                           int64_t window_left, int64_t window_right,
+                                           const std::optional<at::Tensor>& alibi_slopes) {
   CheckedShape s = check_fwd_args(q, k, v, causal_bottom_right, attn_mask, dropout_p, rng_state);
   check_sink("flashattn.fwd", sink, q, s.heads_q);
   check_softcap("flashattn.fwd", softcap, attn_mask);
+  check_alibi("flashattn.fwd", alibi_slopes, q, s, softcap, attn_mask);
   is_causal = apply_window("flashattn.fwd", s, is_causal, window_left, window_right, attn_mask);
+  if (alibi_slopes.has_value()) {  // as an additive mask (alibi.h), a window's left bound in it
+    const AlibiMask alibi = alibi_mask(*alibi_slopes, s, is_causal, sink.has_value());
+    auto [out, lse] = cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, alibi.mask, dropout_p, rng_state, sink,
+                               softcap, -1);
+    if (alibi.lse_shift.defined()) lse.sub_(alibi.lse_shift);
+    return {out, lse};
+  }
   return cpu::fwd(q, k, v, scale, is_causal, s.causal_offset, attn_mask, dropout_p, rng_state, sink, softcap,
                   s.window_span);
 }
@@ -79,15 +89,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dout, c
                                                        const std::optional<at::Tensor>& rng_state,
                                                        const std::optional<at::Tensor>& sink,
                                                        const std::optional<at::Tensor>& dsink, double softcap,
-                                                       int64_t window_left, int64_t window_right) {
+                                                       int64_t window_left, int64_t window_right,
+                                                       const std::optional<at::Tensor>& alibi_slopes) {
   CheckedShape s =
       check_bwd_args(dout, q, k, v, out, lse, causal_bottom_right, attn_mask, dmask, dropout_p, rng_state);
   check_sink("flashattn.bwd", sink, q, s.heads_q);
   check_dsink("flashattn.bwd", dsink, sink, q, s.heads_q);
   check_softcap("flashattn.bwd", softcap, attn_mask);
+  check_alibi("flashattn.bwd", alibi_slopes, q, s, softcap, attn_mask);
   is_causal = apply_window("flashattn.bwd", s, is_causal, window_left, window_right, attn_mask);
   if (dmask.has_value()) dmask->zero_();  // elements whose key takes no part keep a zero gradient
   if (dsink.has_value()) dsink->copy_(sink_gradient_of_rows(*sink, dout, out, lse));
+  if (alibi_slopes.has_value()) {  // as the forward's additive mask (alibi.h); no dmask: no attn_mask
+    const AlibiMask alibi = alibi_mask(*alibi_slopes, s, is_causal, sink.has_value());
+    const at::Tensor mask_lse = alibi.lse_shift.defined() ? lse + alibi.lse_shift : lse;
+    return cpu::bwd(dout, q, k, v, out, mask_lse, scale, is_causal, s.causal_offset, alibi.mask, dmask, dropout_p,
+                    rng_state, softcap, -1);
+  }
   return cpu::bwd(dout, q, k, v, out, lse, scale, is_causal, s.causal_offset, attn_mask, dmask, dropout_p, rng_state,
                   softcap, s.window_span);
 }
@@ -134,6 +152,7 @@ py::dict options_dict(const PlanOptions& o) {
   d["sm90_staged_output"] = o.sm90_staged_output;
   d["sm90_bwd_wide_steps"] = o.sm90_bwd_wide_steps;
   d["smem_per_block_cap"] = o.smem_per_block_cap;
+  d["decode_stages"] = o.decode_stages;
   return d;
 }
 
@@ -158,6 +177,10 @@ PlanOptions options_of(const py::dict& d, PlanOptions o) {
       o.sm90_bwd_wide_steps = value.cast<bool>();
     } else if (key == "smem_per_block_cap") {
       o.smem_per_block_cap = value.cast<int>();
+    } else if (key == "decode_stages") {
+      o.decode_stages = value.cast<int>();
+      TORCH_CHECK(o.decode_stages == 0 || o.decode_stages == 2 || o.decode_stages == 3,
+                  "plan option: decode_stages must be 0 (the default), 2 or 3, got ", std::to_string(o.decode_stages));
     } else {
       TORCH_CHECK(false, "plan option: unknown name '", key, "'; the options are ", py::str(options_dict(o)).cast<std::string>());
     }
@@ -307,38 +330,44 @@ bool compiled_with_cuda() {
 TORCH_LIBRARY(flashattn, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right,"
         " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False,"
-        " Tensor? sink=None, float softcap=0.0, int window_left=-1, int window_right=-1) -> (Tensor out, Tensor lse)");
+        " Tensor? sink=None, float softcap=0.0, int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None)"
+        " -> (Tensor out, Tensor lse)");
   // fwd with q, k, v in (B, H, L, E), SDPA's layout; out and lse as fwd returns them.
   m.def("fwd_heads_first(Tensor q, Tensor k, Tensor v, float scale, bool is_causal, bool causal_bottom_right,"
         " Tensor? attn_mask=None, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False,"
-        " Tensor? sink=None, float softcap=0.0, int window_left=-1, int window_right=-1) -> (Tensor out, Tensor lse)");
+        " Tensor? sink=None, float softcap=0.0, int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None)"
+        " -> (Tensor out, Tensor lse)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, bool is_causal,"
         " bool causal_bottom_right, bool deterministic=False, Tensor? attn_mask=None, Tensor(a!)? dmask=None,"
         " float dropout_p=0.0, Tensor? rng_state=None, Tensor? sink=None, Tensor(b!)? dsink=None,"
-        " float softcap=0.0, int window_left=-1, int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
+        " float softcap=0.0, int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None)"
+        " -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("dropout_keep_mask(Tensor rng_state, int batch, int heads, int seqlen_q, int seqlen_k, float dropout_p)"
         " -> Tensor");
   // Variable-length batches (varlen_ops.cpp): q (total_q, Hq, D), k/v (total_k, Hk, D), int32 offsets;
   // out like q, lse (Hq, total_q). The offsets' values are checked where the op reads them (on CUDA by
   // the device, a device-side assertion), max_seqlen_q / _k as the longest sequence allowed (-1: none).
+  // alibi_slopes: float32 (Hq,) or (batch, Hq), each sequence's bias from its own bottom-right diagonal.
   m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q,"
         " Tensor? seqused_k, float scale, bool is_causal, bool causal_bottom_right, bool deterministic=False,"
         " SymInt max_seqlen_q=-1, SymInt max_seqlen_k=-1, Tensor? sink=None, float softcap=0.0,"
-        " int window_left=-1, int window_right=-1)"
+        " int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None)"
         " -> (Tensor out, Tensor lse)");
   m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,"
         " Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, float scale, bool is_causal,"
         " bool causal_bottom_right, bool deterministic=False, Tensor? sink=None, Tensor(a!)? dsink=None,"
-        " float softcap=0.0, int window_left=-1, int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
+        " float softcap=0.0, int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None)"
+        " -> (Tensor dq, Tensor dk, Tensor dv)");
   // Decoding over a key/value cache (decode_ops.cpp, CUDA only): q (B, Lq, Hq, D); k_cache / v_cache
   // (B or pages, Lcache or page_size, Hk, D); seqlens_k (B,) int32 keys per sequence; block_table (B,
   // pages_per_seq) int32 for a paged cache; out like q, lse (B, Hq, Lq). num_splits 0: chosen from the shapes.
   // With cu_seqlens_q (B + 1,) int32: q (total_q, Hq, D) packed, at most max_seqlen_q queries a sequence,
   // out like q, lse (Hq, total_q). sink: (Hq,) float32 logits joining each row's denominator (lse includes it).
+  // alibi_slopes: float32 (Hq,) or (B, Hq), the bias from each query's diagonal position (the causal mask's).
   m.def("decode_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seqlens_k, Tensor? block_table,"
         " Tensor? cache_batch_idx, Tensor? leftpad, float scale, bool is_causal, int window_left=-1,"
         " int window_right=-1, float softcap=0.0, int num_splits=0, Tensor? cu_seqlens_q=None,"
-        " int max_seqlen_q=0, Tensor? sink=None) -> (Tensor out, Tensor lse)");
+        " int max_seqlen_q=0, Tensor? sink=None, Tensor? alibi_slopes=None) -> (Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(flashattn, CPU, m) {

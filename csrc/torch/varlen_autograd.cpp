@@ -1,6 +1,7 @@
 // The autograd kernel of flashattn::varlen_fwd: the forward below the autograd key (the device's kernel,
 // or a tracing mode's fake one), and a backward that calls flashattn::varlen_bwd with the forward's
-// inputs, out and lse (and the sink, whose gradient it returns when the sink requires one).
+// inputs, out and lse (and the sink, whose gradient it returns when the sink requires one, and the ALiBi
+// slopes).
 //
 // In C++ for the reason torch/autograd.cpp gives: a training step calls it once per attention layer,
 // and a Python autograd registration (torch.library.register_autograd) costs more host time per call
@@ -22,12 +23,12 @@ using torch::autograd::variable_list;
 using VarlenFwdSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool, bool, bool, c10::SymInt,
-    c10::SymInt, const std::optional<at::Tensor>&, double, int64_t, int64_t);
+    c10::SymInt, const std::optional<at::Tensor>&, double, int64_t, int64_t, const std::optional<at::Tensor>&);
 using VarlenBwdSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
     const std::optional<at::Tensor>&, double, bool, bool, bool, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, double, int64_t, int64_t);
+    const std::optional<at::Tensor>&, double, int64_t, int64_t, const std::optional<at::Tensor>&);
 
 std::optional<at::Tensor> present(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
@@ -54,7 +55,7 @@ class VarlenFwdFunction : public torch::autograd::Function<VarlenFwdFunction> {
                                double scale, bool is_causal, bool causal_bottom_right, bool deterministic,
                                c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
                                const std::optional<at::Tensor>& sink, double softcap, int64_t window_left,
-                               int64_t window_right) {
+                               int64_t window_right, const std::optional<at::Tensor>& alibi_slopes) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("flashattn::varlen_fwd", "")
                                .typed<VarlenFwdSignature>();
@@ -63,13 +64,15 @@ class VarlenFwdFunction : public torch::autograd::Function<VarlenFwdFunction> {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       std::tie(out, lse) = op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal,
                                    causal_bottom_right, deterministic, std::move(max_seqlen_q),
-                                   std::move(max_seqlen_k), sink, softcap, window_left, window_right);
+                                   std::move(max_seqlen_k), sink, softcap, window_left, window_right,
+                                   alibi_slopes);
     }
     ctx->saved_data["softcap"] = softcap;
     ctx->saved_data["window_left"] = window_left;
     ctx->saved_data["window_right"] = window_right;
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q.value_or(at::Tensor()),
-                            seqused_k.value_or(at::Tensor()), sink.value_or(at::Tensor())});
+                            seqused_k.value_or(at::Tensor()), sink.value_or(at::Tensor()),
+                            alibi_slopes.value_or(at::Tensor())});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["causal_bottom_right"] = causal_bottom_right;
@@ -99,11 +102,11 @@ class VarlenFwdFunction : public torch::autograd::Function<VarlenFwdFunction> {
                                 ctx->saved_data["causal_bottom_right"].toBool(),
                                 ctx->saved_data["deterministic"].toBool(), present(sink), present(dsink),
                                 ctx->saved_data["softcap"].toDouble(), ctx->saved_data["window_left"].toInt(),
-                                ctx->saved_data["window_right"].toInt());
-    // One gradient per forward argument: q, k, v, then the ten arguments that take none, the sink, softcap
-    // and the window.
+                                ctx->saved_data["window_right"].toInt(), present(saved[10]));
+    // One gradient per forward argument: q, k, v, then the ten arguments that take none, the sink, softcap,
+    // the window and the ALiBi slopes (none: ALiBi's bias is not learned).
     variable_list out = {dq, dk, dv};
-    out.resize(17);
+    out.resize(18);
     if (dsink.defined()) out[13] = dsink.to(sink.scalar_type());
     return out;
   }
@@ -116,11 +119,12 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_autograd(const at::Tensor& q, cons
                                                        bool is_causal, bool causal_bottom_right, bool deterministic,
                                                        c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
                                                        const std::optional<at::Tensor>& sink, double softcap,
-                                                       int64_t window_left, int64_t window_right) {
+                                                       int64_t window_left, int64_t window_right,
+                                                       const std::optional<at::Tensor>& alibi_slopes) {
   const variable_list outputs =
       VarlenFwdFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale, is_causal,
                                causal_bottom_right, deterministic, std::move(max_seqlen_q), std::move(max_seqlen_k),
-                               sink, softcap, window_left, window_right);
+                               sink, softcap, window_left, window_right, alibi_slopes);
   return {outputs[0], outputs[1]};
 }
 

@@ -12,6 +12,7 @@
 
 #include "cpu/attention_cpu.h"
 #include "cuda/varlen.h"
+#include "torch/alibi.h"
 #include "torch/checks.h"
 #include "torch/sink.h"
 #include "torch/varlen_ops.h"
@@ -104,6 +105,23 @@ CpuSpan cpu_span(const at::Tensor& cu_q, const at::Tensor& cu_k, const std::opti
   return s;
 }
 
+// alibi_slopes checked against the batch of sequences (check_alibi).
+void check_varlen_alibi(const char* op, const std::optional<at::Tensor>& slopes, const at::Tensor& q,
+                        const VarlenShape& s, double softcap) {
+  CheckedShape sequences = s.packed;
+  sequences.batch = s.batch;
+  check_alibi(op, slopes, q, sequences, softcap, std::nullopt);
+}
+
+// ALiBi over sequence b's rows (span, its diagonal at causal_offset, a window of window_span) as the
+// batched CPU op runs it: alibi_mask's additive mask, with a window's left bound in it.
+AlibiMask sequence_alibi(const at::Tensor& slopes, const VarlenShape& s, const CpuSpan& span, int64_t b,
+                         bool is_causal, int64_t causal_offset, int64_t window_span, bool has_sink) {
+  const CheckedShape sequence{1, span.len_q, span.len_k, s.packed.heads_q, s.packed.heads_kv, s.packed.head_dim,
+                              causal_offset, window_span};
+  return alibi_mask(slopes.dim() == 2 ? slopes.narrow(0, b, 1) : slopes, sequence, is_causal, has_sink);
+}
+
 std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                   const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                                                   const std::optional<at::Tensor>& seqused_q,
@@ -111,11 +129,13 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at:
                                                   bool is_causal, bool causal_bottom_right,
                                                   bool /*deterministic: the backward's*/, int64_t max_seqlen_q,
                                                   int64_t max_seqlen_k, const std::optional<at::Tensor>& sink,
-                                                  double softcap, int64_t window_left, int64_t window_right) {
+                                                  double softcap, int64_t window_left, int64_t window_right,
+                                                  const std::optional<at::Tensor>& alibi_slopes) {
   const char* op = "flashattn.varlen_fwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_sink(op, sink, q, s.packed.heads_q);
   check_softcap(op, softcap, std::nullopt);
+  check_varlen_alibi(op, alibi_slopes, q, s, softcap);
   check_cpu_offsets(op, s, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   const KeyWindow window = packed_window(op, s, is_causal, window_left, window_right);
   const at::ScalarType lse_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -127,10 +147,19 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at:
     // Without keys: out 0 and lse -inf (or, with a sink, the sink's logit: the op computes that).
     if (span.len_q == 0 || (span.len_k == 0 && !sink.has_value())) continue;
     const int64_t offset = (causal_bottom_right ? span.len_k - span.len_q : 0) + window.causal_shift;
+    std::optional<at::Tensor> mask;
+    at::Tensor lse_shift;  // alibi_mask's per-key form: the kernels' LSE less the op's
+    if (alibi_slopes.has_value()) {
+      AlibiMask alibi =
+          sequence_alibi(*alibi_slopes, s, span, b, window.is_causal, offset, window.span, sink.has_value());
+      mask = std::move(alibi.mask);
+      lse_shift = std::move(alibi.lse_shift);
+    }
     auto [o, l] = cpu::fwd(q.narrow(0, span.q_begin, span.len_q).unsqueeze(0),
                            k.narrow(0, span.k_begin, span.len_k).unsqueeze(0),
                            v.narrow(0, span.k_begin, span.len_k).unsqueeze(0), scale, window.is_causal,
-                           offset, std::nullopt, 0.0, std::nullopt, sink, softcap, window.span);
+                           offset, mask, 0.0, std::nullopt, sink, softcap, mask.has_value() ? -1 : window.span);
+    if (lse_shift.defined()) l.sub_(lse_shift);
     out.narrow(0, span.q_begin, span.len_q).copy_(o[0]);
     lse.narrow(1, span.q_begin, span.len_q).copy_(l[0]);
   }
@@ -143,13 +172,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k, double scale,
     bool is_causal, bool causal_bottom_right, bool /*deterministic: the CPU backward always is*/,
     const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& dsink, double softcap,
-    int64_t window_left, int64_t window_right) {
+    int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes) {
   const char* op = "flashattn.varlen_bwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_varlen_bwd_inputs(op, dout, q, out, lse, s);
   check_sink(op, sink, q, s.packed.heads_q);
   check_dsink(op, dsink, sink, q, s.packed.heads_q);
   check_softcap(op, softcap, std::nullopt);
+  check_varlen_alibi(op, alibi_slopes, q, s, softcap);
   check_cpu_offsets(op, s, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, -1, -1);
   const KeyWindow window = packed_window(op, s, is_causal, window_left, window_right);
   if (dsink.has_value()) dsink->copy_(sink_gradient_of_rows(*sink, dout.unsqueeze(0), out.unsqueeze(0), lse.unsqueeze(0)));
@@ -162,9 +192,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     const int64_t offset = (causal_bottom_right ? span.len_k - span.len_q : 0) + window.causal_shift;
     auto rows_q = [&](const at::Tensor& t) { return t.narrow(0, span.q_begin, span.len_q).unsqueeze(0); };
     auto rows_k = [&](const at::Tensor& t) { return t.narrow(0, span.k_begin, span.len_k).unsqueeze(0); };
-    auto [g_q, g_k, g_v] = cpu::bwd(rows_q(dout), rows_q(q), rows_k(k), rows_k(v), rows_q(out),
-                                    lse.narrow(1, span.q_begin, span.len_q).unsqueeze(0), scale, window.is_causal,
-                                    offset, std::nullopt, std::nullopt, 0.0, std::nullopt, softcap, window.span);
+    at::Tensor rows_lse = lse.narrow(1, span.q_begin, span.len_q).unsqueeze(0);
+    std::optional<at::Tensor> mask;
+    if (alibi_slopes.has_value()) {  // the forward's mask, and its LSE (the op's plus lse_shift)
+      AlibiMask alibi =
+          sequence_alibi(*alibi_slopes, s, span, b, window.is_causal, offset, window.span, sink.has_value());
+      mask = std::move(alibi.mask);
+      if (alibi.lse_shift.defined()) rows_lse = rows_lse + alibi.lse_shift;
+    }
+    auto [g_q, g_k, g_v] = cpu::bwd(rows_q(dout), rows_q(q), rows_k(k), rows_k(v), rows_q(out), rows_lse, scale,
+                                    window.is_causal, offset, mask, std::nullopt, 0.0, std::nullopt, softcap,
+                                    mask.has_value() ? -1 : window.span);
     dq.narrow(0, span.q_begin, span.len_q).copy_(g_q[0]);
     dk.narrow(0, span.k_begin, span.len_k).copy_(g_k[0]);
     dv.narrow(0, span.k_begin, span.len_k).copy_(g_v[0]);
@@ -188,6 +226,12 @@ void check_varlen_gpu(const char* op, const at::Tensor& q, const AttentionShape&
               op, ": variable-length batches run in the kernels on sm_90 GPUs at head dims 33..256 with 16-byte "
               "aligned rows (flashattn.flash_attn_varlen_func pads the batch elsewhere); got head dim ",
               to_text(shape.head_dim), " on compute capability ", to_text(device.major), ".", to_text(device.minor));
+}
+
+// The variable-length kernels add ALiBi's term in raw-score units (slope / scale): a positive scale.
+void check_alibi_scale(const char* op, const std::optional<at::Tensor>& slopes, double scale) {
+  TORCH_CHECK(!slopes.has_value() || alibi_in_kernels(true, scale), op,
+              ": alibi_slopes on a variable-length batch needs a positive finite scale, got ", std::to_string(scale));
 }
 
 // The VarlenParams of a call, its schedule list in `list` (allocated here: capacity items and a count).
@@ -226,17 +270,21 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
                                                    bool is_causal, bool causal_bottom_right,
                                                    bool /*deterministic: the backward's*/, int64_t max_seqlen_q,
                                                    int64_t max_seqlen_k, const std::optional<at::Tensor>& sink_in,
-                                                   double softcap, int64_t window_left, int64_t window_right) {
+                                                   double softcap, int64_t window_left, int64_t window_right,
+                                                   const std::optional<at::Tensor>& alibi_slopes) {
   const char* op = "flashattn.varlen_fwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_sink(op, sink_in, q, s.packed.heads_q);
   check_softcap(op, softcap, std::nullopt);
+  check_varlen_alibi(op, alibi_slopes, q, s, softcap);
+  check_alibi_scale(op, alibi_slopes, scale);
   const KeyWindow window = packed_window(op, s, is_causal, window_left, window_right);
   const at::Tensor sink = sink_in.has_value() ? sink_values(*sink_in) : at::Tensor();
   const c10::cuda::CUDAGuard device_guard(q.device());
   const at::Tensor q4 = as_batch_of_one(q), k4 = as_batch_of_one(k), v4 = as_batch_of_one(v);
   FwdParams p;
   p.shape = cuda_ops::with_softcap(varlen_shape(s, q, scale, window), softcap);
+  if (alibi_slopes.has_value()) p.shape = with_alibi(p.shape, *alibi_slopes, 0);  // offsets: each sequence's
   p.shape.rows_aligned_16 = cuda_ops::rows_aligned_16(q4) && cuda_ops::rows_aligned_16(k4) && cuda_ops::rows_aligned_16(v4);
   const bool tma = cuda_ops::tma_describable(q4) && cuda_ops::tma_describable(k4) && cuda_ops::tma_describable(v4);
   check_varlen_gpu(op, q, p.shape, tma && p.shape.rows_aligned_16);
@@ -281,19 +329,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     const at::Tensor& lse_in, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
     const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k, double scale,
     bool is_causal, bool causal_bottom_right, bool deterministic, const std::optional<at::Tensor>& sink,
-    const std::optional<at::Tensor>& dsink, double softcap, int64_t window_left, int64_t window_right) {
+    const std::optional<at::Tensor>& dsink, double softcap, int64_t window_left, int64_t window_right,
+    const std::optional<at::Tensor>& alibi_slopes) {
   const char* op = "flashattn.varlen_bwd";
   const VarlenShape s = check_varlen_args(op, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
   check_varlen_bwd_inputs(op, dout, q, out, lse_in, s);
   check_sink(op, sink, q, s.packed.heads_q);
   check_dsink(op, dsink, sink, q, s.packed.heads_q);
   check_softcap(op, softcap, std::nullopt);
+  check_varlen_alibi(op, alibi_slopes, q, s, softcap);
+  check_alibi_scale(op, alibi_slopes, scale);
   const KeyWindow window = packed_window(op, s, is_causal, window_left, window_right);
   const c10::cuda::CUDAGuard device_guard(q.device());
   const at::Tensor q4 = as_batch_of_one(q), k4 = as_batch_of_one(k), v4 = as_batch_of_one(v);
   const at::Tensor out4 = as_batch_of_one(out), dout4 = as_batch_of_one(dout);
   BwdParams p;
   p.shape = cuda_ops::with_softcap(varlen_shape(s, q, scale, window), softcap);
+  if (alibi_slopes.has_value()) p.shape = with_alibi(p.shape, *alibi_slopes, 0);  // offsets: each sequence's
   p.shape.rows_aligned_16 = cuda_ops::rows_aligned_16(q4) && cuda_ops::rows_aligned_16(k4) &&
                             cuda_ops::rows_aligned_16(v4) && cuda_ops::rows_aligned_16(out4) &&
                             cuda_ops::rows_aligned_16(dout4);

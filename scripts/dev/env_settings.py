@@ -1,7 +1,8 @@
 """Settings of the planner's switches (flashattn.plan), as the dev scripts take them: semicolon-separated
 settings, each a comma-separated list of OPTION=VALUE ("-" for none changed), e.g.
 "-;sm90_multicast=off;sm90_wide_key_blocks=on,sm90_multicast=off". VALUE is on/off/auto for the
-three-way options and 1/0 (or true/false) for the others. One process can time or run each setting in
+three-way options, an integer for smem_per_block_cap and decode_stages, and 1/0 (or true/false) for the
+others. One process can time or run each setting in
 turn."""
 import flashattn.plan
 
@@ -17,6 +18,8 @@ def assignments(setting):
         name, value = item.split("=", 1)
         if name in ("sm90_multicast", "sm90_wide_key_blocks"):
             out[name] = value
+        elif name in ("smem_per_block_cap", "decode_stages"):
+            out[name] = int(value)
         else:
             out[name] = _BOOLS[value.lower()]
     return out

@@ -103,6 +103,13 @@ def kernels(sass, normalize, subs=()):
     return out
 
 
+def without_param_offsets(lines):
+    """Lines with the kernel-parameter bank's offsets (c[0x0][0x...]) and the instruction encodings that
+    carry them removed: for a change that only moves fields of the parameter structs."""
+    return [re.sub(r"/\* 0x[0-9a-f]+ \*/", "", re.sub(r"c\[0x0\]\[0x[0-9a-f]+\]", "c[0x0][*]", line)).strip()
+            for line in lines]
+
+
 def summary(lines):
     text = "\n".join(lines)
     regs = [int(r) for r in re.findall(r"\bR(\d+)\b", text)]
@@ -126,6 +133,9 @@ def main():
                              "namespace that moved: --sub 9flashattn4sm80=9flashattn")
     parser.add_argument("--base-sub", action="append", default=[], metavar="REGEX=REPLACEMENT",
                         help="the same for the base tree only, e.g. a template argument the head tree dropped")
+    parser.add_argument("--param-offsets", action=argparse.BooleanOptionalAction, default=True,
+                        help="compare the offsets of kernel-parameter loads (--no-param-offsets: ignore them, "
+                             "for a change that adds or moves fields of FwdParams or BwdParams)")
     args = parser.parse_args()
     split = lambda items: [tuple(item.split("=", 1)) for item in items]  # noqa: E731
     subs, base_subs = split(args.sub), split(args.sub) + split(args.base_sub)
@@ -143,6 +153,8 @@ def main():
                     print(f"  new       {summary(lines)}  {short}")
                     continue
                 old = base[name]
+                if not args.param_offsets:
+                    old, lines = without_param_offsets(old), without_param_offsets(lines)
                 diff = sum(1 for a, b in zip(old, lines) if a != b) + abs(len(old) - len(lines))
                 state = "identical" if diff == 0 else f"{diff} lines differ"
                 print(f"  {state:<9} {summary(lines)}  {short}")
