@@ -21,7 +21,8 @@ extension is first used:
   bytes of shared memory per block, so that a Hopper GPU shows what an A100 or a consumer GPU gets;
 - ``decode_stages`` (``FLASHATTN_DECODE_STAGES=2|3``; 0): the decode kernel's ring stages per warp at the
   head-dim widths that have such a form (2 and 3 up to 128, 2 at 192; 0: the default depth, 4 up to 128),
-  so that several of its thread blocks share an SM.
+  so that several of its thread blocks share an SM. Measured on an H100 it gains nothing on long caches
+  and loses on short ones (docs/perf-log.md); it stays for experiments on the split rule.
 
 ``sm90_multicast`` and ``sm90_wide_key_blocks`` take ``"auto"`` (the planner's choice), ``"on"``/``True``
 or ``"off"``/``False``; ``smem_per_block_cap`` and ``decode_stages`` ints; the others are booleans. Options are process-wide and not synchronised: change
