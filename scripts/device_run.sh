@@ -2,7 +2,8 @@
 # One call on the GPU machine: build in place, then the requested steps, logs under $OUT.
 #   scripts/device_run.sh guard        build + one small forward/backward per sm90 width (stops the call if it hangs)
 #   scripts/device_run.sh smoke        build + scripts/gpu_smoke.py (kernel oracle + quick timings)
-#   scripts/device_run.sh test         build + the GPU tests (test_gpu_*, CLI, transformers, packing, varlen, KV cache and decode op, variants, error table, torch hook), `large` ones apart
+#   scripts/device_run.sh test         build + the GPU tests (test_gpu_*, CLI, transformers, packing, varlen, KV cache and decode op, variants, error table, torch hook), `large` ones apart,
+#                                      in TEST_GROUPS pytest processes side by side (default 3; tests_<i>.log, their tails in tests.log)
 #   scripts/device_run.sh large        build + the `large` tests (tens of GiB, inputs past 2^31 elements)
 #   scripts/device_run.sh sanitize     build + scripts/sanitize.py (compute-sanitizer, about 4 minutes)
 #   scripts/device_run.sh fuzz         build + the fuzz tests' GPU profile (FUZZ_EXAMPLES per test, default 300)
@@ -68,7 +69,42 @@ if has guard; then
 fi
 GPU_TESTS="tests/test_plan.py tests/test_package_layout.py tests/test_gpu_attention.py tests/test_gpu_integration.py tests/test_gpu_paths.py tests/test_gpu_sm80_tiles.py tests/test_gpu_masks.py tests/test_gpu_dropout.py tests/test_gpu_reliability.py tests/test_cli.py tests/test_transformers.py tests/test_varlen.py tests/test_kvcache.py tests/test_error_table.py tests/test_torch_flash_impl.py tests/test_packing.py tests/test_sinks.py tests/test_softcap.py tests/test_window.py tests/test_alibi.py tests/test_value_head_dim.py tests/test_kvcache_decode.py tests/test_fa2_standin.py tests/test_bench_decode.py tests/test_bench_varlen.py"
 has smoke && run smoke 300 python3 scripts/gpu_smoke.py ${SMOKE_ARGS---bench}
-has test && run tests 540 python3 -m pytest $GPU_TESTS -m "not large" -q -rfEs --timeout=120
+# The GPU suite in TEST_GROUPS processes at once: much of its time is the float64 references on the
+# CPU, not the GPU, so the groups overlap. Files are spread by size (a stand-in for their run time);
+# each process gets its share of the cores for the references' threads.
+test_groups() {
+  local groups=${TEST_GROUPS:-3} i
+  local -a parts pids
+  mapfile -t parts < <(python3 - "$groups" $GPU_TESTS <<'EOF'
+import os
+import sys
+groups = [[0, []] for _ in range(max(int(sys.argv[1]), 1))]
+for f in sorted(sys.argv[2:], key=os.path.getsize, reverse=True):
+    lightest = min(groups, key=lambda g: g[0])
+    lightest[0] += os.path.getsize(f)
+    lightest[1].append(f)
+for _, files in groups:
+    if files:
+        print(" ".join(files))
+EOF
+)
+  local threads=$(( $(nproc) / ${#parts[@]} ))
+  for i in "${!parts[@]}"; do
+    OMP_NUM_THREADS=$(( threads > 0 ? threads : 1 )) timeout 540 python3 -m pytest ${parts[$i]} -m "not large" -q \
+      -rfEs --timeout=120 -p no:cacheprovider > "$OUT/tests_$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || status=1; done
+  for i in "${!parts[@]}"; do
+    echo "== group $i: ${parts[$i]}"
+    tail -${TAIL:-15} "$OUT/tests_$i.log"
+  done > "$OUT/tests.log"
+  for i in "${!parts[@]}"; do
+    echo "tests group $i: $(grep -E "[0-9]+ (passed|failed|errors?|skipped)" "$OUT/tests_$i.log" | tail -1)"
+  done
+  grep -hE "^(FAILED|ERROR)" "$OUT"/tests_*.log | head -40
+}
+has test && test_groups
 has large && run tests_large 300 python3 -m pytest tests/test_gpu_reliability.py -m large -q -rfEs --timeout=120
 has sanitize && run sanitize 300 python3 scripts/sanitize.py --out "$OUT/sanitize"
 has fuzz && run fuzz_gpu 300 env FLASHATTN_FUZZ_PROFILE=gpu FLASHATTN_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-300} \
