@@ -149,9 +149,9 @@ __device__ __forceinline__ void wide_consume(const BwdParams& p, const Attention
                                              BwdBarriers<Cfg>& bars, unsigned char* base, const BwdSteps& steps,
                                              BwdStepWalk<T, kMasked> walk, const BwdKeyBlock& block, int consumer,
                                              int dim0) {
-  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr int kBlockM = Cfg::kBlockM, kStages = Cfg::kStages;
   constexpr int kKeys = Cfg::kKeysPerConsumer;
-  const int n_block = block.n_block, kv_head = block.kv_head, batch = block.batch, n0 = block.n0;
+  const int kv_head = block.kv_head, batch = block.batch, n0 = block.n0;
   const int warp_in_group = (threadIdx.x % 128) / 32;
   const int lane = threadIdx.x % 32;
   // The warp that issues each step's dQ reduction or hands it to the writer warp (sm90/bwd_dq_writer.h):
