@@ -34,8 +34,9 @@ bool finite_positive(float x) { return x > 0.f && std::isfinite(x); }
 
 // run_fwd's launch, in the kernels' form with ALiBi's term (kAlibi) or without.
 template <bool kAlibi>
-cudaError_t run_fwd_form(const FwdParams& launch, const FwdLaunchPlan& plan, bool bf16, bool masked,
-                         cudaStream_t stream) {
+cudaError_t run_fwd_form(const FwdParams& launch, const FwdLaunchPlan& plan, cudaStream_t stream) {
+  const bool bf16 = launch.shape.element_type == ElementType::kBFloat16;
+  const bool masked = plan.rows == FwdRows::kMasked;
 #define FLASHATTN_LAUNCH(D)                                                           \
   if (plan.width == D) {                                                              \
     if (masked) {                                                                     \
@@ -52,8 +53,9 @@ cudaError_t run_fwd_form(const FwdParams& launch, const FwdLaunchPlan& plan, boo
 
 // run_fwd_varlen's launch, in the kernel's form with ALiBi's term (kAlibi) or without.
 template <bool kAlibi>
-cudaError_t run_fwd_varlen_form(const FwdParams& p, int grid, bool bf16, cudaStream_t stream) {
+cudaError_t run_fwd_varlen_form(const FwdParams& p, int grid, cudaStream_t stream) {
   const int width = fwd_tile_width(p.shape.head_dim);
+  const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
 #define FLASHATTN_LAUNCH(D)                                                    \
   if (width == D) {                                                            \
     return bf16 ? launch_fwd_varlen<__nv_bfloat16, D, kAlibi>(p, grid, stream) \
@@ -117,10 +119,8 @@ cudaError_t run_fwd(const FwdParams& p, const FwdLaunchPlan& plan, cudaStream_t 
   FwdParams launch = p;
   launch.shape = plan.shape;
   if (plan.rows != FwdRows::kMasked) launch.mask = MaskParams{};  // the unmasked kernels read none
-  const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
-  const bool masked = plan.rows == FwdRows::kMasked;
-  if (p.shape.alibi_slopes != nullptr) return run_fwd_form<true>(launch, plan, bf16, masked, stream);
-  return run_fwd_form<false>(launch, plan, bf16, masked, stream);
+  return launch.shape.alibi_slopes != nullptr ? run_fwd_form<true>(launch, plan, stream)
+                                              : run_fwd_form<false>(launch, plan, stream);
 }
 
 int bwd_tile_width(int head_dim) {
@@ -171,9 +171,8 @@ bool varlen_supported(const AttentionShape& s, bool tensors_tma) {
 }
 
 cudaError_t run_fwd_varlen(const FwdParams& p, int grid, cudaStream_t stream) {
-  const bool bf16 = p.shape.element_type == ElementType::kBFloat16;
-  if (p.shape.alibi_slopes != nullptr) return run_fwd_varlen_form<true>(p, grid, bf16, stream);
-  return run_fwd_varlen_form<false>(p, grid, bf16, stream);
+  return p.shape.alibi_slopes != nullptr ? run_fwd_varlen_form<true>(p, grid, stream)
+                                         : run_fwd_varlen_form<false>(p, grid, stream);
 }
 
 cudaError_t run_bwd_varlen(const BwdParams& p, cudaStream_t stream) {
