@@ -18,6 +18,7 @@
 #   scripts/device_run.sh stress       build + scripts/dev/schedule_stress.py (one causal launch ${STRESS_RUNS:-1000} times
 #                                      per setting of the script's switches: the runs that are not bit-for-bit the first)
 #   scripts/device_run.sh all          build + test + bench
+# PREBUILT=1 (any step) uses the module of scripts/dev/prebuild_for_device.sh instead of building.
 # Steps combine with "+", e.g. guard+test+large+fuzz. Each step runs under its own timeout so one hang cannot
 # eat the call. The copy on the GPU machine has no .git: pass FLASHATTN_GIT_COMMIT=<hash> so results
 # record the commit.
@@ -33,7 +34,20 @@ start=$(date +%s)
 # A warm machine keeps ignored build outputs between calls, with timestamps that can make ninja reuse
 # objects compiled against older headers: always build from scratch.
 # SKIP_BUILD=1 keeps the build of an earlier command in this same call (e.g. scripts/dev/ab_fwd.sh's).
-if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+# PREBUILT=1 unpacks the module scripts/dev/prebuild_for_device.sh made (carry .prebuilt) instead.
+if [[ ${PREBUILT:-0} == 1 ]]; then
+  rm -rf build flashattn/_C*.so
+  python3 - <<'UNPACK' || exit 1
+import glob, lzma, os, shutil
+packed = glob.glob(".prebuilt/_C*.so.xz")
+if not packed:
+    raise SystemExit("PREBUILT=1: no .prebuilt/_C*.so.xz (carry .prebuilt)")
+with lzma.open(packed[0]) as src, open(os.path.join("flashattn", os.path.basename(packed[0])[:-3]), "wb") as dst:
+    shutil.copyfileobj(src, dst)
+shutil.copy(".prebuilt/build_record.py", "flashattn/build_record.py")
+print("prebuilt module of", open(".prebuilt/COMMIT").read().strip())
+UNPACK
+elif [[ ${SKIP_BUILD:-0} != 1 ]]; then
   rm -rf build flashattn/_C*.so
   FLASHATTN_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 \
     || { tail -50 "$OUT/build.log"; exit 1; }
