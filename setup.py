@@ -38,6 +38,11 @@ CSRC = os.path.join(HERE, "csrc")
 
 # Folders under csrc/ that hold the GPU path only: left out of a CPU-only build.
 GPU_FOLDERS = ("cuda", "decode", "sm80", "sm90")
+# csrc/stable: the library built against torch's stable ABI alone (flashattn._C_stable), not part of _C.
+STABLE_FOLDER = "stable"
+# The oldest torch the stable-ABI library loads under: torch/csrc/stable/version.h hides every API newer
+# than this, so using one fails at compile time instead of at load time under an older torch.
+STABLE_TARGET = ("TORCH_TARGET_VERSION", "0x020B000000000000")  # 2.11
 
 # Headers of the CUDA libraries that torch's ATen/cuda/CUDAContext.h includes.
 TORCH_CUDA_LIBRARY_HEADERS = ("cusparse.h", "cublas_v2.h", "cublasLt.h", "cusolverDn.h")
@@ -64,6 +69,12 @@ def sources(*extensions, skip_folders=()):
             if not path.startswith(skip):
                 found.append(os.path.relpath(path, HERE))
     return sorted(found)
+
+
+def stable_sources(*extensions):
+    """The stable-ABI library's own files (csrc/stable), relative to the repository root, sorted."""
+    return sorted(os.path.relpath(path, HERE) for ext in extensions
+                  for path in glob.glob(os.path.join(CSRC, STABLE_FOLDER, "*" + ext)))
 
 
 def cuda_archs():
@@ -116,27 +127,44 @@ if want_cuda():
     if after_dirs:
         print("flashattn setup.py: no cusparse.h in the CUDA toolkit; added after its include dirs (host "
               "compiler): " + " ".join(f"-idirafter {d}" for d in after_dirs), flush=True)
+    nvcc_flags = (["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
+                   "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__"]
+                  + gencode_flags() + os.environ.get("FLASHATTN_NVCC_FLAGS", "").split())
     ext = CUDAExtension(
         name="flashattn._C",
-        sources=sources(".cpp", ".cu"),
+        sources=sources(".cpp", ".cu", skip_folders=(STABLE_FOLDER,)),
         include_dirs=include_dirs,
         define_macros=[("FLASHATTN_WITH_CUDA", "1")] + ([("FLASHATTN_SM90", "1")] if "90a" in cuda_archs() else []),
         extra_compile_args={
             "cxx": cxx_flags + [flag for d in after_dirs for flag in ("-idirafter", d)],
-            "nvcc": ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
-                     "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
-                     "-U__CUDA_NO_BFLOAT16_CONVERSIONS__"] + gencode_flags()
-            + os.environ.get("FLASHATTN_NVCC_FLAGS", "").split(),
+            "nvcc": nvcc_flags,
         },
         extra_link_args=link_flags,
+    )
+    stable_ext = CUDAExtension(
+        name="flashattn._C_stable",
+        sources=stable_sources(".cpp", ".cu") + [os.path.join("csrc", "cuda", "dropout_keep_mask.cu")],
+        include_dirs=include_dirs,
+        # USE_CUDA: the C shims declare their CUDA functions (the current stream) only with it.
+        define_macros=[("FLASHATTN_WITH_CUDA", "1"), ("USE_CUDA", "1"), STABLE_TARGET],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
+        py_limited_api=True,
     )
 else:
     ext = CppExtension(
         name="flashattn._C",
-        sources=sources(".cpp", skip_folders=GPU_FOLDERS),
+        sources=sources(".cpp", skip_folders=GPU_FOLDERS + (STABLE_FOLDER,)),
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx_flags},
         extra_link_args=link_flags,
+    )
+    stable_ext = CppExtension(
+        name="flashattn._C_stable",
+        sources=stable_sources(".cpp"),
+        include_dirs=include_dirs,
+        define_macros=[STABLE_TARGET],
+        extra_compile_args={"cxx": cxx_flags},
+        py_limited_api=True,
     )
 
 
@@ -177,6 +205,6 @@ class BuildExtensionWithRecord(BuildExtension):
 
 
 setup(
-    ext_modules=[ext],
+    ext_modules=[ext, stable_ext],
     cmdclass={"build_ext": BuildExtensionWithRecord},
 )
