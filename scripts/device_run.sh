@@ -42,8 +42,9 @@ import glob, lzma, os, shutil
 packed = glob.glob(".prebuilt/_C*.so.xz")
 if not packed:
     raise SystemExit("PREBUILT=1: no .prebuilt/_C*.so.xz (carry .prebuilt)")
-with lzma.open(packed[0]) as src, open(os.path.join("flashattn", os.path.basename(packed[0])[:-3]), "wb") as dst:
-    shutil.copyfileobj(src, dst)
+for path in packed:  # _C, and _C_stable where the build has it
+    with lzma.open(path) as src, open(os.path.join("flashattn", os.path.basename(path)[:-3]), "wb") as dst:
+        shutil.copyfileobj(src, dst)
 shutil.copy(".prebuilt/build_record.py", "flashattn/build_record.py")
 print("prebuilt module of", open(".prebuilt/COMMIT").read().strip())
 UNPACK
@@ -81,7 +82,7 @@ if has guard; then
   timeout 120 python3 -c "$GUARD" > "$OUT/guard.log" 2>&1 || { echo "guard failed (hang or error):"; tail -5 "$OUT/guard.log"; exit 1; }
   cat "$OUT/guard.log"
 fi
-GPU_TESTS="tests/test_plan.py tests/test_package_layout.py tests/test_gpu_attention.py tests/test_gpu_integration.py tests/test_gpu_paths.py tests/test_gpu_sm80_tiles.py tests/test_gpu_masks.py tests/test_gpu_dropout.py tests/test_gpu_reliability.py tests/test_cli.py tests/test_transformers.py tests/test_varlen.py tests/test_kvcache.py tests/test_error_table.py tests/test_torch_flash_impl.py tests/test_packing.py tests/test_sinks.py tests/test_softcap.py tests/test_window.py tests/test_alibi.py tests/test_value_head_dim.py tests/test_kvcache_decode.py tests/test_fa2_standin.py tests/test_bench_decode.py tests/test_bench_varlen.py"
+GPU_TESTS="tests/test_plan.py tests/test_package_layout.py tests/test_gpu_attention.py tests/test_gpu_integration.py tests/test_gpu_paths.py tests/test_gpu_sm80_tiles.py tests/test_gpu_masks.py tests/test_gpu_dropout.py tests/test_gpu_reliability.py tests/test_cli.py tests/test_transformers.py tests/test_varlen.py tests/test_kvcache.py tests/test_error_table.py tests/test_torch_flash_impl.py tests/test_packing.py tests/test_sinks.py tests/test_softcap.py tests/test_window.py tests/test_alibi.py tests/test_value_head_dim.py tests/test_kvcache_decode.py tests/test_fa2_standin.py tests/test_bench_decode.py tests/test_bench_varlen.py tests/test_stable_abi.py"
 has smoke && run smoke 300 python3 scripts/gpu_smoke.py ${SMOKE_ARGS---bench}
 # The GPU suite in TEST_GROUPS processes at once: much of its time is the float64 references on the
 # CPU, not the GPU, so the groups overlap. Files are spread by size (a stand-in for their run time);

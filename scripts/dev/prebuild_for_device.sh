@@ -4,7 +4,7 @@
 # device time; here about 12 minutes on 2 cores from scratch for sm_90a alone, a minute or two when a
 # rebuild touches a few files).
 #   scripts/dev/prebuild_for_device.sh [REV]     REV (default HEAD) checked out in a worktree under /tmp
-# Writes .prebuilt/<module file>.xz (the stripped module, xz-compressed: about 11 MB, under a call's
+# Writes .prebuilt/<module file>.xz (the stripped module, and the stable-ABI library's beside it where REV has one; xz-compressed: about 11 MB, under a call's
 # 64 MiB carry limit) and .prebuilt/build_record.py. On the GPU machine: carry [".prebuilt"] and run
 # `PREBUILT=1 scripts/device_run.sh ...`, which unpacks them instead of building. Only a tree whose
 # Python files match REV's may use them (the module is REV's).
@@ -40,6 +40,10 @@ dest=$repo/${PREBUILT_DEST:-.prebuilt}
 rm -rf "$dest" && mkdir -p "$dest"
 strip --strip-debug -o "$dest/$module" "$worktree/flashattn/$module"
 xz -T0 -6 "$dest/$module"
+# The stable-ABI library (flashattn._C_stable), where REV has one.
+for lib in "$worktree"/flashattn/_C_stable*.so; do
+  [[ -e $lib ]] && strip --strip-debug -o "$dest/$(basename "$lib")" "$lib" && xz -T0 -6 "$dest/$(basename "$lib")"
+done
 cp "$worktree/flashattn/build_record.py" "$dest/"
 echo "$commit" > "$dest/COMMIT"
 echo "prebuilt $commit in $(( $(date +%s) - start )) s: $(du -h "$dest/$module.xz" | cut -f1) $dest/$module.xz"
