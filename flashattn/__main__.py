@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import flashattn
+from flashattn import stable_abi
 from flashattn.reference import attention_reference
 
 # Compute capability of the GPUs flashattn's CUDA kernels run on (the sm80 path: mma.sync, ldmatrix, cp.async).
@@ -217,6 +218,8 @@ def info() -> None:
     if built_cuda:
         print(f"  kernel archs       {_format_archs(archs)} (FLASHATTN_CUDA_ARCHS at build time, default 80;90)")
     print(f"  built against      {_build_record_line()}")
+    stable = stable_abi.library_path()
+    print(f"  stable-ABI library {stable + ' (loads under torch 2.11 and later)' if stable else 'none in this build'}")
     if torch.version.cuda:
         print(f"  torch's own archs  {' '.join(torch.cuda.get_arch_list()) or 'none'} (torch.cuda.get_arch_list(), not flashattn's)")
 
