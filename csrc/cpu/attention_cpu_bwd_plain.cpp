@@ -29,28 +29,26 @@ namespace detail {
 namespace {
 
 struct BwdPlainScratch {
-  at::Tensor scores;  // [kPlainBlockQ * kPlainBlockK] float32  S, then P
-  at::Tensor dp;      // [kPlainBlockQ * kPlainBlockK] float32  dP, then dS
-  at::Tensor chain;   // [kPlainBlockQ * kPlainBlockK] float32  1 - tanh^2 (with softcap only)
+  at::Tensor scores;  // [rows * cols] float32  S, then P
+  at::Tensor dp;      // [rows * cols] float32  dP, then dS
+  at::Tensor chain;   // [rows * cols] float32  1 - tanh^2 (with softcap only)
   // bfloat16 inputs only:
-  at::Tensor p16;     // [kPlainBlockQ * kPlainBlockK]  P
-  at::Tensor ds16;    // [kPlainBlockQ * kPlainBlockK]  dS
-  at::Tensor q_t;     // [D * kPlainBlockQ]   Q^T of the query block
-  at::Tensor dout_t;  // [Dv * kPlainBlockQ]  dO^T of the query block
+  at::Tensor p16;     // [rows * cols]  P
+  at::Tensor ds16;    // [rows * cols]  dS
+  at::Tensor q_t;     // [D * rows]   Q^T of the query block
+  at::Tensor dout_t;  // [Dv * rows]  dO^T of the query block
   at::Tensor tile_pairs;  // P's, then dS's pair layout (PairProducts only)
 
-  BwdPlainScratch(bool softcapped, bool bf16, int64_t head_dim, int64_t head_dim_v)
-      : scores(at::empty({kPlainBlockQ * kPlainBlockK}, at::kFloat)),
-        dp(at::empty({kPlainBlockQ * kPlainBlockK}, at::kFloat)),
-        chain(softcapped ? at::empty({kPlainBlockQ * kPlainBlockK}, at::kFloat) : at::Tensor()) {
+  BwdPlainScratch(bool softcapped, bool bf16, int64_t head_dim, int64_t head_dim_v, TileBounds t)
+      : scores(at::empty({t.rows * t.cols}, at::kFloat)),
+        dp(at::empty({t.rows * t.cols}, at::kFloat)),
+        chain(softcapped ? at::empty({t.rows * t.cols}, at::kFloat) : at::Tensor()) {
     if (bf16) {
-      p16 = at::empty({kPlainBlockQ * kPlainBlockK}, at::kBFloat16);
-      ds16 = at::empty({kPlainBlockQ * kPlainBlockK}, at::kBFloat16);
-      q_t = at::empty({head_dim * kPlainBlockQ}, at::kBFloat16);
-      dout_t = at::empty({head_dim_v * kPlainBlockQ}, at::kBFloat16);
-      if (gemm_bf16_pairs_chosen()) {
-        tile_pairs = at::empty({PairProducts::pair_tile_words(kPlainBlockQ, kPlainBlockK)}, at::kInt);
-      }
+      p16 = at::empty({t.rows * t.cols}, at::kBFloat16);
+      ds16 = at::empty({t.rows * t.cols}, at::kBFloat16);
+      q_t = at::empty({head_dim * t.rows}, at::kBFloat16);
+      dout_t = at::empty({head_dim_v * t.rows}, at::kBFloat16);
+      if (gemm_bf16_pairs_chosen()) tile_pairs = at::empty({PairProducts::pair_tile_words(t.rows, t.cols)}, at::kInt);
     }
   }
 };
@@ -253,7 +251,7 @@ void bwd_plain(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
   const at::Tensor dod = dout.detach(), qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
   const at::Tensor lse_f = lse.detach().to(at::kFloat);
   at::parallel_for(0, batch * heads_kv, 1, [&](int64_t begin, int64_t end) {
-    BwdPlainScratch scratch(softcap != 0.0, bf16, q.size(3), v.size(3));
+    BwdPlainScratch scratch(softcap != 0.0, bf16, q.size(3), v.size(3), tile_bounds(q.size(1), k.size(1)));
     for (int64_t t = begin; t < end; ++t) {
       (bf16 ? bwd_bf16_kv_head_any : bwd_plain_kv_head)(dod, qd, kd, vd, od, lse_f, dq, dk, dv, scale, keys, mask, dmask,
                                                     softcap, scratch, t / heads_kv, t % heads_kv);

@@ -28,18 +28,18 @@ namespace {
 // operation would cost page faults on every call (allocations this large are mapped and unmapped by
 // the C library each time).
 struct PlainScratch {
-  at::Tensor scores;   // [kPlainBlockQ * kPlainBlockK]
-  at::Tensor q_tile;   // [kPlainBlockQ * D]
-  at::Tensor k_tile;   // [kPlainBlockK * D]
-  at::Tensor v_tile;   // [kPlainBlockK * D]
-  at::Tensor acc;      // [kPlainBlockQ * D]  unnormalized output, relative to the running max
+  at::Tensor scores;   // [rows * cols]
+  at::Tensor q_tile;   // [rows * D]
+  at::Tensor k_tile;   // [cols * D]
+  at::Tensor v_tile;   // [cols * D]
+  at::Tensor acc;      // [rows * D]  unnormalized output, relative to the running max
 
-  explicit PlainScratch(int64_t head_dim)
-      : scores(at::empty({kPlainBlockQ * kPlainBlockK}, at::kFloat)),
-        q_tile(at::empty({kPlainBlockQ * head_dim}, at::kFloat)),
-        k_tile(at::empty({kPlainBlockK * head_dim}, at::kFloat)),
-        v_tile(at::empty({kPlainBlockK * head_dim}, at::kFloat)),
-        acc(at::empty({kPlainBlockQ * head_dim}, at::kFloat)) {}
+  PlainScratch(int64_t head_dim, TileBounds t)
+      : scores(at::empty({t.rows * t.cols}, at::kFloat)),
+        q_tile(at::empty({t.rows * head_dim}, at::kFloat)),
+        k_tile(at::empty({t.cols * head_dim}, at::kFloat)),
+        v_tile(at::empty({t.cols * head_dim}, at::kFloat)),
+        acc(at::empty({t.rows * head_dim}, at::kFloat)) {}
 };
 
 // The forward's 16-bit tiles for Matmul16, which reads Q, K and V in place: P, rounded to the inputs'
@@ -47,26 +47,26 @@ struct PlainScratch {
 // with a zero row: the products' inner dimension is even).
 struct Fwd16 {
   Matmul16 matmul;
-  at::Tensor v_tile;  // [(kPlainBlockK + 1) * D]
-  at::Tensor p_tile;  // [kPlainBlockQ * kPlainBlockK]
+  at::Tensor v_tile;  // [(cols + 1) * D]
+  at::Tensor p_tile;  // [rows * (cols + 1)]
 
-  Fwd16(at::ScalarType dtype, int64_t head_dim)
+  Fwd16(at::ScalarType dtype, int64_t head_dim, TileBounds t)
       : matmul(dtype, std::max(kPlainBlockK, head_dim)),
-        v_tile(at::empty({(kPlainBlockK + 1) * head_dim}, at::TensorOptions().dtype(dtype))),
-        p_tile(at::empty({kPlainBlockQ * kPlainBlockK}, v_tile.options())) {}
+        v_tile(at::empty({(t.cols + 1) * head_dim}, at::TensorOptions().dtype(dtype))),
+        p_tile(at::empty({t.rows * (t.cols + 1)}, v_tile.options())) {}
 };
 
 // The forward's bfloat16 products on AVX512-BF16 without AMX (attention_cpu_gemm_bf16.h): each key
 // tile's K^T and V in pair layout, and P rounded to bfloat16 for P V as the GPU kernels round it.
 struct FwdPairs {
-  at::Tensor kt_pairs;  // [ceil(D / 2) * pair_ld(kPlainBlockK)] words
-  at::Tensor v_pairs;   // [ceil(kPlainBlockK / 2) * pair_ld(D)] words
-  at::Tensor p16;       // [kPlainBlockQ * kPlainBlockK] bfloat16
+  at::Tensor kt_pairs;  // [ceil(D / 2) * pair_ld(cols)] words
+  at::Tensor v_pairs;   // [ceil(cols / 2) * pair_ld(D)] words
+  at::Tensor p16;       // [rows * cols] bfloat16
 
-  explicit FwdPairs(int64_t head_dim)
-      : kt_pairs(at::empty({(head_dim + 1) / 2 * pair_ld(kPlainBlockK)}, at::kInt)),
-        v_pairs(at::empty({(kPlainBlockK + 1) / 2 * pair_ld(head_dim)}, at::kInt)),
-        p16(at::empty({kPlainBlockQ * kPlainBlockK}, at::kBFloat16)) {}
+  FwdPairs(int64_t head_dim, TileBounds t)
+      : kt_pairs(at::empty({(head_dim + 1) / 2 * pair_ld(t.cols)}, at::kInt)),
+        v_pairs(at::empty({(t.cols + 1) / 2 * pair_ld(head_dim)}, at::kInt)),
+        p16(at::empty({t.rows * t.cols}, at::kBFloat16)) {}
 };
 
 inline uint32_t* words(const at::Tensor& t) { return reinterpret_cast<uint32_t*>(t.data_ptr<int32_t>()); }
@@ -176,12 +176,13 @@ void fwd_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   const at::Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
   const bool use_m16 = matrix_units_serve(q.scalar_type(), q.size(3));
   const bool use_pairs = !use_m16 && q.scalar_type() == at::kBFloat16 && gemm_bf16_pairs_chosen();
+  const TileBounds tiles = tile_bounds(seqlen_q, k.size(1));
   at::parallel_for(0, batch * heads_q * q_blocks, 1, [&](int64_t begin, int64_t end) {
-    PlainScratch scratch(q.size(3));
+    PlainScratch scratch(q.size(3), tiles);
     std::optional<Fwd16> m16;
-    if (use_m16) m16.emplace(q.scalar_type(), q.size(3));
+    if (use_m16) m16.emplace(q.scalar_type(), q.size(3), tiles);
     std::optional<FwdPairs> pairs;
-    if (use_pairs) pairs.emplace(q.size(3));
+    if (use_pairs) pairs.emplace(q.size(3), tiles);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t q_block = t % q_blocks, h = (t / q_blocks) % heads_q, b = t / (q_blocks * heads_q);
       fwd_plain_block(qd, kd, vd, out, lse, scale, keys, mask, sink, softcap, scratch, m16 ? &*m16 : nullptr,

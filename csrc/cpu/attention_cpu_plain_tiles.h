@@ -16,6 +16,17 @@ namespace detail {
 constexpr int64_t kPlainBlockQ = 256;
 constexpr int64_t kPlainBlockK = 512;
 
+// The largest tile of a call: kPlainBlockQ x kPlainBlockK, or less for short rows. The threads' working
+// memory is sized by it, so that a small call does not map (and fault in) a whole tile's memory.
+struct TileBounds {
+  int64_t rows;  // queries, at most kPlainBlockQ
+  int64_t cols;  // keys, at most kPlainBlockK
+};
+
+inline TileBounds tile_bounds(int64_t seqlen_q, int64_t seqlen_k) {
+  return {std::min(kPlainBlockQ, seqlen_q), std::min(kPlainBlockK, seqlen_k)};
+}
+
 // The first rows * cols elements of `buffer` as a contiguous [rows, cols] matrix.
 inline at::Tensor matrix(const at::Tensor& buffer, int64_t rows, int64_t cols) {
   return buffer.narrow(0, 0, rows * cols).view({rows, cols});
