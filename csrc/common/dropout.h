@@ -123,6 +123,19 @@ FLASHATTN_HOST_DEVICE bool dropout_keep(uint64_t seed, uint64_t offset, uint32_t
   return (bits >> (2 * i + h)) & 1;
 }
 
+// Row `query` of row group bh's keep-mask, written to row[0 .. seqlen_k) on the host: one octet call
+// fills the row's four keys of that octet (the CPU's keep-mask ops).
+inline void write_keep_mask_row(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t query, int64_t seqlen_k,
+                                uint32_t threshold, bool* row) {
+  const uint32_t h = (query >> 3) & 1;  // which query of the octets this row is
+  for (int64_t block = 0; block < seqlen_k; block += 32) {
+    for (int64_t r = 0; r < 8 && block + r < seqlen_k; ++r) {
+      const uint32_t bits = dropout_octet(seed, offset, bh, query - 8 * h, static_cast<uint32_t>(block + r), threshold);
+      for (int64_t i = 0; i < 4 && block + r + 8 * i < seqlen_k; ++i) row[block + r + 8 * i] = (bits >> (2 * i + h)) & 1;
+    }
+  }
+}
+
 // The keep-mask of one (batch, query head) inside a kernel: seed and offset read once from rng_state.
 struct DropoutRow {
   uint64_t seed, offset;

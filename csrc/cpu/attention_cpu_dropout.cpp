@@ -1,6 +1,6 @@
 // CPU dropout_keep_mask: the keep-mask the kernels apply, materialised as a bool tensor (for tests and
-// debugging: it is quadratic in memory). One task = one (row group, query row); each keep-mask octet
-// call fills the row's four keys of that octet.
+// debugging: it is quadratic in memory). One task = one (row group, query row), written by
+// common/dropout.h's write_keep_mask_row.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -23,15 +23,8 @@ at::Tensor dropout_keep_mask(const at::Tensor& rng_state, int64_t batch, int64_t
   bool* out = keep.data_ptr<bool>();  // [B, H, Lq, Lk] contiguous
   at::parallel_for(0, batch * heads * seqlen_q, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const uint32_t bh = static_cast<uint32_t>(t / seqlen_q), query = static_cast<uint32_t>(t % seqlen_q);
-      const uint32_t h = (query >> 3) & 1;  // which query of the octets this row is
-      bool* row = out + t * seqlen_k;       // [Lk]
-      for (int64_t block = 0; block < seqlen_k; block += 32) {
-        for (int64_t r = 0; r < 8 && block + r < seqlen_k; ++r) {
-          const uint32_t bits = dropout_octet(seed, offset, bh, query - 8 * h, static_cast<uint32_t>(block + r), threshold);
-          for (int64_t i = 0; i < 4 && block + r + 8 * i < seqlen_k; ++i) row[block + r + 8 * i] = (bits >> (2 * i + h)) & 1;
-        }
-      }
+      write_keep_mask_row(seed, offset, static_cast<uint32_t>(t / seqlen_q), static_cast<uint32_t>(t % seqlen_q),
+                          seqlen_k, threshold, out + t * seqlen_k);
     }
   });
   return keep;

@@ -8,7 +8,7 @@ namespace flashattn {
 namespace stable_ops {
 
 // keep [batch_heads, seqlen_q, seqlen_k] (contiguous) of dropout with probability dropout_p and the
-// given seed and offset: common/dropout.h's dropout_keep of every element.
+// given seed and offset (common/dropout.h's keep-mask).
 void write_keep_mask_cpu(uint64_t seed, uint64_t offset, double dropout_p, int64_t batch_heads, int64_t seqlen_q,
                          int64_t seqlen_k, bool* keep);
 

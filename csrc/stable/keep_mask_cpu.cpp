@@ -9,14 +9,9 @@ namespace stable_ops {
 void write_keep_mask_cpu(uint64_t seed, uint64_t offset, double dropout_p, int64_t batch_heads, int64_t seqlen_q,
                          int64_t seqlen_k, bool* keep) {
   const uint32_t threshold = dropout_threshold(dropout_p);
-  for (int64_t bh = 0; bh < batch_heads; ++bh) {
-    for (int64_t i = 0; i < seqlen_q; ++i) {
-      bool* row = keep + (bh * seqlen_q + i) * seqlen_k;
-      for (int64_t j = 0; j < seqlen_k; ++j) {
-        row[j] = dropout_keep(seed, offset, static_cast<uint32_t>(bh), static_cast<uint32_t>(i),
-                              static_cast<uint32_t>(j), threshold);
-      }
-    }
+  for (int64_t t = 0; t < batch_heads * seqlen_q; ++t) {
+    write_keep_mask_row(seed, offset, static_cast<uint32_t>(t / seqlen_q), static_cast<uint32_t>(t % seqlen_q),
+                        seqlen_k, threshold, keep + t * seqlen_k);
   }
 }
 

@@ -13,7 +13,6 @@ std::string launch_keep_mask_cuda(const int64_t* rng_state, double dropout_p, in
   DropoutParams d;
   d.enabled = true;
   d.threshold = dropout_threshold(dropout_p);
-  d.keep_scale = static_cast<float>(1.0 / (1.0 - dropout_p));
   d.rng_state = rng_state;
   const cudaError_t err = write_dropout_keep_mask(d, batch_heads, static_cast<int>(seqlen_q),
                                                   static_cast<int>(seqlen_k), keep, static_cast<cudaStream_t>(stream));

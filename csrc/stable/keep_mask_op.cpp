@@ -12,7 +12,6 @@
 #include <torch/headeronly/core/ScalarType.h>
 #include <torch/headeronly/util/Exception.h>
 
-#include "common/dropout.h"
 #include "stable/keep_mask.h"
 
 #ifdef FLASHATTN_WITH_CUDA
