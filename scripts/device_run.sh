@@ -15,6 +15,8 @@
 #                                      and padding mask (D=${NCU_HEADDIM:-64}, N=${NCU_SEQLEN:-4096}), when ncu is installed there, and
 #                                      per-SASS-instruction counts of both (ncu_source_*.csv); NCU_CASES="is_causal;no mask"
 #                                      picks other cases of scripts/dev/mask_profile.py
+#   scripts/device_run.sh ncubwd       build + Nsight Compute profiles of the sm90 backward's main kernel
+#                                      (scripts/dev/bwd_profile.py; NCU_BWD_CASES="64 4096 0;128 4096 1")
 #   scripts/device_run.sh stress       build + scripts/dev/schedule_stress.py (one causal launch ${STRESS_RUNS:-1000} times
 #                                      per setting of the script's switches: the runs that are not bit-for-bit the first)
 #   scripts/device_run.sh all          build + test + bench
@@ -138,6 +140,24 @@ if has ncu; then
       timeout 240 "$NCU" --clock-control none --section SourceCounters -k regex:fwd_kernel --launch-skip 1 \
         --launch-count 1 --page source --print-source sass --csv python3 scripts/dev/mask_profile.py ${NCU_HEADDIM:-64} ${NCU_SEQLEN:-4096} "$c" \
         > "$OUT/ncu_source_${c// /_}.csv" 2> "$OUT/ncu_source_${c// /_}.err" || status=1
+    done
+  fi
+fi
+# ncubwd: the sm90 backward's main kernel (scripts/dev/bwd_profile.py; NCU_BWD_CASES "D N causal;...",
+# default "64 4096 0;128 4096 0"): where its cycles and stalls go, shared-memory bank conflicts, pipe
+# use, and the per-SASS-instruction stall samples (ncubwd_source_*.csv).
+if has ncubwd; then
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  if [[ -z $NCU ]]; then echo "ncu: not installed on this machine"; else
+    IFS=';' read -ra bwd_cases <<< "${NCU_BWD_CASES:-64 4096 0;128 4096 0}"
+    for c in "${bwd_cases[@]}"; do
+      run "ncubwd_${c// /_}" 240 "$NCU" --clock-control none --section SpeedOfLight --section WarpStateStats \
+        --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis_Tables --section Occupancy -k "regex:bwd_(wide_)?kernel" --launch-skip 1 \
+        --launch-count 1 python3 scripts/dev/bwd_profile.py $c
+      timeout 240 "$NCU" --clock-control none --section SourceCounters -k "regex:bwd_(wide_)?kernel" --launch-skip 1 \
+        --launch-count 1 --page source --print-source sass --csv python3 scripts/dev/bwd_profile.py $c \
+        > "$OUT/ncubwd_source_${c// /_}.csv" 2> "$OUT/ncubwd_source_${c// /_}.err" || status=1
     done
   fi
 fi
