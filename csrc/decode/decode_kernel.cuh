@@ -86,17 +86,20 @@ __device__ __forceinline__ void row_keys(const DecodeParams& p, const KeyRange& 
 // One 16-key block of K and V into a ring stage, whole rows per instruction: consecutive lanes take
 // consecutive 16-byte chunks of the block (512 contiguous bytes an instruction at width 128, two rows),
 // where a lane pair per row made each instruction touch 16 rows 32 bytes apart, so fewer, fuller memory
-// requests; row r's source offsets come from lane r (a paged cache's page lookup once per row).
+// requests.
+//
+// A paged cache: row r's source offsets come from lane r (a page lookup, with its division, once per
+// row) and reach the lanes that copy the row by shuffles.
 template <typename T, int kWidth>
-__device__ __forceinline__ void load_key_rows(const DecodeParams& p, T* k_tile, T* v_tile, int b, int kv_head,
-                                              int cache_row, int key0, int key_end, int lane) {
+__device__ __forceinline__ void load_paged_rows(const DecodeParams& p, T* k_tile, T* v_tile, int b, int kv_head,
+                                                int key0, int key_end, int lane) {
   constexpr int kStride = stride_for(kWidth);
   constexpr int kChunks = kWidth / 8;  // 16-byte chunks of a row
   static_assert(kBlockKeys * kChunks % 32 == 0, "whole instructions per block");
   const int key = key0 + lane % kBlockKeys;
   bool valid = key < key_end;
-  int page = cache_row, page_row = key;
-  if (valid && p.block_table != nullptr) {
+  int page = 0, page_row = 0;
+  if (valid) {
     const int slot = key / p.page_size;
     page = p.block_table[b * p.block_table_stride + slot];
     page_row = key - slot * p.page_size;
@@ -114,6 +117,47 @@ __device__ __forceinline__ void load_key_rows(const DecodeParams& p, T* k_tile, 
     const bool in = ko >= 0 && c * 8 < p.head_dim;
     sm80::cp_async_16(k_tile + row * kStride + c * 8, k_base + (in ? ko + c * 8 : 0), in);
     sm80::cp_async_16(v_tile + row * kStride + c * 8, v_base + (in ? vo + c * 8 : 0), in);
+  }
+}
+
+// A contiguous cache (one cache row a sequence): no lookup and no shuffle. Where a copy instruction
+// covers whole rows (widths 64, 128, 256), each lane keeps one column chunk and steps its source pointer
+// by the rows an instruction covers, so a copy costs a pointer addition and a compare.
+// k_rows / v_rows: key 0 of the sequence's cache row at this kv head; rows at or past key_end read zeros.
+template <typename T, int kWidth>
+__device__ __forceinline__ void load_contiguous_rows(const DecodeParams& p, T* k_tile, T* v_tile, const T* k_rows,
+                                                     const T* v_rows, int key0, int key_end, int lane) {
+  constexpr int kStride = stride_for(kWidth);
+  constexpr int kChunks = kWidth / 8;
+  constexpr int kCopies = kBlockKeys * kChunks / 32;  // copy instructions per tensor and block
+  static_assert(kBlockKeys * kChunks % 32 == 0, "whole instructions per block");
+  const int rows_left = key_end - key0;
+  if constexpr (32 % kChunks == 0) {
+    constexpr int kRowsPerCopy = 32 / kChunks;
+    const int row = lane / kChunks, c = lane % kChunks;
+    const bool col_in = c * 8 < p.head_dim;
+    const T* k_src = k_rows + static_cast<int64_t>(key0 + row) * p.k_strides.row + c * 8;
+    const T* v_src = v_rows + static_cast<int64_t>(key0 + row) * p.v_strides.row + c * 8;
+    const int64_t k_step = kRowsPerCopy * p.k_strides.row, v_step = kRowsPerCopy * p.v_strides.row;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int r = row + kRowsPerCopy * i;
+      const bool in = col_in && r < rows_left;
+      sm80::cp_async_16(k_tile + r * kStride + c * 8, in ? k_src : k_rows, in);
+      sm80::cp_async_16(v_tile + r * kStride + c * 8, in ? v_src : v_rows, in);
+      k_src += k_step;
+      v_src += v_step;
+    }
+  } else {
+    const T* k_block = k_rows + static_cast<int64_t>(key0) * p.k_strides.row;
+    const T* v_block = v_rows + static_cast<int64_t>(key0) * p.v_strides.row;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int chunk = lane + 32 * i, r = chunk / kChunks, c = chunk % kChunks;
+      const bool in = r < rows_left && c * 8 < p.head_dim;
+      sm80::cp_async_16(k_tile + r * kStride + c * 8, in ? k_block + r * p.k_strides.row + c * 8 : k_rows, in);
+      sm80::cp_async_16(v_tile + r * kStride + c * 8, in ? v_block + r * p.v_strides.row + c * 8 : v_rows, in);
+    }
   }
 }
 
@@ -200,6 +244,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
     }
   }
 
+  // Scores that need only the scale (no softcap, no ALiBi): the key loop's common form.
+  const bool plain_scores = p.softcap_inner == 0.f && p.alibi_slopes == nullptr;
   float o[kOTiles][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
@@ -210,16 +256,48 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   T* ring = rings + warp * kStages * 2 * kBlockKeys * kStride;
   auto k_stage = [&](int s) { return ring + s * 2 * kBlockKeys * kStride; };
   auto v_stage = [&](int s) { return k_stage(s) + kBlockKeys * kStride; };
-  auto load = [&](int i) {
-    const int s = i % kStages;
-    load_key_rows<T, kWidth>(p, k_stage(s), v_stage(s), b, kv_head, cache_row, key_first + i * kKeyStep, kr.end,
-                             lane);
+  // A contiguous cache row outside the cache (cache_batch_idx) reads as zeros: no keys to load.
+  const bool paged = p.block_table != nullptr;
+  const int key_end = paged || (cache_row >= 0 && cache_row < p.num_pages) ? kr.end : kr.begin;
+  const T* k_rows = static_cast<const T*>(p.k) + kv_head * p.k_strides.head;
+  const T* v_rows = static_cast<const T*>(p.v) + kv_head * p.v_strides.head;
+  if (!paged) {
+    k_rows += static_cast<int64_t>(key_end > kr.begin ? cache_row : 0) * p.k_strides.batch;
+    v_rows += static_cast<int64_t>(key_end > kr.begin ? cache_row : 0) * p.v_strides.batch;
+  }
+  // A paged cache whose pages hold whole 16-key blocks (page size a multiple of 16, the split starting on a
+  // block boundary) has each block in one page: it is copied as a contiguous cache's block is, from that
+  // page, and its table entry is read a block ahead of the copy, so the lookup's latency hides behind a
+  // block's work. Other page sizes look up each row (load_paged_rows), and so does width 256, whose
+  // registers (O alone takes 128) the look-ahead would overflow into local memory.
+  const bool whole_pages = kWidth < 256 && paged && p.page_size % kBlockKeys == 0 && kr.begin % kBlockKeys == 0;
+  // Block i's page and its first row there ({-1, 0} past the warp's blocks or without whole_pages).
+  auto page_of = [&](int i) -> int2 {
+    if (!whole_pages || i >= blocks) return make_int2(-1, 0);
+    const int key0 = key_first + i * kKeyStep, slot = key0 / p.page_size;
+    return make_int2(p.block_table[b * p.block_table_stride + slot], key0 - slot * p.page_size);
+  };
+  auto load = [&](int i, int2 page) {
+    const int s = i % kStages, key0 = key_first + i * kKeyStep;
+    if (whole_pages) {
+      // A table entry outside the pool reads zeros, as load_paged_rows's rows do.
+      const bool in_pool = page.x >= 0 && page.x < p.num_pages;
+      const int64_t at = in_pool ? page.x : 0;
+      const int rows = in_pool ? key_end - key0 : 0;
+      load_contiguous_rows<T, kWidth>(p, k_stage(s), v_stage(s), k_rows + at * p.k_strides.batch,
+                                      v_rows + at * p.v_strides.batch, page.y, page.y + rows, lane);
+    } else if (paged) {
+      load_paged_rows<T, kWidth>(p, k_stage(s), v_stage(s), b, kv_head, key0, key_end, lane);
+    } else {
+      load_contiguous_rows<T, kWidth>(p, k_stage(s), v_stage(s), k_rows, v_rows, key0, key_end, lane);
+    }
   };
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < blocks) load(i);
+    if (i < blocks) load(i, page_of(i));
     sm80::cp_async_commit();
   }
+  int2 page_ahead = page_of(kStages - 1);  // the page of the next block to copy
 
   // Q's fragments (the Q tile's group was committed first, so it is complete once block 0's is).
   uint32_t qa[kQInRegisters ? kKSteps : 1][4];
@@ -254,35 +332,63 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
     }
 
     // Scores in base 2, keys outside each row's range at -inf; then the online softmax of rows g, g + 8.
+    // A block inside the range of every row of the warp (rows past the group's rows, whose outputs are
+    // never written, count as inside) needs no per-key test: a uniform branch.
+    const bool inside = (key0 >= first[0] && key0 + kBlockKeys - 1 <= last[0]) || row0 + g >= rows;
+    const bool inside8 = (key0 >= first[1] && key0 + kBlockKeys - 1 <= last[1]) || row0 + g + 8 >= rows;
+    const bool whole = __all_sync(0xffffffff, inside && inside8);
     float row_max[2] = {-INFINITY, -INFINITY};
+    if (whole && plain_scores) {
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < 2; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        const int key = key0 + n * 8 + 2 * t + e % 2;
-        float x = s[n][e];
-        if (p.softcap_inner != 0.f) x = tanh_approx(x * p.softcap_inner);
-        x *= p.scale_log2;
-        if (p.alibi_slopes != nullptr) x = fmaf(alibi_slope[h], fabsf(alibi_diagonal[h] - static_cast<float>(key)), x);
-        x = (key >= first[h] && key <= last[h]) ? x : -INFINITY;
-        s[n][e] = x;
-        row_max[h] = fmaxf(row_max[h], x);
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] *= p.scale_log2;
+          row_max[e / 2] = fmaxf(row_max[e / 2], s[n][e]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          const int key = key0 + n * 8 + 2 * t + e % 2;
+          float x = s[n][e];
+          if (p.softcap_inner != 0.f) x = tanh_approx(x * p.softcap_inner);
+          x *= p.scale_log2;
+          if (p.alibi_slopes != nullptr) {
+            x = fmaf(alibi_slope[h], fabsf(alibi_diagonal[h] - static_cast<float>(key)), x);
+          }
+          if (!whole) x = (key >= first[h] && key <= last[h]) ? x : -INFINITY;
+          s[n][e] = x;
+          row_max[h] = fmaxf(row_max[h], x);
+        }
+      }
+    }
+    float new_max[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) new_max[h] = fmaxf(m[h], sm80::quad_max(row_max[h]));
+    // O and l are rescaled only when some row of the warp has a larger maximum (after a cache's first
+    // blocks, rarely): a row whose maximum stays has the factor exp2(0) = 1 exactly, and one that has
+    // seen no key yet has O and l still 0, so skipping changes no bit.
+    if (__any_sync(0xffffffff, new_max[0] > m[0] || new_max[1] > m[1])) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float rescale = new_max[h] == -INFINITY ? 1.f : exp2f(m[h] - new_max[h]);
+        l[h] *= rescale;
+#pragma unroll
+        for (int n = 0; n < kOTiles; ++n) {
+          o[n][2 * h] *= rescale;
+          o[n][2 * h + 1] *= rescale;
+        }
       }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float new_max = fmaxf(m[h], sm80::quad_max(row_max[h]));
+      m[h] = new_max[h];
       // A row that has seen no key yet keeps max -inf; subtracting 0 keeps its exponentials at 0, not NaN.
-      const float base = new_max == -INFINITY ? 0.f : new_max;
-      const float rescale = exp2f(m[h] - base);
-      m[h] = new_max;
-      l[h] *= rescale;
-#pragma unroll
-      for (int n = 0; n < kOTiles; ++n) {
-        o[n][2 * h] *= rescale;
-        o[n][2 * h + 1] *= rescale;
-      }
+      const float base = new_max[h] == -INFINITY ? 0.f : new_max[h];
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         s[n][2 * h] = exp2f(s[n][2 * h] - base);
@@ -302,8 +408,9 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
     }
 
     __syncwarp();  // every lane has read this stage before it is refilled
-    if (i + kStages - 1 < blocks) load(i + kStages - 1);
+    if (i + kStages - 1 < blocks) load(i + kStages - 1, page_ahead);
     sm80::cp_async_commit();
+    page_ahead = page_of(i + kStages);
   }
   l[0] = sm80::quad_sum(l[0]);
   l[1] = sm80::quad_sum(l[1]);
