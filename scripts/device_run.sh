@@ -129,37 +129,39 @@ has fuzz && run fuzz_gpu 300 env FLASHATTN_FUZZ_PROFILE=gpu FLASHATTN_FUZZ_EXAMP
 has masks && run masks 300 python3 benchmarks/bench_masks.py --out "$OUT/masks" ${MASKS_ARGS:-}
 has stress && run stress 300 python3 scripts/dev/schedule_stress.py --runs ${STRESS_RUNS:-1000} ${STRESS_ARGS:-}
 has tune && run tune 400 python3 benchmarks/tuning/tune.py ${TUNE_WHICH:-sm90}
-if has ncu; then
+# ncu_profile LOG CSV KERNEL "SECTIONS" COMMAND...: Nsight Compute's SECTIONS of the second launch of
+# KERNEL (a regex) in COMMAND, into LOG.log, then its per-SASS-instruction execution counts and stall
+# samples into CSV.csv, to place a difference.
+ncu_profile() {
+  local log=$1 csv=$2 kernel=$3 section sections=()
+  for section in $4; do sections+=(--section "$section"); done
+  shift 4
+  run "$log" 240 "$NCU" --clock-control none "${sections[@]}" -k "regex:$kernel" --launch-skip 1 --launch-count 1 "$@"
+  timeout 240 "$NCU" --clock-control none --section SourceCounters -k "regex:$kernel" --launch-skip 1 \
+    --launch-count 1 --page source --print-source sass --csv "$@" > "$OUT/$csv.csv" 2> "$OUT/$csv.err" || status=1
+}
+if has ncu || has ncubwd; then
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
-  if [[ -z $NCU ]]; then echo "ncu: not installed on this machine"; else
-    IFS=';' read -ra ncu_cases <<< "${NCU_CASES:-no mask;padding mask}"
-    for c in "${ncu_cases[@]}"; do
-      run "ncu_${c// /_}" 240 "$NCU" --clock-control none --section SpeedOfLight --section WarpStateStats \
-        --section SchedulerStats --section InstructionStats --section SourceCounters -k regex:fwd_kernel --launch-skip 1 --launch-count 1 python3 scripts/dev/mask_profile.py ${NCU_HEADDIM:-64} ${NCU_SEQLEN:-4096} "$c"
-      # Per-SASS-instruction execution counts and stall samples (CSV), to place the difference.
-      timeout 240 "$NCU" --clock-control none --section SourceCounters -k regex:fwd_kernel --launch-skip 1 \
-        --launch-count 1 --page source --print-source sass --csv python3 scripts/dev/mask_profile.py ${NCU_HEADDIM:-64} ${NCU_SEQLEN:-4096} "$c" \
-        > "$OUT/ncu_source_${c// /_}.csv" 2> "$OUT/ncu_source_${c// /_}.err" || status=1
-    done
-  fi
+  [[ -z $NCU ]] && echo "ncu: not installed on this machine"
+fi
+if has ncu && [[ -n $NCU ]]; then
+  IFS=';' read -ra ncu_cases <<< "${NCU_CASES:-no mask;padding mask}"
+  for c in "${ncu_cases[@]}"; do
+    ncu_profile "ncu_${c// /_}" "ncu_source_${c// /_}" fwd_kernel \
+      "SpeedOfLight WarpStateStats SchedulerStats InstructionStats SourceCounters" \
+      python3 scripts/dev/mask_profile.py ${NCU_HEADDIM:-64} ${NCU_SEQLEN:-4096} "$c"
+  done
 fi
 # ncubwd: the sm90 backward's main kernel (scripts/dev/bwd_profile.py; NCU_BWD_CASES "D N causal;...",
 # default "64 4096 0;128 4096 0"): where its cycles and stalls go, shared-memory bank conflicts, pipe
 # use, and the per-SASS-instruction stall samples (ncubwd_source_*.csv).
-if has ncubwd; then
-  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
-  if [[ -z $NCU ]]; then echo "ncu: not installed on this machine"; else
-    IFS=';' read -ra bwd_cases <<< "${NCU_BWD_CASES:-64 4096 0;128 4096 0}"
-    for c in "${bwd_cases[@]}"; do
-      run "ncubwd_${c// /_}" 240 "$NCU" --clock-control none --section SpeedOfLight --section WarpStateStats \
-        --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
-        --section MemoryWorkloadAnalysis_Tables --section Occupancy -k "regex:bwd_(wide_)?kernel" --launch-skip 1 \
-        --launch-count 1 python3 scripts/dev/bwd_profile.py $c
-      timeout 240 "$NCU" --clock-control none --section SourceCounters -k "regex:bwd_(wide_)?kernel" --launch-skip 1 \
-        --launch-count 1 --page source --print-source sass --csv python3 scripts/dev/bwd_profile.py $c \
-        > "$OUT/ncubwd_source_${c// /_}.csv" 2> "$OUT/ncubwd_source_${c// /_}.err" || status=1
-    done
-  fi
+if has ncubwd && [[ -n $NCU ]]; then
+  IFS=';' read -ra bwd_cases <<< "${NCU_BWD_CASES:-64 4096 0;128 4096 0}"
+  for c in "${bwd_cases[@]}"; do
+    ncu_profile "ncubwd_${c// /_}" "ncubwd_source_${c// /_}" "bwd_(wide_)?kernel" \
+      "SpeedOfLight WarpStateStats SchedulerStats InstructionStats ComputeWorkloadAnalysis MemoryWorkloadAnalysis_Tables Occupancy" \
+      python3 scripts/dev/bwd_profile.py $c
+  done
 fi
 has bench && run bench 540 python3 benchmarks/bench.py --out "$OUT/bench" --no-progress ${BENCH_ARGS:-}
 echo "total: $(( $(date +%s) - start )) s"
