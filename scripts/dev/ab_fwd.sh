@@ -5,7 +5,10 @@
 # scripts/dev/fwd_timing.py on each in turn, ROUNDS times, so both see the same GPU and clocks.
 # Lines are prefixed with "trial" or "baseline". Logs under $OUT.
 #   scripts/dev/ab_fwd.sh [DIMS] [SEQLENS] [ROUNDS]     e.g. scripts/dev/ab_fwd.sh 64,128 512,1024,4096 2
-# ROUNDS=0 only builds; SKIP_BUILD=1 times the trees built by an earlier call. AB_EXTRA names more
+# ROUNDS=0 only builds; SKIP_BUILD=1 times the trees built by an earlier call; PREBUILT=1 unpacks each
+# tree's module from scripts/dev/prebuild_for_device.sh instead of building (carry .prebuilt and baseline/,
+# made with PREBUILT_DEST=baseline/.prebuilt; run `PREBUILT=1 scripts/device_run.sh guard` first for a
+# change that could hang). AB_EXTRA names more
 # trees (folders made like baseline/, carried too), built and timed beside the two, under their names.
 # AB_CMD replaces the
 # timing command (run in each tree with $name set), e.g.
@@ -22,7 +25,14 @@ build() {  # build TREE NAME: in place, from scratch, half the cores each (both 
     FLASHATTN_BUILD_CUDA=1 MAX_JOBS=8 python3 setup.py build_ext --inplace > "$OUT/build_$2.log" 2>&1) ||
     { echo "build of $2 failed:"; tail -20 "$OUT/build_$2.log"; return 1; }
 }
-if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+if [[ ${PREBUILT:-0} == 1 ]]; then
+  # Each tree's module from scripts/dev/prebuild_for_device.sh (.prebuilt, baseline/.prebuilt, ...).
+  for name in trial baseline ${AB_EXTRA:-}; do
+    tree=$name; [[ $name == trial ]] && tree=.
+    (cd "$tree" && PREBUILT=1 OUT="$OUT/unpack_$name" scripts/device_run.sh none > "$OUT/unpack_$name.log" 2>&1) ||
+      { echo "unpack of $name failed:"; tail -5 "$OUT/unpack_$name.log"; exit 1; }
+  done
+elif [[ ${SKIP_BUILD:-0} != 1 ]]; then
   start=$(date +%s)
   pids=()
   for name in trial baseline ${AB_EXTRA:-}; do
