@@ -22,8 +22,9 @@ How it runs: on CUDA, with float16 / bfloat16, a head dim that is a multiple of 
 sequence's keys split across thread blocks (``num_splits``, 0 = chosen from the shapes), the query
 heads of a kv head computed together, pages read in place. Otherwise (the CPU, longer query chunks,
 other head dims) the batched op over the cache with a mask of each sequence's keys (a paged cache is
-first gathered into a contiguous copy). The rotary embedding and the append are torch operations on
-the device.
+first gathered into a contiguous copy); a CPU decoding step (one query) with grouped query heads and
+no ALiBi runs each kv head's query heads as the rows of one call. The rotary embedding and the append
+are torch operations on the device.
 """
 from __future__ import annotations
 
@@ -423,6 +424,18 @@ def flash_attn_with_kvcache(
         mask = bias.masked_fill(~mask, float("-inf"))
     if cache_batch_idx is not None:
         k_cache, v_cache = k_cache.index_select(0, cache_rows), v_cache.index_select(0, cache_rows)
+    group = nheads // k_cache.size(2)
+    if q.device.type == "cpu" and seqlen_q == 1 and group > 1 and slopes is None:
+        # A CPU decoding step: each kv head's query heads as the query rows of one call over that head
+        # (one pass over its keys and values instead of one per query head). They share the query's
+        # position, hence its keys (`visible`); ALiBi's bias would differ per head.
+        heads_k = k_cache.size(2)
+        rows = q.reshape(batch, heads_k, group, q.size(-1)).transpose(1, 2)  # (batch, group, nheads_k, headdim)
+        out, lse, _ = fa2_attention(rows, k_cache, v_cache, 0.0, softmax_scale, False, False, False,
+                                    visible.expand(batch, heads_k, group, seqlen_cache), softcap=softcap)
+        out = out.transpose(1, 2).reshape(batch, 1, nheads, out.size(-1))  # query head kv * group + g
+        lse = lse.reshape(batch, nheads, 1)
+        return (out, lse) if return_softmax_lse else out
     # The causal mask is in `mask`, aligned to each sequence's own length.
     out, lse, _ = fa2_attention(q, k_cache, v_cache, 0.0, softmax_scale, False, False, False, mask, softcap=softcap)
     return (out, lse) if return_softmax_lse else out

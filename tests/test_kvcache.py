@@ -182,6 +182,45 @@ def test_kvcache_rotary_batch_idx_and_leftpad(device, causal, interleaved):
                                                      else dict(atol=1e-4, rtol=1e-4)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("options", ["plain", "window", "leftpad_batch_idx", "softcap", "paged", "not_causal"])
+def test_kvcache_cpu_decoding_step_by_kv_head(dtype, options):
+    """A CPU decoding step with grouped query heads (one query, nheads > nheads_k), which the CPU path
+    runs as one call per kv head with its query heads as rows, against the same step over caches whose
+    kv heads are repeated per query head (one query head per kv head: a call per query head), out and
+    LSE, with the window, left padding, cache_batch_idx, softcap, paged caches and non-causal calls."""
+    torch.manual_seed(0)
+    batch, cache_batch, seqlen_cache, heads_q, heads_kv, head_dim = 3, 4, 80, 8, 2, 64
+    q = torch.randn(batch, 1, heads_q, head_dim, dtype=dtype)
+    k_cache, v_cache = (torch.randn(cache_batch, seqlen_cache, heads_kv, head_dim, dtype=dtype) for _ in range(2))
+    kwargs = dict(cache_seqlens=torch.tensor([70, 1, 33], dtype=torch.int32), causal=options != "not_causal",
+                  return_softmax_lse=True)
+    if options == "window":
+        kwargs["window_size"] = (9, 0)
+    if options == "leftpad_batch_idx":
+        kwargs["cache_leftpad"] = torch.tensor([5, 0, 30], dtype=torch.int32)
+        kwargs["cache_batch_idx"] = torch.tensor([3, 0, 1], dtype=torch.int32)
+    if options == "softcap":
+        kwargs["softcap"] = 2.0
+
+    def call(k, v):
+        if options != "paged":
+            return flashattn.flash_attn_with_kvcache(q, k[:batch] if "cache_batch_idx" not in kwargs else k,
+                                                     v[:batch] if "cache_batch_idx" not in kwargs else v, **kwargs)
+        # Pages of 16 rows in reverse order.
+        pages = k[:batch].reshape(batch * seqlen_cache // 16, 16, *k.shape[2:]).flip(0)
+        values = v[:batch].reshape(batch * seqlen_cache // 16, 16, *v.shape[2:]).flip(0)
+        table = (pages.size(0) - 1 - torch.arange(pages.size(0), dtype=torch.int32)).view(batch, -1)
+        return flashattn.flash_attn_with_kvcache(q, pages, values, block_table=table, **kwargs)
+
+    out, lse = call(k_cache, v_cache)
+    group = heads_q // heads_kv
+    ref_out, ref_lse = call(k_cache.repeat_interleave(group, dim=2), v_cache.repeat_interleave(group, dim=2))
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(out.float(), ref_out.float(), **tol)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_kvcache_rotary_positions_with_window(device):
     """With a sliding window (not causal) the queries are rotated at cache_seqlens + i, as with causal
