@@ -424,12 +424,12 @@ def flash_attn_with_kvcache(
         mask = bias.masked_fill(~mask, float("-inf"))
     if cache_batch_idx is not None:
         k_cache, v_cache = k_cache.index_select(0, cache_rows), v_cache.index_select(0, cache_rows)
-    group = nheads // k_cache.size(2)
+    heads_k = k_cache.size(2)
+    group = nheads // heads_k
     if q.device.type == "cpu" and seqlen_q == 1 and group > 1 and slopes is None:
         # A CPU decoding step: each kv head's query heads as the query rows of one call over that head
         # (one pass over its keys and values instead of one per query head). They share the query's
         # position, hence its keys (`visible`); ALiBi's bias would differ per head.
-        heads_k = k_cache.size(2)
         rows = q.reshape(batch, heads_k, group, q.size(-1)).transpose(1, 2)  # (batch, group, nheads_k, headdim)
         out, lse, _ = fa2_attention(rows, k_cache, v_cache, 0.0, softmax_scale, False, False, False,
                                     visible.expand(batch, heads_k, group, seqlen_cache), softcap=softcap)

@@ -205,8 +205,8 @@ def test_kvcache_cpu_decoding_step_by_kv_head(dtype, options):
 
     def call(k, v):
         if options != "paged":
-            return flashattn.flash_attn_with_kvcache(q, k[:batch] if "cache_batch_idx" not in kwargs else k,
-                                                     v[:batch] if "cache_batch_idx" not in kwargs else v, **kwargs)
+            rows = slice(None) if "cache_batch_idx" in kwargs else slice(batch)  # the sequences' cache rows
+            return flashattn.flash_attn_with_kvcache(q, k[rows], v[rows], **kwargs)
         # Pages of 16 rows in reverse order.
         pages = k[:batch].reshape(batch * seqlen_cache // 16, 16, *k.shape[2:]).flip(0)
         values = v[:batch].reshape(batch * seqlen_cache // 16, 16, *v.shape[2:]).flip(0)

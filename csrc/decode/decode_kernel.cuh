@@ -262,8 +262,9 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   const T* k_rows = static_cast<const T*>(p.k) + kv_head * p.k_strides.head;
   const T* v_rows = static_cast<const T*>(p.v) + kv_head * p.v_strides.head;
   if (!paged) {
-    k_rows += static_cast<int64_t>(key_end > kr.begin ? cache_row : 0) * p.k_strides.batch;
-    v_rows += static_cast<int64_t>(key_end > kr.begin ? cache_row : 0) * p.v_strides.batch;
+    const int64_t row = key_end > kr.begin ? cache_row : 0;
+    k_rows += row * p.k_strides.batch;
+    v_rows += row * p.v_strides.batch;
   }
   // A paged cache whose pages hold whole 16-key blocks (page size a multiple of 16, the split starting on a
   // block boundary) has each block in one page: it is copied as a contiguous cache's block is, from that

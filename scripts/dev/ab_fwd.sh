@@ -20,6 +20,7 @@ rounds=${3:-2}
 OUT=${OUT:-/tmp/flashattn_out}
 mkdir -p "$OUT"
 [[ -f baseline/setup.py ]] || { echo "no baseline/ tree"; exit 2; }
+tree_of() { [[ $1 == trial ]] && echo . || echo "$1"; }  # the folder of tree NAME
 build() {  # build TREE NAME: in place, from scratch, half the cores each (both build at once)
   (cd "$1" && rm -rf build flashattn/_C*.so &&
     FLASHATTN_BUILD_CUDA=1 MAX_JOBS=8 python3 setup.py build_ext --inplace > "$OUT/build_$2.log" 2>&1) ||
@@ -28,7 +29,7 @@ build() {  # build TREE NAME: in place, from scratch, half the cores each (both 
 if [[ ${PREBUILT:-0} == 1 ]]; then
   # Each tree's module from scripts/dev/prebuild_for_device.sh (.prebuilt, baseline/.prebuilt, ...).
   for name in trial baseline ${AB_EXTRA:-}; do
-    tree=$name; [[ $name == trial ]] && tree=.
+    tree=$(tree_of "$name")
     (cd "$tree" && PREBUILT=1 OUT="$OUT/unpack_$name" scripts/device_run.sh none > "$OUT/unpack_$name.log" 2>&1) ||
       { echo "unpack of $name failed:"; tail -5 "$OUT/unpack_$name.log"; exit 1; }
   done
@@ -36,7 +37,7 @@ elif [[ ${SKIP_BUILD:-0} != 1 ]]; then
   start=$(date +%s)
   pids=()
   for name in trial baseline ${AB_EXTRA:-}; do
-    tree=$name; [[ $name == trial ]] && tree=.
+    tree=$(tree_of "$name")
     build "$tree" "$name" & pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || exit 1; done
@@ -44,7 +45,7 @@ elif [[ ${SKIP_BUILD:-0} != 1 ]]; then
 fi
 for ((r = 1; r <= rounds; ++r)); do
   for name in trial baseline ${AB_EXTRA:-}; do
-    tree=$name; [[ $name == trial ]] && tree=.
+    tree=$(tree_of "$name")
     (cd "$tree" && export PYTHONPATH=$PWD name OUT &&
       if [[ -n ${AB_CMD:-} ]]; then eval "$AB_CMD"; else python3 scripts/dev/fwd_timing.py "$dims" "$seqlens"; fi) 2>&1 |
       sed -u "s/^/$name /" | tee -a "$OUT/ab_fwd.txt"
